@@ -1,0 +1,31 @@
+# dflash: `make demo` runs the offline end-to-end job, `make test` the test suite.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.install-stamp
+# CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
+CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+
+.PHONY: install test test-fast demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+demo: install
+	$(PY) -m dflash.demo
+
+bench: install
+	$(PY) scripts/bench_forward.py
+
+clean:
+	rm -rf outputs multirun artifacts/demo

@@ -1,0 +1,76 @@
+"""Proposers: what drafts a block during speculative decoding.
+
+A proposer sees the committed token ids and the target features of context positions
+it has not seen yet, and returns drafter logits for block slots 1..num_drafts. The
+engine does not care how; tests plug in doubles (e.g. an oracle that runs the target).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from dflash.drafter.model import DFlashDrafter, DrafterCache
+
+
+class Proposer(Protocol):
+    #: target layers whose features the proposer needs (None: no features).
+    target_layer_ids: list[int] | None
+
+    def reset(self) -> None:
+        """Forget the previous request."""
+
+    def propose(
+        self, committed_ids: torch.Tensor, new_features: torch.Tensor | None, block_size: int, num_drafts: int
+    ) -> torch.Tensor:
+        """Draft logits for one block.
+
+        Args:
+            committed_ids: (1, L) every committed token; the anchor is the last, at position L-1.
+            new_features: (1, n, F) target features of positions [L-1-n, L-1), the context
+                the proposer has not seen; every position before the anchor is delivered
+                exactly once over a request.
+            block_size: B; the block is [anchor, mask x (B-1)].
+            num_drafts: how many slots to return, 1 <= num_drafts <= B-1.
+        Returns:
+            (num_drafts, vocab) logits for slots 1..num_drafts.
+        """
+
+
+class DFlashProposer:
+    """Drafts with a DFlash drafter and the target's frozen embedding and LM head."""
+
+    def __init__(self, drafter: DFlashDrafter, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module):
+        self.drafter = drafter.eval()
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.mask_token_id = drafter.config.mask_token_id
+        self.target_layer_ids = list(drafter.config.target_layer_ids)
+        self.cache = DrafterCache(drafter.config.num_hidden_layers)
+
+    def reset(self) -> None:
+        self.cache = DrafterCache(self.drafter.config.num_hidden_layers)
+
+    @torch.inference_mode()
+    def propose(self, committed_ids, new_features, block_size, num_drafts):
+        device = committed_ids.device
+        anchor_pos = committed_ids.shape[1] - 1
+        num_new = 0 if new_features is None else new_features.shape[1]
+        context_start = self.cache.length
+        if context_start + num_new != anchor_pos:
+            raise RuntimeError(
+                f"drafter context covers {context_start + num_new} positions, expected {anchor_pos} (all before the anchor)"
+            )
+        if new_features is None:
+            feature_dim = self.drafter.fc.in_features
+            new_features = torch.zeros(1, 0, feature_dim, device=device, dtype=self.drafter.fc.weight.dtype)
+        block_ids = torch.full((1, block_size), self.mask_token_id, dtype=torch.long, device=device)
+        block_ids[0, 0] = committed_ids[0, -1]
+        block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
+        context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
+        hidden = self.drafter(
+            self.embed_tokens(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache
+        )
+        self.cache.crop(anchor_pos)
+        return self.lm_head(hidden[0, 1 : 1 + num_drafts].to(self.lm_head.weight.dtype)).float()

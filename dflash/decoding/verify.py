@@ -1,0 +1,77 @@
+"""Verification rules: which draft tokens the target keeps, and its own next token.
+
+Every rule emits `accepted` draft tokens plus one token from the target, so a verify
+step of k drafts emits between 1 and k + 1 tokens; each emitted token has exactly the
+target's distribution given the tokens before it (lossless).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash.decoding.sampling import SamplingConfig, probabilities, sample
+
+
+@dataclass
+class Drafts:
+    """Draft tokens of one block: tokens (k,) and, when sampled, their distributions (k, vocab)."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+def propose_tokens(draft_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Drafts:
+    """Turn drafter logits (k, vocab) into draft tokens: argmax when greedy, else samples."""
+    if sampling.greedy:
+        return Drafts(tokens=draft_logits.argmax(-1))
+    probs = probabilities(draft_logits, sampling)
+    return Drafts(tokens=sample(probs, generator), probs=probs)
+
+
+def verify(
+    target_logits: torch.Tensor, drafts: Drafts, sampling: SamplingConfig, generator
+) -> tuple[int, int]:
+    """Decide how many drafts to keep.
+
+    Args:
+        target_logits: (k + 1, vocab); row i is the target's prediction after the anchor
+            and drafts[:i].
+        drafts: k draft tokens (k may be 0).
+    Returns:
+        (accepted, next_token): the first `accepted` drafts are kept, then `next_token`.
+    """
+    if sampling.greedy:
+        return _leading_matches(drafts.tokens, target_logits.argmax(-1))
+    target_probs = probabilities(target_logits, sampling)
+    if sampling.verify_rule == "match" or drafts.tokens.numel() == 0:
+        return _leading_matches(drafts.tokens, sample(target_probs, generator))
+    return _rejection(target_probs, drafts, generator)
+
+
+def _leading_matches(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tuple[int, int]:
+    """target_tokens: (k + 1,) the target's own choice at every slot."""
+    k = draft_tokens.numel()
+    agree = (draft_tokens == target_tokens[:k]).int()
+    accepted = int(agree.cumprod(0).sum()) if k else 0
+    return accepted, int(target_tokens[accepted])
+
+
+def _rejection(target_probs: torch.Tensor, drafts: Drafts, generator) -> tuple[int, int]:
+    """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023)."""
+    k = drafts.tokens.numel()
+    rows = torch.arange(k, device=target_probs.device)
+    p = target_probs[rows, drafts.tokens]
+    q = drafts.probs[rows, drafts.tokens]
+    u = torch.rand(k, generator=generator, device=target_probs.device)
+    # accept draft i with probability min(1, p/q); q > 0 because the token was sampled from q
+    rejected = (u * q > p).nonzero()
+    if rejected.numel() == 0:
+        return k, int(sample(target_probs[k], generator))
+    i = int(rejected[0])
+    residual = (target_probs[i] - drafts.probs[i]).clamp_min(0)
+    total = residual.sum()
+    # a rejection implies p(x) < q(x), so residual mass is positive; guard against rounding
+    residual = residual / total if total > 0 else target_probs[i]
+    return i, int(sample(residual, generator))

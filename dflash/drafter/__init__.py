@@ -1,0 +1,17 @@
+"""The DFlash drafter: config, model, mask token, save/load."""
+
+from dflash.drafter.config import DrafterConfig, default_target_layer_ids
+from dflash.drafter.io import load_drafter, load_drafter_config, save_drafter
+from dflash.drafter.mask_token import resolve_mask_token_id
+from dflash.drafter.model import DFlashDrafter, DrafterCache
+
+__all__ = [
+    "DFlashDrafter",
+    "DrafterCache",
+    "DrafterConfig",
+    "default_target_layer_ids",
+    "load_drafter",
+    "load_drafter_config",
+    "resolve_mask_token_id",
+    "save_drafter",
+]

@@ -1,0 +1,70 @@
+"""Attention kernels for the drafter. All compute softmax(q k^T * scale) v with GQA.
+
+- sdpa: `torch.nn.functional.scaled_dot_product_attention`, any device; `mask` is None
+  (every query sees every key) or a dense bool tensor (True = may attend).
+- flex_attention: `torch.nn.attention.flex_attention`; `mask` is None or a `BlockMask`
+  (training many blocks at once on CUDA; forward also runs on CPU).
+- flash_attention_2: the `flash-attn` package (CUDA, fp16/bf16); unmasked only, i.e. the
+  decoding path where one block sees its whole context.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dflash.errors import ConfigError
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask=None,
+    implementation: str = "sdpa",
+) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query heads.
+
+    Args:
+        q: (batch, heads, q_len, head_dim).
+        k, v: (batch, kv_heads, kv_len, head_dim); heads % kv_heads == 0.
+        mask: None, a bool tensor broadcastable to (batch, heads, q_len, kv_len), or a
+            flex `BlockMask`.
+        implementation: "sdpa", "flex_attention" or "flash_attention_2".
+    Returns:
+        (batch, heads, q_len, head_dim).
+    """
+    scale = q.shape[-1] ** -0.5
+    if implementation == "sdpa":
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise TypeError("sdpa takes a dense bool mask; build the mask with dense=True")
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    if implementation == "flex_attention":
+        return _flex(q, k, v, mask, scale)
+    if implementation == "flash_attention_2":
+        if mask is not None:
+            raise ConfigError(
+                "drafter.attn_implementation",
+                "flash_attention_2 serves unmasked decoding only; train with flex_attention or sdpa",
+            )
+        return _flash(q, k, v, scale)
+    raise ConfigError("drafter.attn_implementation", f"unknown attention implementation {implementation!r}")
+
+
+def _flex(q, k, v, block_mask, scale):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _flash(q, k, v, scale):
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        raise ConfigError(
+            "drafter.attn_implementation", "flash_attention_2 needs `pip install flash-attn` (the `gpu` extra)"
+        ) from None
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        raise ConfigError("drafter.attn_implementation", "flash_attention_2 needs CUDA tensors in fp16/bf16")
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=False)
+    return out.transpose(1, 2)

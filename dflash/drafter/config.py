@@ -1,0 +1,189 @@
+"""Drafter configuration and the target-layer rule.
+
+The drafter has the target's width (hidden size, heads, head dim) and rope settings,
+its own depth, and taps `len(target_layer_ids)` target layers; the number of taps is
+independent of depth (an ablation varies them separately).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from dflash.errors import ConfigError, require
+
+# Keys of the target's HF config that the drafter overrides or that describe per-layer
+# structure of the target; everything else (rope settings, eps, ...) is inherited.
+_PER_LAYER_KEYS = ("layer_types", "max_window_layers")
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """Target layers (0-based) whose outputs feed the drafter.
+
+    One tap: the middle layer `[L // 2]`. Otherwise `num_taps` ids spread evenly from
+    layer 1 to layer L-3, rounded (L=36, 5 taps -> [1, 9, 17, 25, 33]).
+    """
+    require(num_taps >= 1, "drafter.num_target_features", f"must be >= 1, got {num_taps}")
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    first, last = 1, num_target_layers - 3
+    require(
+        last > first and num_taps <= last - first + 1,
+        "drafter.num_target_features",
+        f"cannot spread {num_taps} taps over layers {first}..{last} of a {num_target_layers}-layer target",
+    )
+    span = last - first
+    return [int(first + round(span * i / (num_taps - 1))) for i in range(num_taps)]
+
+
+@dataclass
+class DrafterConfig:
+    """Everything needed to build a DFlash drafter.
+
+    `target_config` is the target family's HF config as a dict (model_type, rope
+    settings, ...); it is written into the drafter's config.json so that engines that
+    serve DFlash drafters recognise the layout.
+    """
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int
+    block_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    num_target_layers: int
+    target_config: dict = field(default_factory=dict)
+    attention_bias: bool = False
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self):
+        require(self.block_size >= 1, "drafter.block_size", f"must be >= 1, got {self.block_size}")
+        require(self.num_hidden_layers >= 1, "drafter.num_layers", f"must be >= 1, got {self.num_hidden_layers}")
+        require(len(self.target_layer_ids) >= 1, "drafter.target_layer_ids", "must name at least one target layer")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        require(
+            not bad,
+            "drafter.target_layer_ids",
+            f"{bad} out of range for a {self.num_target_layers}-layer target (valid: 0..{self.num_target_layers - 1})",
+        )
+        require(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "drafter.num_key_value_heads",
+            f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
+        )
+        require(
+            self.attn_implementation in ("sdpa", "flex_attention", "flash_attention_2"),
+            "drafter.attn_implementation",
+            f"unknown {self.attn_implementation!r}; choose sdpa, flex_attention or flash_attention_2",
+        )
+
+    @property
+    def num_target_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_target(
+        cls,
+        target_hf_config,
+        *,
+        num_layers: int,
+        block_size: int,
+        mask_token_id: int,
+        target_layer_ids: list[int] | None = None,
+        num_target_features: int | None = None,
+        intermediate_size: int | None = None,
+        attn_implementation: str = "sdpa",
+    ) -> "DrafterConfig":
+        """A drafter as wide as the target, with `num_layers` layers.
+
+        Args:
+            target_hf_config: the target's `transformers` config object.
+            target_layer_ids: explicit taps; else `num_target_features` taps by the
+                default rule (default: as many taps as drafter layers, as published).
+        """
+        tc = target_hf_config
+        num_target_layers = tc.num_hidden_layers
+        if target_layer_ids is None:
+            taps = num_target_features if num_target_features is not None else num_layers
+            target_layer_ids = default_target_layer_ids(num_target_layers, taps)
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        return cls(
+            hidden_size=tc.hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size or tc.intermediate_size,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            vocab_size=tc.vocab_size,
+            block_size=block_size,
+            target_layer_ids=list(target_layer_ids),
+            mask_token_id=mask_token_id,
+            num_target_layers=num_target_layers,
+            target_config=tc.to_dict(),
+            attention_bias=bool(getattr(tc, "attention_bias", False)),
+            attn_implementation=attn_implementation,
+        )
+
+    def to_hf_dict(self) -> dict:
+        """The config.json of a drafter directory (public DFlash layout)."""
+        out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in _PER_LAYER_KEYS}
+        for key in ("_name_or_path", "auto_map", "quantization_config"):
+            out.pop(key, None)
+        out.update(
+            architectures=["DFlashDraftModel"],
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rms_norm_eps=self.rms_norm_eps,
+            vocab_size=self.vocab_size,
+            attention_bias=self.attention_bias,
+            block_size=self.block_size,
+            num_target_layers=self.num_target_layers,
+            dflash_config={"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
+        )
+        if "layer_types" in self.target_config:
+            out["layer_types"] = ["full_attention"] * self.num_hidden_layers
+        return out
+
+    @classmethod
+    def from_hf_dict(cls, data: dict, attn_implementation: str = "sdpa") -> "DrafterConfig":
+        """Parse a drafter config.json (ours or a public DFlash drafter's)."""
+        try:
+            dflash = data["dflash_config"]
+            return cls(
+                hidden_size=data["hidden_size"],
+                num_hidden_layers=data["num_hidden_layers"],
+                num_attention_heads=data["num_attention_heads"],
+                num_key_value_heads=data.get("num_key_value_heads") or data["num_attention_heads"],
+                head_dim=data.get("head_dim") or data["hidden_size"] // data["num_attention_heads"],
+                intermediate_size=data["intermediate_size"],
+                rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+                vocab_size=data["vocab_size"],
+                block_size=data["block_size"],
+                target_layer_ids=list(dflash["target_layer_ids"]),
+                mask_token_id=dflash["mask_token_id"],
+                num_target_layers=data["num_target_layers"],
+                target_config=data,
+                attention_bias=bool(data.get("attention_bias", False)),
+                attn_implementation=attn_implementation,
+            )
+        except KeyError as missing:
+            raise ConfigError("drafter.path", f"config.json is not a DFlash drafter config (missing {missing})") from None
+
+    def rope_hf_config(self):
+        """An HF config object carrying the target's rope settings, for the rotary module."""
+        from transformers import AutoConfig
+
+        data = {k: v for k, v in self.target_config.items() if k not in ("architectures", "dflash_config")}
+        data.update(head_dim=self.head_dim, hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
+        model_type = data.pop("model_type", "qwen3")
+        return AutoConfig.for_model(model_type, **data)

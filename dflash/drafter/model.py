@@ -1,0 +1,203 @@
+"""The DFlash drafter: Qwen3-style layers with target-feature KV injection.
+
+Invariants (DESIGN.md, "Getting it right"):
+- Block slot k (k = 0 is the anchor) sits at position anchor_pos + k and its output
+  predicts the token at that position; slot 0 is never a prediction.
+- Context features come from target positions strictly before the anchor. The drafter
+  does not enforce this: callers pass only such features (decoding) or a mask that
+  hides the rest (training).
+- The drafter owns no embedding and no LM head; it reads the target's, frozen.
+
+Per layer: context c = hidden_norm(fc(concat target features)) is projected by that
+layer's own k/v projections (and k_norm, rope at the context positions) and placed in
+front of the block's keys/values. Block queries attend to context and block alike,
+bidirectionally inside the block.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash.drafter.attention import attend
+from dflash.drafter.config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation computed in float32, as in Qwen3/Llama."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, heads, seq, head_dim); cos/sin: (batch, seq, head_dim)."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+class DrafterCache:
+    """Keys/values of the drafter's context, one entry per layer.
+
+    Holds context positions [0, length); a decoding step appends new context and the
+    block, then `crop(anchor_pos)` drops the block again.
+    """
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (batch, kv_heads, new, head_dim) keys/values; return the full ones."""
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions."""
+        for layer, k in enumerate(self.keys):
+            if k is not None:
+                self.keys[layer] = k[:, :, :length]
+                self.values[layer] = self.values[layer][:, :, :length]
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.attn_implementation = config.attn_implementation
+        bias = config.attention_bias
+        d, hd = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(d, self.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, d, bias=bias)
+        self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def forward(self, block, context, rope_q, rope_kv, mask=None, cache: DrafterCache | None = None):
+        """block: (b, q, D); context: (b, c, D); rope_*: (cos, sin) of (b, len, head_dim)."""
+        b, q_len, _ = block.shape
+        kv_input = torch.cat([context, block], dim=1)
+        kv_len = kv_input.shape[1]
+        q = self.q_norm(self.q_proj(block).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_input).view(b, kv_len, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_input).view(b, kv_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, *rope_q)
+        k = apply_rope(k, *rope_kv)
+        if cache is not None:
+            k, v = cache.append(self.layer_idx, k, v)
+        out = attend(q, k, v, mask, self.attn_implementation)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DrafterAttention(config, layer_idx)
+        self.mlp = DrafterMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden, context, rope_q, rope_kv, mask=None, cache=None):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, rope_q, rope_kv, mask, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter network. Weight names follow the public DFlash layout."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(config.num_target_features * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rotary_emb = _build_rotary(config)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        context_features: torch.Tensor,
+        context_positions: torch.Tensor,
+        mask=None,
+        cache: DrafterCache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states of the block positions.
+
+        Args:
+            block_embeds: (b, q, D) target embeddings of the block tokens (anchor and masks;
+                in training, many blocks concatenated).
+            block_positions: (b, q) position ids, anchor_pos + k for slot k.
+            context_features: (b, c, n_taps * D) concatenated target features of the new
+                context positions (c may be 0).
+            context_positions: (b, c) their position ids.
+            mask: None (every block query sees all keys: decoding) or a mask over
+                (q, cache_len + c + q) keys, dense bool for sdpa or a flex BlockMask.
+            cache: drafter KV cache holding earlier context; context and block keys are
+                appended to it (crop the block off afterwards).
+        Returns:
+            (b, q, D) final-normed hidden states; logits = target lm_head(hidden).
+        """
+        context = self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
+        hidden = block_embeds.to(self.fc.weight.dtype)
+        rope_q = self.rotary_emb(hidden, block_positions)
+        rope_kv = self.rotary_emb(hidden, torch.cat([context_positions, block_positions], dim=1))
+        for layer in self.layers:
+            hidden = layer(hidden, context, rope_q, rope_kv, mask, cache)
+        return self.norm(hidden)
+
+
+def _build_rotary(config: DrafterConfig) -> nn.Module:
+    """The target family's rotary embedding (handles llama3/yarn scaling), from its rope settings."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(config.rope_hf_config())

@@ -1,0 +1,29 @@
+"""One KV-cache crop helper for every transformers version.
+
+transformers 4.x: `DynamicCache.crop(max_length)`; a negative value removes that many
+tokens, and `crop(0)` empties the cache. transformers 5.x: `crop(tokens_to_remove)`
+accepts only negative counts. A negative count means the same thing in both, so that
+is what we pass, and a zero-length crop is skipped (it would empty a v4 cache).
+"""
+
+from __future__ import annotations
+
+
+def cache_length(cache) -> int:
+    """Number of positions held by an HF cache (0 for None)."""
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+def crop_cache(cache, keep_length: int) -> None:
+    """Drop every cached position at index >= `keep_length`, in place.
+
+    Args:
+        cache: an HF `Cache` (e.g. `DynamicCache`) or any object with
+            `get_seq_length()` and a `crop(n)` that removes `-n` tokens when `n < 0`.
+        keep_length: number of leading positions to keep; >= 0.
+    """
+    if keep_length < 0:
+        raise ValueError(f"keep_length must be >= 0, got {keep_length}")
+    remove = cache_length(cache) - keep_length
+    if remove > 0:
+        cache.crop(-remove)
