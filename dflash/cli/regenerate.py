@@ -1,0 +1,70 @@
+"""`python -m dflash.regenerate`: the target writes the responses of a prompt mix
+(config: conf/regenerate.yaml, data sources: conf/data/*.yaml).
+
+Reads the prompts of `data.sources` (or of `data.path` when there are none) and writes
+JSONL shards to `regenerate.output_dir` (by default `data.path`, where training then
+reads them). Re-running resumes: finished shards are kept. Every setting is checked and
+the prompts are loaded before the target is, so a bad value fails in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app, to_spec
+from dflash.errors import ConfigError, require
+
+log = logging.getLogger(__name__)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="regenerate", version_base="1.3")
+@exits_on_config_error
+def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.data import DataSpec, RegenerateSettings, load_conversations, regenerate
+    from dflash.specs import TargetSpec, load_target, spec_from_dict
+
+    data = DataSpec.from_dict(_plain(cfg.data, "data"))
+    options = _plain(cfg.regenerate, "regenerate")
+    output_dir = options.pop("output_dir", None)
+    require(bool(output_dir), "regenerate.output_dir", "is required")
+    output_dir = os.path.abspath(os.path.expanduser(output_dir))
+    settings = spec_from_dict(RegenerateSettings, options, "regenerate")
+    settings.validate()
+    target_spec = None if settings.server_url else to_spec(TargetSpec, cfg.target, "target")
+
+    rows = []
+    for source, key in data.prompt_sources():
+        require(
+            os.path.abspath(os.path.expanduser(source.path)) != output_dir,
+            "regenerate.output_dir",
+            f"is the prompt source {key}.path itself; write the regenerated data elsewhere "
+            "(regenerate.output_dir=DIR) and train with data.path=DIR",
+        )
+        loaded = load_conversations(source, key)
+        log.info("%s: %d prompts from %s", key, len(loaded), source.path)
+        rows += loaded
+    require(bool(rows), "data.sources", "the sources hold no prompt to answer")
+
+    target = load_target(target_spec) if target_spec is not None else None
+    path = regenerate(target, rows, output_dir, settings)
+    print(f"regenerated {len(rows)} conversations: {path}")
+
+
+def _plain(node: DictConfig, group: str) -> dict:
+    """Config group `node` as a resolved plain dict; missing values name their key."""
+    try:
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or group
+        if type(err).__name__ == "MissingMandatoryValue":
+            raise ConfigError(key, "missing mandatory value; set it on the command line") from None
+        raise ConfigError(key, str(err).strip().splitlines()[0]) from None
+
+
+def main() -> None:
+    run_app(_hydra_main, "regenerate")

@@ -1,0 +1,231 @@
+"""Lightning DataModule for drafter training.
+
+Batch contract (what the training module consumes), for a batch of b sequences padded
+to the longest one, S tokens:
+    input_ids:      LongTensor (b, S), right-padded with the tokenizer's pad id (EOS if none)
+    loss_mask:      BoolTensor (b, S), True on response tokens that are training targets,
+                    False on prompt tokens and padding
+    attention_mask: BoolTensor (b, S), True on real tokens, False on padding
+
+The train/held-out split is made over conversations (before tokenisation) with a seeded
+permutation, so it is the same on every rank and every run and does not move when
+`max_length` changes. Dataloaders are plain (shuffle for train): under DDP Lightning
+inserts its DistributedSampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dflash.data.config import DataSpec
+from dflash.data.regenerate import read_manifest
+from dflash.data.sources import SourceSpec, load_conversations
+from dflash.data.tokenize import TokenizedRows, TokenizeSettings, tokenize_conversations
+from dflash.errors import require
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PadCollator:
+    """Collate `{"input_ids": list[int], "loss_mask": list[int]}` rows into the batch contract."""
+
+    pad_id: int
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        width = max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, row in enumerate(rows):
+            length = len(row["input_ids"])
+            input_ids[i, :length] = torch.tensor(row["input_ids"], dtype=torch.long)
+            loss_mask[i, :length] = torch.tensor(row["loss_mask"], dtype=torch.bool)
+            attention_mask[i, :length] = True
+        return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+
+class _Subset(Dataset):
+    def __init__(self, rows: TokenizedRows, indices: np.ndarray):
+        self.rows, self.indices = rows, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.rows[int(self.indices[index])]
+
+
+def split_conversations(num_rows: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic (train, held-out) conversation indices, each sorted.
+
+    The held-out share is round(num_rows * val_fraction), at least one row when
+    val_fraction > 0 and there are two or more rows, and never every row.
+    """
+    permutation = np.random.default_rng(seed).permutation(num_rows)
+    held_out = int(round(num_rows * val_fraction))
+    if val_fraction > 0 and num_rows >= 2:
+        held_out = min(max(held_out, 1), num_rows - 1)
+    return np.sort(permutation[held_out:]), np.sort(permutation[:held_out])
+
+
+class DFlashDataModule(L.LightningDataModule):
+    """Tokenised conversations, split into train / held-out, batched by `PadCollator`.
+
+    Args:
+        data: a `SourceSpec`, a path (JSONL/Parquet file or directory of shards), or
+            rows `{"messages": [...]}` already in memory. Every row needs a final
+            assistant response.
+        tokenizer: the target's tokenizer (its chat template lays out the sequences).
+        tokenize: max_length, chat template and thinking settings.
+        batch_size: sequences per batch (per device).
+        val_fraction: share of conversations held out for validation.
+        seed: seed of the split.
+        num_workers: DataLoader workers.
+        cache_dir: when set, the tokenised rows are stored there (built once, by
+            `prepare_data` on one process per node) and reused while the data, tokenizer
+            and settings are unchanged.
+        key: config prefix used to name keys in errors.
+    """
+
+    def __init__(
+        self,
+        data: SourceSpec | str | list[dict],
+        tokenizer,
+        tokenize: TokenizeSettings | None = None,
+        batch_size: int = 1,
+        val_fraction: float = 0.01,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        key: str = "data",
+    ):
+        super().__init__()
+        self.source = SourceSpec(path=data) if isinstance(data, str) else data
+        self.tokenizer = tokenizer
+        self.tokenize = tokenize or TokenizeSettings()
+        self.tokenize.validate(tokenizer, key)
+        require(batch_size >= 1, f"{key}.batch_size", f"must be at least 1, got {batch_size}")
+        require(0 <= val_fraction < 1, f"{key}.val_fraction", f"must be in [0, 1), got {val_fraction}")
+        require(num_workers >= 0, f"{key}.num_workers", f"must be >= 0, got {num_workers}")
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
+        self.num_workers, self.cache_dir, self.key = num_workers, cache_dir, key
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        require(pad_id is not None, "target.path", "the tokenizer has neither a pad nor an EOS token to pad with")
+        self.collate = PadCollator(pad_id)
+        self.rows: TokenizedRows | None = None
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self._check_thinking_matches_regeneration()
+
+    @classmethod
+    def from_spec(cls, spec: DataSpec, tokenizer, key: str = "data") -> "DFlashDataModule":
+        """Build from the `data` config group."""
+        return cls(
+            spec.source(),
+            tokenizer,
+            tokenize=spec.tokenize_settings(),
+            batch_size=spec.batch_size,
+            val_fraction=spec.val_fraction,
+            seed=spec.seed,
+            num_workers=spec.num_workers,
+            cache_dir=spec.cache_dir,
+            key=key,
+        )
+
+    @property
+    def num_dropped(self) -> int:
+        """Conversations left out by tokenisation (no response token left, hidden response)."""
+        return sum(self.rows.dropped.values()) if self.rows is not None else 0
+
+    def prepare_data(self) -> None:
+        if self.cache_dir is not None:
+            self._tokenized()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.rows is not None:
+            return
+        self.rows = self._tokenized()
+        num_conversations = self.rows.num_conversations
+        _, held_out = split_conversations(num_conversations, self.val_fraction, self.seed)
+        is_held_out = np.isin(self.rows.conversation_index, held_out)
+        self.train_set = _Subset(self.rows, np.flatnonzero(~is_held_out))
+        self.val_set = _Subset(self.rows, np.flatnonzero(is_held_out))
+        require(len(self.train_set) > 0, f"{self.key}.path", "no training sequence is left after tokenisation")
+        log.info(
+            "data: %d train / %d held-out sequences from %d conversations (%d dropped)",
+            len(self.train_set), len(self.val_set), num_conversations, self.num_dropped,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _tokenized(self) -> TokenizedRows:
+        cache_path = None
+        if self.cache_dir is not None:
+            cache_path = os.path.join(self.cache_dir, f"tokenized-{self._fingerprint()}.npz")
+            if os.path.isfile(cache_path):
+                return TokenizedRows.load(cache_path)
+        if isinstance(self.source, SourceSpec):
+            conversations = load_conversations(self.source, self.key, require_response=True)
+        else:
+            conversations = self.source
+        rows = tokenize_conversations(self.tokenizer, conversations, self.tokenize)
+        if cache_path is not None:
+            rows.save(cache_path)
+        return rows
+
+    def _fingerprint(self) -> str:
+        """Hash of everything the tokenised rows depend on."""
+        tokenizer = self.tokenizer
+        parts = {
+            "tokenize": dataclasses.asdict(self.tokenize),
+            "tokenizer": [tokenizer.name_or_path, len(tokenizer), tokenizer.chat_template, tokenizer.eos_token_id],
+        }
+        if isinstance(self.source, SourceSpec):
+            parts["source"] = dataclasses.asdict(self.source)
+            path = os.path.expanduser(self.source.path)
+            if os.path.isdir(path):
+                files = sorted(os.path.join(path, name) for name in os.listdir(path))
+            else:
+                files = [path] if os.path.isfile(path) else []
+            parts["files"] = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+        else:
+            parts["rows"] = hashlib.sha256(json.dumps(self.source, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+    def _check_thinking_matches_regeneration(self) -> None:
+        """Regenerated data records its thinking mode; training must use the same one."""
+        if not isinstance(self.source, SourceSpec) or not os.path.isdir(os.path.expanduser(self.source.path)):
+            return
+        manifest = read_manifest(os.path.expanduser(self.source.path)) or {}
+        regenerated = manifest.get("settings", {}).get("enable_thinking", self.tokenize.enable_thinking)
+        require(
+            regenerated == self.tokenize.enable_thinking,
+            f"{self.key}.enable_thinking",
+            f"is {self.tokenize.enable_thinking} but {self.source.path!r} was regenerated with "
+            f"enable_thinking={regenerated}; the template must match (DESIGN.md rule 8)",
+        )

@@ -1,0 +1,230 @@
+"""Regeneration: the target writes the responses the drafter will learn from.
+
+For each row the prompt (every turn before the last assistant turn) is answered by the
+target, and the row is written back as `{"messages": prompt + [{"role": "assistant",
+"content": generated}]}`.
+
+Output layout (resumable): `out_dir/rows-SSSSSSSS-EEEEEEEE.jsonl` holds rows [S, E) in
+input order; each shard is written to a temporary file and renamed, so a shard that
+exists is complete and is never generated again. `out_dir/manifest.json` records the
+target, the settings and a fingerprint of the prompts: resuming with anything else
+changed is an error rather than a silently mixed dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from dflash.data.generators import Generated, Generator, HFGenerator, ServerGenerator
+from dflash.data.sources import split_prompt
+from dflash.errors import ConfigError, require
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class RegenerateSettings:
+    """How the target regenerates responses.
+
+    batch_size: prompts per `generate` call (or concurrent requests to a server).
+    shard_size: rows per output file; the unit of resumption.
+    temperature: 0 for greedy decoding; top_p / top_k apply only when sampling
+        (top_k 0 = off, so a model's default top_k does not sneak in).
+    enable_thinking: passed to the chat template (Qwen3); None passes nothing.
+    seed: sampling seed; each shard reseeds with seed + its first row, so a resumed run
+        samples the same way.
+    server_url: OpenAI-compatible server (vLLM, SGLang) base URL, e.g.
+        "http://localhost:8000/v1"; None generates with the HF target in-process.
+    server_model: model name for the server; None asks the server's /models.
+    """
+
+    batch_size: int = 8
+    shard_size: int = 512
+    max_new_tokens: int = 2048
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    enable_thinking: bool | None = False
+    seed: int = 0
+    server_url: str | None = None
+    server_model: str | None = None
+    request_timeout_s: float = 600.0
+
+    def validate(self, key: str = "regenerate") -> None:
+        """ConfigError naming `key`.field for out-of-range values."""
+        for name in ("batch_size", "shard_size", "max_new_tokens"):
+            require(getattr(self, name) >= 1, f"{key}.{name}", f"must be at least 1, got {getattr(self, name)}")
+        require(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, f"{key}.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k >= 0, f"{key}.top_k", f"must be >= 0, got {self.top_k}")
+
+
+def make_generator(target, settings: RegenerateSettings) -> Generator:
+    """The server generator when `settings.server_url` is set, else the HF target."""
+    if settings.server_url:
+        return ServerGenerator(
+            settings.server_url,
+            model=settings.server_model,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            enable_thinking=settings.enable_thinking,
+            concurrency=settings.batch_size,
+            timeout_s=settings.request_timeout_s,
+        )
+    require(target is not None, "target", "a target model is needed when regenerate.server_url is not set")
+    return HFGenerator(
+        target,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        enable_thinking=settings.enable_thinking,
+    )
+
+
+def regenerate(
+    target,
+    rows: list[dict],
+    out_dir: str,
+    settings: RegenerateSettings | None = None,
+    generator: Generator | Callable | None = None,
+    progress: bool = True,
+) -> str:
+    """Regenerate the final assistant response of every row with the target; returns `out_dir`.
+
+    Args:
+        target: a `TargetModel` (unused when `generator` is given or settings.server_url is set).
+        rows: `{"messages": [...]}` rows; each must contain a user turn to answer.
+        out_dir: output directory of JSONL shards; existing complete shards are kept.
+        settings: generation settings.
+        generator: overrides the generator (tests, custom backends).
+    """
+    settings = settings or RegenerateSettings()
+    settings.validate()
+    prompts = []
+    for index, row in enumerate(rows):
+        prompt, _ = split_prompt(row["messages"])
+        require(
+            bool(prompt) and prompt[-1]["role"] == "user",
+            "data",
+            f"row {index} has no user turn to answer; its messages are {row['messages'][:3]}...",
+        )
+        prompts.append(prompt)
+    generator = generator or make_generator(target, settings)
+    os.makedirs(out_dir, exist_ok=True)
+    _check_manifest(out_dir, _manifest(generator, prompts, settings))
+
+    size = settings.shard_size
+    shards = [(start, min(start + size, len(prompts))) for start in range(0, len(prompts), size)]
+    todo = [(start, stop) for start, stop in shards if not os.path.exists(_shard_path(out_dir, start, stop))]
+    done_rows = len(prompts) - sum(stop - start for start, stop in todo)
+    if done_rows:
+        log.info("regenerate: %d of %d rows already done in %s", done_rows, len(prompts), out_dir)
+    bar = tqdm(total=len(prompts), initial=done_rows, desc="regenerate", unit="row", disable=not progress)
+    tokens, unfinished, began = 0, 0, time.perf_counter()
+    for start, stop in todo:
+        torch.manual_seed(settings.seed + start)
+        shard_prompts = prompts[start:stop]
+        answers: list[Generated | None] = [None] * len(shard_prompts)
+        # Similar lengths batch together (less padding); output order stays the input order.
+        order = sorted(range(len(shard_prompts)), key=lambda i: _prompt_chars(shard_prompts[i]))
+        for first in range(0, len(order), settings.batch_size):
+            batch = order[first : first + settings.batch_size]
+            for i, answer in zip(batch, generator([shard_prompts[i] for i in batch])):
+                answers[i] = answer
+                tokens += answer.num_tokens
+                unfinished += not answer.finished
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.1f}")
+        _write_shard(out_dir, start, stop, shard_prompts, answers)
+    bar.close()
+    if unfinished:
+        log.warning(
+            "regenerate: %d responses reached max_new_tokens=%d and are cut", unfinished, settings.max_new_tokens
+        )
+    return out_dir
+
+
+def shard_paths(out_dir: str) -> list[str]:
+    """The finished shards of a regeneration directory, in row order."""
+    names = sorted(n for n in os.listdir(out_dir) if n.startswith("rows-") and n.endswith(".jsonl"))
+    return [os.path.join(out_dir, n) for n in names]
+
+
+def read_manifest(out_dir: str) -> dict | None:
+    """The manifest of a regeneration directory, or None if it has none."""
+    path = os.path.join(out_dir, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _shard_path(out_dir: str, start: int, stop: int) -> str:
+    return os.path.join(out_dir, f"rows-{start:08d}-{stop:08d}.jsonl")
+
+
+def _write_shard(out_dir, start, stop, prompts, answers) -> None:
+    path = _shard_path(out_dir, start, stop)
+    temporary = os.path.join(out_dir, f".{os.path.basename(path)}.tmp")
+    with open(temporary, "w") as handle:
+        for prompt, answer in zip(prompts, answers):
+            row = {"messages": prompt + [{"role": "assistant", "content": answer.text}]}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(temporary, path)
+
+
+def _prompt_chars(prompt: list[dict]) -> int:
+    return sum(len(m["content"]) for m in prompt)
+
+
+def _manifest(generator, prompts, settings: RegenerateSettings) -> dict:
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    generation = {
+        k: v for k, v in asdict(settings).items() if k not in ("batch_size", "request_timeout_s", "server_url")
+    }
+    return {
+        "generator": getattr(generator, "name", type(generator).__name__),
+        "num_rows": len(prompts),
+        "prompts_sha256": digest.hexdigest(),
+        "settings": generation,
+    }
+
+
+def _check_manifest(out_dir: str, manifest: dict) -> None:
+    existing = read_manifest(out_dir)
+    if existing is not None and existing != manifest:
+        changed = sorted(
+            k for k in set(existing) | set(manifest) if existing.get(k) != manifest.get(k) and k != "settings"
+        )
+        changed += [
+            f"settings.{k}"
+            for k in sorted(set(existing.get("settings", {})) | set(manifest["settings"]))
+            if existing.get("settings", {}).get(k) != manifest["settings"].get(k)
+        ]
+        raise ConfigError(
+            "regenerate.output_dir",
+            f"{out_dir!r} holds shards made with different {', '.join(changed)}; "
+            "use a new output directory (or delete this one) to regenerate",
+        )
+    if existing is None:
+        path = os.path.join(out_dir, MANIFEST)
+        with open(f"{path}.tmp", "w") as handle:
+            json.dump(manifest, handle, indent=2)
+        os.replace(f"{path}.tmp", path)

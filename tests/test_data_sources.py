@@ -1,0 +1,153 @@
+"""Sources: every layout normalises to chat messages; bad inputs name their config key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash.data import DataSpec, SourceSpec, load_conversations, split_prompt
+from dflash.errors import ConfigError
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_messages_layout(tmp_path):
+    path = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}],
+    )
+    rows = load_conversations(SourceSpec(path=path))
+    assert rows == [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    ]
+
+
+def test_sharegpt_layout_maps_roles_and_drops_leading_assistant(tmp_path):
+    conversation = [
+        {"from": "gpt", "value": "Welcome!"},
+        {"from": "human", "value": "2+2?"},
+        {"from": "gpt", "value": "4"},
+        {"from": "human", "value": "and 3+3?"},
+        {"from": "gpt", "value": "6"},
+    ]
+    path = write_jsonl(tmp_path / "sharegpt.jsonl", [{"id": "a", "conversations": conversation}])
+    (row,) = load_conversations(SourceSpec(path=path, format="sharegpt"))
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in row["messages"]] == ["2+2?", "4", "and 3+3?", "6"]
+
+
+def test_prompt_response_layout_with_alpaca_input_from_parquet(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "alpaca.parquet"
+    pd.DataFrame(
+        {"instruction": ["Sum a list", "Say hi"], "input": ["[1, 2]", ""], "output": ["3", "hi"]}
+    ).to_parquet(path)
+    spec = SourceSpec(path=str(path), prompt_column="instruction", input_column="input", response_column="output")
+    rows = load_conversations(spec)
+    assert rows[0]["messages"] == [{"role": "user", "content": "Sum a list\n\n[1, 2]"}, {"role": "assistant", "content": "3"}]
+    assert rows[1]["messages"] == [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"}]
+
+
+def test_prompt_only_rows_are_prompts_for_regeneration(tmp_path):
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Write a haiku"}])
+    (row,) = load_conversations(SourceSpec(path=path, response_column=None))
+    assert row["messages"] == [{"role": "user", "content": "Write a haiku"}]
+    assert split_prompt(row["messages"]) == (row["messages"], None)
+
+
+def test_directory_of_shards_is_read_in_order_and_skips_manifest(tmp_path):
+    for start in (0, 2):
+        write_jsonl(
+            tmp_path / f"rows-{start:08d}-{start + 2:08d}.jsonl",
+            [{"messages": [{"role": "user", "content": f"q{start + i}"}, {"role": "assistant", "content": "a"}]} for i in range(2)],
+        )
+    (tmp_path / "manifest.json").write_text("{}")
+    rows = load_conversations(SourceSpec(path=str(tmp_path)))
+    assert [row["messages"][0]["content"] for row in rows] == ["q0", "q1", "q2", "q3"]
+
+
+def test_unusable_rows_are_skipped_and_empty_system_prompts_dropped(tmp_path):
+    rows = [
+        {"messages": [{"role": "assistant", "content": "no question"}]},
+        {"messages": [{"role": "user", "content": "ok"}, {"role": "robot", "content": "?"}]},
+        {"messages": [{"role": "user", "content": ["not", "text"]}]},
+        {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "kept"}]},
+    ]
+    loaded = load_conversations(SourceSpec(path=write_jsonl(tmp_path / "mixed.jsonl", rows)))
+    assert loaded == [{"messages": [{"role": "user", "content": "kept"}]}]
+
+
+def test_limit_keeps_the_first_rows(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"p{i}"} for i in range(5)])
+    rows = load_conversations(SourceSpec(path=path, limit=2, response_column=None))
+    assert [row["messages"][0]["content"] for row in rows] == ["p0", "p1"]
+
+
+@pytest.mark.parametrize("missing", ["does/not/exist.jsonl", "/nonexistent/dir", "./missing.parquet"])
+def test_missing_path_names_data_path(missing):
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=missing))
+    assert err.value.key == "data.path"
+
+
+def test_training_without_responses_names_the_response_column(tmp_path):
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Write a haiku"}])
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path, response_column=None), require_response=True)
+    assert err.value.key == "data.response_column"
+    with pytest.raises(ConfigError) as err:  # the default column name is absent from the file
+        load_conversations(SourceSpec(path=path), key="data.sources[1]", require_response=True)
+    assert err.value.key == "data.sources[1].response_column"
+
+
+def test_chat_rows_without_any_response_name_data_path(tmp_path):
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path), require_response=True)
+    assert err.value.key == "data.path"
+
+
+def test_bad_layout_settings_name_their_keys(tmp_path):
+    path = write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path))
+    assert err.value.key == "data.format"
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path, format="chatml"))
+    assert err.value.key == "data.format"
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path, format="sharegpt"))
+    assert err.value.key == "data.conversations_column"
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=path, prompt_column="question", input_column="context"))
+    assert err.value.key == "data.input_column"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=str(broken)))
+    assert err.value.key == "data.path"
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ConfigError) as err:
+        load_conversations(SourceSpec(path=str(text)))
+    assert err.value.key == "data.path"
+
+
+def test_data_spec_from_dict_checks_keys_and_builds_sources():
+    spec = DataSpec.from_dict(
+        {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]}
+    )
+    assert [(s.path, s.split) for s in spec.sources] == [("org/a", "chat"), ("b.jsonl", "train")]
+    assert [key for _, key in spec.prompt_sources()] == ["data.sources[0]", "data.sources[1]"]
+    assert DataSpec(path="x.jsonl").prompt_sources()[0][1] == "data"
+    with pytest.raises(ConfigError) as err:
+        DataSpec.from_dict({"path": "out", "max_len": 5})
+    assert err.value.key == "data.max_len"
+    with pytest.raises(ConfigError) as err:
+        DataSpec.from_dict({"path": "out", "sources": [{"path": "org/a", "colum": "x"}]})
+    assert err.value.key == "data.sources[0].colum"
