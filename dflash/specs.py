@@ -1,0 +1,126 @@
+"""Typed specs for the target and the drafter, and the functions that build them.
+
+Entry points turn Hydra config groups `target` and `drafter` into these dataclasses
+(unknown keys are errors) and call `load_target` / `build_drafter`; library code never
+reads Hydra objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id
+from dflash.errors import ConfigError, require
+from dflash.target import TargetModel
+from dflash.target.model import resolve_dtype
+
+
+@dataclass
+class TargetSpec:
+    """Where the target comes from.
+
+    path: hub id ("Qwen/Qwen3-8B") or local HF directory.
+    build: for offline tiny targets: {"arch": "qwen3"|"llama", "seed": int, ...}; the
+        target is built and saved at `path` when that directory does not exist yet.
+    """
+
+    path: str
+    dtype: str = "auto"
+    attn_implementation: str | None = "sdpa"
+    device: str = "cpu"
+    build: dict | None = None
+
+
+@dataclass
+class DrafterSpec:
+    """Which drafter to use.
+
+    path: a drafter directory; None builds a new randomly initialised drafter from the
+        fields below (for training, tests and the random-drafter floor).
+    block_size: training block size of a new drafter (a loaded drafter keeps its own).
+    target_layer_ids: explicit taps; None = the default rule with
+        `num_target_features` taps (None = as many taps as drafter layers).
+    mask_token: token string to use as <mask> (None: the tokenizer's, else "<|MASK|>").
+    """
+
+    path: str | None = None
+    num_layers: int = 5
+    block_size: int = 16
+    target_layer_ids: list[int] | None = None
+    num_target_features: int | None = None
+    intermediate_size: int | None = None
+    mask_token: str | None = None
+    attn_implementation: str = "sdpa"
+    dtype: str = "float32"
+    seed: int = 0
+
+
+def spec_from_dict(cls, data: dict, group: str):
+    """Build dataclass `cls` from a plain dict; unknown keys are a ConfigError naming them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    require(not unknown, f"{group}.{unknown[0]}" if unknown else group, f"unknown key; valid keys: {sorted(names)}")
+    return cls(**data)
+
+
+def load_target(spec: TargetSpec) -> TargetModel:
+    """Load (building first, for tiny offline targets) the frozen target."""
+    if spec.build is not None and not os.path.isdir(spec.path):
+        from dflash.target.tiny import save_tiny_target
+
+        build = dict(spec.build)
+        save_tiny_target(spec.path, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("target.device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
+    return TargetModel.load(spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device)
+
+
+def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
+    """Load the drafter at `spec.path`, or build a random one; check it fits `target`."""
+    dtype = resolve_dtype(spec.dtype)
+    dtype = target.dtype if dtype == "auto" else dtype
+    if spec.path is not None:
+        drafter = load_drafter(spec.path, device=target.device, dtype=dtype, attn_implementation=spec.attn_implementation)
+        check_drafter_fits(drafter.config, target)
+        if target.tokenizer is not None and target.tokenizer.mask_token is None:
+            mask = target.tokenizer.convert_ids_to_tokens(drafter.config.mask_token_id)
+            target.tokenizer.add_special_tokens({"mask_token": mask})
+        return drafter
+    mask_token_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows, spec.mask_token)
+    config = DrafterConfig.from_target(
+        target.config,
+        num_layers=spec.num_layers,
+        block_size=spec.block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=spec.target_layer_ids,
+        num_target_features=spec.num_target_features,
+        intermediate_size=spec.intermediate_size,
+        attn_implementation=spec.attn_implementation,
+    )
+    torch.manual_seed(spec.seed)
+    return DFlashDrafter(config).to(device=target.device, dtype=dtype)
+
+
+def check_drafter_fits(config: DrafterConfig, target: TargetModel) -> None:
+    """ConfigError unless the drafter's width, taps and mask token fit the target."""
+    require(
+        config.hidden_size == target.hidden_size,
+        "drafter.path",
+        f"drafter hidden size {config.hidden_size} does not match the target's {target.hidden_size}; "
+        "this drafter was trained for another target",
+    )
+    bad = [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]
+    require(
+        not bad,
+        "drafter.target_layer_ids",
+        f"drafter taps layers {bad}, but the target has {target.num_layers} layers (0..{target.num_layers - 1})",
+    )
+    require(
+        config.mask_token_id < target.embedding_rows,
+        "drafter.mask_token",
+        f"mask token id {config.mask_token_id} has no row in the target's {target.embedding_rows}-row embedding",
+    )

@@ -1,0 +1,74 @@
+"""Greedy speculative decoding is lossless: token for token the target's own greedy output."""
+
+import pytest
+import torch
+
+from dflash.decoding import DFlashProposer, generate
+from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from tests.conftest import OracleProposer, hf_greedy
+
+PROMPTS = ["def add(a, b):\n    return", "import os\n", "x", "class Stack:\n    def push(self, item):\n"]
+BLOCK_SIZES = [1, 2, 4, 8, 16]
+
+
+def random_proposer(target, num_layers=2, block_size=16, seed=0):
+    torch.manual_seed(seed)
+    mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
+    config = DrafterConfig.from_target(target.config, num_layers=num_layers, block_size=block_size, mask_token_id=mask_id)
+    return DFlashProposer(DFlashDrafter(config), target.embed_tokens, target.lm_head)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_random_drafter_output_equals_hf_greedy(tiny_target, block_size):
+    proposer = random_proposer(tiny_target)
+    for prompt, max_new in zip(PROMPTS, [40, 25, 33, 17]):
+        ids = tiny_target.tokenizer(prompt, return_tensors="pt").input_ids
+        expected = hf_greedy(tiny_target, ids, max_new)
+        result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=block_size, proposer=proposer)
+        assert result.output_ids == expected, (prompt, block_size)
+        assert sum(result.acceptance_lengths) + 1 == len(result.output_ids)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_oracle_drafter_accepts_whole_blocks_and_stays_lossless(tiny_target, block_size):
+    ids = tiny_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    max_new = 1 + 3 * block_size  # prefill token + exactly three full blocks
+    expected = hf_greedy(tiny_target, ids, max_new)
+    result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=block_size, proposer=OracleProposer(tiny_target))
+    assert result.output_ids == expected
+    assert result.acceptance_lengths == [block_size] * 3
+    assert result.tau == block_size
+
+
+def test_stop_token_inside_an_accepted_block_ends_output_there(tiny_target):
+    ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    reference = hf_greedy(tiny_target, ids, 40)
+    stop_index = next(i for i in range(5, 40) if reference[i] not in reference[:i])
+    stop = reference[stop_index]
+    result = generate(
+        tiny_target, ids, max_new_tokens=40, block_size=8, proposer=OracleProposer(tiny_target), stop_token_ids=[stop]
+    )
+    assert result.output_ids == reference[: stop_index + 1]
+    assert result.output_ids == hf_greedy(tiny_target, ids, 40, eos=stop)
+
+
+def test_stop_token_from_prefill_ends_immediately(qwen3_target):
+    ids = qwen3_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    first = hf_greedy(qwen3_target, ids, 1)[0]
+    result = generate(qwen3_target, ids, max_new_tokens=20, block_size=4, proposer=OracleProposer(qwen3_target), stop_token_ids=[first])
+    assert result.output_ids == [first] and result.num_steps == 0
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 11, 12])
+def test_max_new_tokens_inside_a_block_is_never_exceeded(tiny_target, max_new):
+    ids = tiny_target.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
+    result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=8, proposer=OracleProposer(tiny_target))
+    assert result.output_ids == hf_greedy(tiny_target, ids, max_new)
+
+
+def test_result_reports_times_and_rates(qwen3_target):
+    ids = qwen3_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    result = generate(qwen3_target, ids, max_new_tokens=10, block_size=4, proposer=random_proposer(qwen3_target))
+    assert result.prefill_time_s > 0 and result.decode_time_s > 0
+    assert result.tokens_per_s == pytest.approx(10 / result.total_time_s)
+    assert all(1 <= n <= 4 for n in result.acceptance_lengths)
