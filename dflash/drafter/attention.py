@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -51,10 +53,20 @@ def attend(
     raise ConfigError("drafter.attn_implementation", f"unknown attention implementation {implementation!r}")
 
 
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
 def _flex(q, k, v, block_mask, scale):
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+    # Uncompiled flex materialises the whole score matrix; on CUDA compile it into a
+    # fused kernel. On CPU the eager version is only used for tests.
+    kernel = _compiled_flex() if q.is_cuda else flex_attention
+    return kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 def _flash(q, k, v, scale):

@@ -1,0 +1,142 @@
+"""Drafter: target-layer rule, save/load in the public layout, attention backends, mask token."""
+
+import json
+
+import pytest
+import torch
+
+from dflash.drafter import (
+    DFlashDrafter,
+    DrafterConfig,
+    default_target_layer_ids,
+    load_drafter,
+    resolve_mask_token_id,
+    save_drafter,
+)
+from dflash.errors import ConfigError
+from dflash.target.tiny import byte_tokenizer
+
+
+@pytest.mark.parametrize(
+    "layers, taps, expected",
+    [(36, 5, [1, 9, 17, 25, 33]), (36, 1, [18]), (28, 5, [1, 7, 13, 19, 25]), (32, 3, [1, 15, 29]), (6, 2, [1, 3])],
+)
+def test_default_target_layer_rule(layers, taps, expected):
+    assert default_target_layer_ids(layers, taps) == expected
+
+
+def test_number_of_taps_is_independent_of_depth(qwen3_target):
+    config = DrafterConfig.from_target(qwen3_target.config, num_layers=1, block_size=8, mask_token_id=258, num_target_features=3)
+    assert config.num_hidden_layers == 1 and config.target_layer_ids == [1, 2, 3]
+    drafter = DFlashDrafter(config)
+    assert drafter.fc.in_features == 3 * config.hidden_size
+
+
+def make_drafter(target, **overrides):
+    torch.manual_seed(1)
+    args = dict(num_layers=2, block_size=8, mask_token_id=258)
+    args.update(overrides)
+    return DFlashDrafter(DrafterConfig.from_target(target.config, **args))
+
+
+def drafter_inputs(target, block=8, context=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d = target.hidden_size
+    return dict(
+        block_embeds=torch.randn(1, block, d, generator=g),
+        block_positions=torch.arange(context, context + block).unsqueeze(0),
+        context_features=torch.randn(1, context, 2 * d, generator=g),
+        context_positions=torch.arange(context).unsqueeze(0),
+    )
+
+
+def test_save_load_round_trip_gives_identical_logits(tiny_target, tmp_path):
+    drafter = make_drafter(tiny_target).eval()
+    inputs = drafter_inputs(tiny_target)
+    save_drafter(drafter, str(tmp_path))
+    loaded = load_drafter(str(tmp_path))
+    with torch.no_grad():
+        assert torch.equal(tiny_target.lm_head(drafter(**inputs)), tiny_target.lm_head(loaded(**inputs)))
+    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
+
+
+def test_saved_directory_uses_the_public_dflash_layout(qwen3_target, tmp_path):
+    from safetensors import safe_open
+
+    save_drafter(make_drafter(qwen3_target), str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["model_type"] == "qwen3"
+    assert config["block_size"] == 8 and config["num_target_layers"] == qwen3_target.num_layers
+    assert config["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": 258}
+    assert config["num_hidden_layers"] == 2 and config["rope_parameters"]["rope_theta"] == 10000.0
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        expected |= {f"layers.{i}.self_attn.{p}_proj.weight" for p in "qkvo"}
+        expected |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
+        expected |= {f"layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        expected |= {f"layers.{i}.input_layernorm.weight", f"layers.{i}.post_attention_layernorm.weight"}
+    assert names == expected  # no embedding, no LM head
+
+
+def test_llama_rope_scaling_is_carried_into_the_drafter(tmp_path):
+    from dflash.target.tiny import tiny_config
+
+    config = DrafterConfig.from_target(tiny_config("llama"), num_layers=1, block_size=4, mask_token_id=258)
+    drafter = DFlashDrafter(config)
+    save_drafter(drafter, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
+    assert torch.equal(load_drafter(str(tmp_path)).rotary_emb.inv_freq, drafter.rotary_emb.inv_freq)
+
+
+def test_flex_attention_gives_the_same_output_as_sdpa(tiny_target):
+    sdpa = make_drafter(tiny_target).eval()
+    flex = make_drafter(tiny_target, attn_implementation="flex_attention").eval()
+    flex.load_state_dict(sdpa.state_dict())
+    inputs = drafter_inputs(tiny_target)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(**inputs), sdpa(**inputs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attn needs CUDA")
+def test_flash_attention_gives_the_same_output_as_sdpa(tiny_target):
+    pytest.importorskip("flash_attn")
+    sdpa = make_drafter(tiny_target).eval().cuda().bfloat16()
+    flash = make_drafter(tiny_target, attn_implementation="flash_attention_2").eval().cuda().bfloat16()
+    flash.load_state_dict(sdpa.state_dict())
+    inputs = {k: v.cuda() for k, v in drafter_inputs(tiny_target).items()}
+    with torch.no_grad():
+        torch.testing.assert_close(flash(**inputs), sdpa(**inputs), atol=2e-2, rtol=2e-2)
+
+
+def test_block_attention_is_bidirectional_inside_the_block(qwen3_target):
+    """Changing the last block token changes the first slot's output (non-causal)."""
+    drafter = make_drafter(qwen3_target).eval()
+    inputs = drafter_inputs(qwen3_target)
+    with torch.no_grad():
+        before = drafter(**inputs)[0, 0]
+        inputs["block_embeds"][0, -1] += 1.0
+        after = drafter(**inputs)[0, 0]
+    assert not torch.allclose(before, after)
+
+
+def test_bad_drafter_configs_name_the_key(qwen3_target):
+    with pytest.raises(ConfigError, match="drafter.target_layer_ids"):
+        DrafterConfig.from_target(qwen3_target.config, num_layers=1, block_size=4, mask_token_id=258, target_layer_ids=[99])
+    with pytest.raises(ConfigError, match="drafter.block_size"):
+        DrafterConfig.from_target(qwen3_target.config, num_layers=1, block_size=0, mask_token_id=258)
+
+
+def test_mask_token_uses_existing_then_adds_then_errors():
+    tok = byte_tokenizer()
+    assert resolve_mask_token_id(tok, embedding_rows=300) == tok.convert_tokens_to_ids("<|MASK|>")
+    tok = byte_tokenizer(mask_token=False)
+    added = resolve_mask_token_id(tok, embedding_rows=300)
+    assert tok.mask_token == "<|MASK|>" and added == len(tok) - 1
+    with pytest.raises(ConfigError, match="drafter.mask_token"):
+        resolve_mask_token_id(byte_tokenizer(mask_token=False), embedding_rows=len(byte_tokenizer(mask_token=False)))
+    tok = byte_tokenizer(mask_token=False)
+    named = resolve_mask_token_id(tok, embedding_rows=300, mask_token="<|pad|>")
+    assert named == tok.pad_token_id
