@@ -69,14 +69,32 @@ def spec_from_dict(cls, data: dict, group: str):
 
 def load_target(spec: TargetSpec) -> TargetModel:
     """Load (building first, for tiny offline targets) the frozen target."""
-    if spec.build is not None and not os.path.isdir(spec.path):
-        from dflash.target.tiny import save_tiny_target
-
-        build = dict(spec.build)
-        save_tiny_target(spec.path, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+    if spec.build is not None:
+        build_offline_target(spec.path, dict(spec.build))
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("target.device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
     return TargetModel.load(spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device)
+
+
+def build_offline_target(path: str, build: dict) -> None:
+    """Create the offline target at `path` if it is missing (or, for tiny_code, stale).
+
+    build["kind"]: "random" (default; random tiny Qwen3/Llama, see `dflash.target.tiny`)
+    or "tiny_code" (a small code LM pre-trained here on the Python standard library,
+    rebuilt only when its build config changes; see `dflash.target.tiny_code`).
+    """
+    kind = build.pop("kind", "random")
+    if kind == "tiny_code":
+        from dflash.target.tiny_code import build_tiny_code_target
+
+        build_tiny_code_target(path, build)
+    elif kind == "random":
+        if not os.path.isdir(path):
+            from dflash.target.tiny import save_tiny_target
+
+            save_tiny_target(path, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+    else:
+        raise ConfigError("target.build.kind", f"unknown kind {kind!r}; choose random or tiny_code")
 
 
 def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:

@@ -1,0 +1,1 @@
+"""Hydra entry points: turn config groups into dataclasses and call library functions."""

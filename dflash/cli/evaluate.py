@@ -1,0 +1,71 @@
+"""`python -m dflash.evaluate`: evaluate a drafter on a benchmark (config: conf/evaluate.yaml).
+
+Checks every setting and loads the prompts before loading any model, so a bad value
+fails in seconds, not after an 8B model has loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+from omegaconf import DictConfig
+
+from dflash.cli.common import (
+    CONF_DIR,
+    check_field_types,
+    exits_on_config_error,
+    resolved_config,
+    run_app,
+    set_cpu_threads,
+    to_spec,
+)
+
+RESULTS_FILE = "results.json"
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
+@exits_on_config_error
+def _hydra_main(cfg: DictConfig) -> None:
+    # imported here, not at the top, so that override errors are reported before torch loads
+    from dflash.drafter import load_drafter_config
+    from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
+    from dflash.eval import format_results, write_results
+    from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
+
+    config = resolved_config(cfg)
+    benchmark = to_spec(BenchmarkSpec, cfg.benchmark, "benchmark")
+    top_level = {"hf_generate": cfg.hf_generate, "warmup_tokens": cfg.warmup_tokens}
+    check_field_types(EvalSettings, top_level, group=None)
+    set_cpu_threads(cfg.cpu_threads)
+    settings = EvalSettings(
+        decoding=to_spec(DecodingSettings, cfg.decoding, "decoding"),
+        chat_template=benchmark.chat_template,
+        enable_thinking=benchmark.enable_thinking,
+        **top_level,
+    )
+    target_spec = to_spec(TargetSpec, cfg.target, "target")
+    drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
+    samples = load_benchmark(benchmark)
+    if drafter_spec.path is not None:
+        load_drafter_config(drafter_spec.path)  # a wrong drafter path fails before the target loads
+
+    target = load_target(target_spec)
+    drafter = build_drafter(drafter_spec, target)
+    results = evaluate(
+        target,
+        drafter,
+        samples,
+        settings,
+        benchmark=benchmark.name,
+        target_label=target_spec.path,
+        drafter_label=drafter_spec.path or "random",
+        config=config,
+    )
+    path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
+    print(format_results(results))
+    print(f"results: {path}")
+
+
+def main() -> None:
+    run_app(_hydra_main, "evaluate")

@@ -1,0 +1,21 @@
+"""Benchmarks, the evaluator (DFlash vs autoregressive vs HF generate), results.json."""
+
+from dflash.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Sample, load_benchmark
+from dflash.eval.evaluator import DecodingSettings, EvalSettings, evaluate
+from dflash.eval.prompts import PromptBuilder, stop_token_ids
+from dflash.eval.report import format_results
+from dflash.eval.results import write_results
+
+__all__ = [
+    "BENCHMARKS",
+    "BenchmarkSpec",
+    "DecodingSettings",
+    "EvalSettings",
+    "PromptBuilder",
+    "Sample",
+    "evaluate",
+    "format_results",
+    "load_benchmark",
+    "stop_token_ids",
+    "write_results",
+]

@@ -1,0 +1,217 @@
+"""Evaluate a drafter on a set of prompts: acceptance, speed, losslessness.
+
+Per generation (every user turn of every conversation), with the same prompt, stop ids
+and sampling settings, interleaved so that machine noise hits all methods alike:
+  1. autoregressive: `generate(block_size=1)`, the in-run baseline (same loop, no drafts);
+  2. dflash: `generate(block_size=B, proposer=DFlashProposer(...))`;
+  3. hf_generate: the target's own `model.generate()`, the baseline a user would
+     otherwise run (skippable).
+A short warm-up on the first prompt runs every method once, untimed. Multi-turn
+conversations continue from DFlash's answer, as the public harness does.
+
+No Hydra here: entry points build `EvalSettings` and call `evaluate`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from dflash.decoding import DFlashProposer, SamplingConfig, generate
+from dflash.drafter import DFlashDrafter
+from dflash.errors import require
+from dflash.eval.benchmarks import Sample
+from dflash.eval.prompts import PromptBuilder, stop_token_ids
+from dflash.eval.results import GenerationRecord, build_results
+from dflash.target import TargetModel
+
+
+@dataclass
+class DecodingSettings:
+    """The `decoding` config group.
+
+    block_size: inference block size B; None = the drafter's trained block size (they
+        may differ: an ablation crosses train B with inference B).
+    seed: seeds the sampling generators (one per generation and method).
+    stop_tokens: extra stop tokens, as token strings or ids, on top of eos and
+        end-of-turn markers.
+    """
+
+    block_size: int | None = None
+    max_new_tokens: int = 2048
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    verify_rule: str = "rejection"
+    seed: int = 0
+    stop_tokens: list = field(default_factory=list)
+
+    def __post_init__(self):
+        # checked here too (not only in `generate`) so bad values fail before a model loads
+        require(
+            self.block_size is None or self.block_size >= 1, "decoding.block_size", f"must be >= 1, got {self.block_size}"
+        )
+        require(self.max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        self.sampling  # validates temperature, top_p, top_k, verify_rule
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_p, self.top_k, self.verify_rule)
+
+
+@dataclass
+class EvalSettings:
+    """Everything `evaluate` needs besides the models and the prompts.
+
+    chat_template / enable_thinking: prompt rendering (see `PromptBuilder`).
+    hf_generate: also time the target's `model.generate()`.
+    warmup_tokens: length of the untimed warm-up generation on the first prompt (0: none).
+    """
+
+    decoding: DecodingSettings = field(default_factory=DecodingSettings)
+    chat_template: bool = True
+    enable_thinking: bool = False
+    hf_generate: bool = True
+    warmup_tokens: int = 16
+
+    def __post_init__(self):
+        require(self.warmup_tokens >= 0, "warmup_tokens", f"must be >= 0, got {self.warmup_tokens}")
+
+
+def evaluate(
+    target: TargetModel,
+    drafter: DFlashDrafter,
+    samples: list[Sample],
+    settings: EvalSettings,
+    *,
+    benchmark: str = "custom",
+    target_label: str | None = None,
+    drafter_label: str = "unspecified",
+    config: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run every method on every turn of `samples`; return the results dictionary.
+
+    Args:
+        target: the frozen target, with its tokenizer.
+        drafter: a drafter that fits `target` (see `dflash.specs.check_drafter_fits`).
+        samples: conversations (one or more user turns each), e.g. from `load_benchmark`.
+        target_label / drafter_label: recorded as `target` / `drafter` (e.g. paths;
+            "random" for an untrained drafter); target_label defaults to the model's name.
+        config: the resolved run config, stored verbatim under `config`.
+    Returns:
+        the results.json dictionary (schema: `dflash.eval.results`).
+    """
+    require(len(samples) > 0, "benchmark.max_samples", "no prompts to evaluate")
+    decoding = settings.decoding
+    block_size = decoding.block_size or drafter.config.block_size
+    stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
+    methods = _Methods(
+        target=target,
+        proposer=DFlashProposer(drafter, target.embed_tokens, target.lm_head),
+        block_size=block_size,
+        sampling=decoding.sampling,
+        stop_ids=stops,
+        hf_generate=settings.hf_generate,
+    )
+    prompts = PromptBuilder(target.tokenizer, settings.chat_template, settings.enable_thinking)
+
+    if settings.warmup_tokens > 0:
+        warmup_ids = prompts.encode(samples[0].turns[:1])
+        warmup = GenerationRecord(prompt_index=samples[0].index, turn=0, num_prompt_tokens=warmup_ids.shape[1])
+        methods.run(warmup_ids, min(settings.warmup_tokens, decoding.max_new_tokens), decoding.seed, warmup)
+
+    records = []
+    for sample in tqdm(samples, desc=f"evaluate {benchmark}", unit="prompt", disable=not progress):
+        conversation: list[str] = []
+        for turn, user_text in enumerate(sample.turns):
+            conversation.append(user_text)
+            input_ids = prompts.encode(conversation)
+            record = GenerationRecord(prompt_index=sample.index, turn=turn, num_prompt_tokens=input_ids.shape[1])
+            methods.run(input_ids, decoding.max_new_tokens, decoding.seed + 1009 * sample.index + turn, record)
+            records.append(record)
+            conversation.append(target.tokenizer.decode(record.outputs["dflash"], skip_special_tokens=True))
+
+    return build_results(
+        records,
+        benchmark=benchmark,
+        target=target_label or getattr(target.model, "name_or_path", "") or type(target.model).__name__,
+        drafter=drafter_label,
+        block_size=block_size,
+        drafter_block_size=drafter.config.block_size,
+        sampling=decoding.sampling,
+        max_new_tokens=decoding.max_new_tokens,
+        stop_token_ids=stops,
+        device=target.device,
+        config=config,
+    )
+
+
+@dataclass
+class _Methods:
+    """The methods compared, run on one prompt with identical settings."""
+
+    target: TargetModel
+    proposer: DFlashProposer
+    block_size: int
+    sampling: SamplingConfig
+    stop_ids: list[int]
+    hf_generate: bool
+
+    def run(self, input_ids: torch.Tensor, max_new_tokens: int, seed: int, record: GenerationRecord) -> None:
+        """Generate from `input_ids` (1, P) with every method; fill `record`'s outputs, times and acceptance."""
+        baseline = self._generate(input_ids, max_new_tokens, seed, block_size=1, proposer=None)
+        dflash = self._generate(input_ids, max_new_tokens, seed, block_size=self.block_size, proposer=self.proposer)
+        record.outputs.update(autoregressive=baseline.output_ids, dflash=dflash.output_ids)
+        record.times_s.update(autoregressive=baseline.total_time_s, dflash=dflash.total_time_s)
+        record.acceptance_lengths = dflash.acceptance_lengths
+        if self.hf_generate:
+            tokens, seconds = self._hf_generate(input_ids, max_new_tokens, seed)
+            record.outputs["hf_generate"], record.times_s["hf_generate"] = tokens, seconds
+
+    def _generate(self, input_ids, max_new_tokens, seed, block_size, proposer):
+        return generate(
+            self.target,
+            input_ids,
+            max_new_tokens=max_new_tokens,
+            block_size=block_size,
+            proposer=proposer,
+            stop_token_ids=self.stop_ids,
+            sampling=self.sampling,
+            generator=None if self.sampling.greedy else torch.Generator(self.target.device).manual_seed(seed),
+        )
+
+    @torch.inference_mode()
+    def _hf_generate(self, input_ids: torch.Tensor, max_new_tokens: int, seed: int) -> tuple[list[int], float]:
+        """HF `generate` with the same length, stop ids and sampling; (new ids, seconds)."""
+        model, device = self.target.model, self.target.device
+        input_ids = input_ids.to(device)
+        sampling = self.sampling
+        if sampling.greedy:
+            options = dict(do_sample=False)
+        else:
+            # HF generate takes no generator: seed the global RNG instead
+            torch.manual_seed(seed)
+            options = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        pad_id = self.target.tokenizer.pad_token_id
+        _sync(device)
+        start = time.perf_counter()
+        output = model.generate(
+            input_ids,
+            # explicit: HF would otherwise mask prompt positions that hold the pad id
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids or None,
+            pad_token_id=pad_id if pad_id is not None or not self.stop_ids else self.stop_ids[0],
+            **options,
+        )
+        _sync(device)
+        return output[0, input_ids.shape[1] :].tolist(), time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,54 @@
+"""A readable summary of a results dictionary, for the terminal."""
+
+from __future__ import annotations
+
+from dflash.eval.results import METHOD, METHODS
+
+
+def format_results(results: dict) -> str:
+    """A table of speed per method plus acceptance and losslessness lines."""
+    mode = "greedy"
+    if results["temperature"] > 0:
+        mode = f"sampling T={results['temperature']} top_p={results['top_p']} top_k={results['top_k']}"
+        mode += f" ({results['verify_rule']} verification)"
+    lines = [
+        f"DFlash evaluation: {results['benchmark']}, {results['num_prompts']} prompts "
+        f"({results['num_generations']} generations), block size {results['block_size']} "
+        f"(drafter trained with {results['drafter_block_size']}), {mode}, max_new_tokens {results['max_new_tokens']}",
+        f"target: {results['target']}   drafter: {results['drafter']}   device: {results['device']}",
+        "",
+        f"{'method':<16}{'tokens':>10}{'seconds':>11}{'tokens/s':>11}{'DFlash speedup over it':>24}",
+    ]
+    speedups = {name.removeprefix("vs_"): value for name, value in results["speedup"].items()}
+    for method in METHODS:
+        if results["tokens_per_s"][method] is None:
+            lines.append(f"{method:<16}{'(skipped)':>10}")
+            continue
+        tokens = sum(p["num_tokens"][method] for p in results["per_prompt"])
+        seconds = sum(p["time_s"][method] for p in results["per_prompt"])
+        speedup = speedups.get(method)
+        speedup_text = "-" if method == METHOD else (f"{speedup:.2f}x" if speedup is not None else "n/a")
+        tokens_per_s = results["tokens_per_s"][method]
+        lines.append(f"{method:<16}{tokens:>10}{seconds:>11.3f}{tokens_per_s:>11.1f}{speedup_text:>24}")
+    histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results["acceptance_histogram"], start=1))
+    lines += [
+        "",
+        f"tau (mean acceptance length per verify step, bonus token counted): {results['tau']:.3f}",
+        f"acceptance histogram (tokens emitted per step: steps): {histogram}",
+        "lossless (DFlash == autoregressive, token for token): "
+        + _agreement(results["lossless"], results["first_mismatch"]),
+        "HF generate matches autoregressive: "
+        + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"]),
+    ]
+    return "\n".join(lines)
+
+
+def _agreement(flag: bool | None, mismatch: dict | None) -> str:
+    if flag is None:
+        return "not checked (sampling or skipped)"
+    if flag:
+        return "true"
+    return (
+        f"FALSE: first mismatch at prompt {mismatch['prompt_index']} turn {mismatch['turn']} "
+        f"position {mismatch['position']}: expected {mismatch['expected']}, got {mismatch['got']}"
+    )

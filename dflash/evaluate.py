@@ -1,0 +1,6 @@
+"""`python -m dflash.evaluate`: see `dflash.cli.evaluate` and conf/evaluate.yaml."""
+
+from dflash.cli.evaluate import main
+
+if __name__ == "__main__":
+    main()
