@@ -45,6 +45,8 @@ class DrafterSpec:
     target_layer_ids: explicit taps; None = the default rule with
         `num_target_features` taps (None = as many taps as drafter layers).
     mask_token: token string to use as <mask> (None: the tokenizer's, else "<|MASK|>").
+    use_target_features: False builds a standalone block-diffusion drafter whose context
+        is the prefix's token embeddings (the target-context ablation); taps are ignored.
     """
 
     path: str | None = None
@@ -57,6 +59,7 @@ class DrafterSpec:
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
     seed: int = 0
+    use_target_features: bool = True
 
 
 def spec_from_dict(cls, data: dict, group: str):
@@ -118,6 +121,7 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
         num_target_features=spec.num_target_features,
         intermediate_size=spec.intermediate_size,
         attn_implementation=spec.attn_implementation,
+        use_target_features=spec.use_target_features,
     )
     torch.manual_seed(spec.seed)
     return DFlashDrafter(config).to(device=target.device, dtype=dtype)

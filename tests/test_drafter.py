@@ -140,3 +140,19 @@ def test_mask_token_uses_existing_then_adds_then_errors():
     tok = byte_tokenizer(mask_token=False)
     named = resolve_mask_token_id(tok, embedding_rows=300, mask_token="<|pad|>")
     assert named == tok.pad_token_id
+
+
+def test_standalone_drafter_without_target_features_round_trips_and_decodes_losslessly(tiny_target, tmp_path):
+    from dflash.decoding import DFlashProposer, generate
+    from tests.conftest import hf_greedy
+
+    drafter = make_drafter(tiny_target, use_target_features=False, num_target_features=2).eval()
+    assert drafter.fc is None and drafter.config.target_layer_ids == []
+    save_drafter(drafter, str(tmp_path))
+    loaded = load_drafter(str(tmp_path))
+    assert loaded.config.use_target_features is False
+    proposer = DFlashProposer(loaded, tiny_target.embed_tokens, tiny_target.lm_head)
+    assert proposer.target_layer_ids is None
+    ids = tiny_target.tokenizer("def f(x):\n", return_tensors="pt").input_ids
+    result = generate(tiny_target, ids, max_new_tokens=20, block_size=8, proposer=proposer)
+    assert result.output_ids == hf_greedy(tiny_target, ids, 20)

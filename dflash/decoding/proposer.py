@@ -46,7 +46,8 @@ class DFlashProposer:
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.mask_token_id = drafter.config.mask_token_id
-        self.target_layer_ids = list(drafter.config.target_layer_ids)
+        # A drafter without target features reads the prefix's token embeddings instead.
+        self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
         self.cache = DrafterCache(drafter.config.num_hidden_layers)
 
     def reset(self) -> None:
@@ -56,15 +57,16 @@ class DFlashProposer:
     def propose(self, committed_ids, new_features, block_size, num_drafts):
         device = committed_ids.device
         anchor_pos = committed_ids.shape[1] - 1
-        num_new = 0 if new_features is None else new_features.shape[1]
         context_start = self.cache.length
-        if context_start + num_new != anchor_pos:
-            raise RuntimeError(
-                f"drafter context covers {context_start + num_new} positions, expected {anchor_pos} (all before the anchor)"
-            )
+        if self.target_layer_ids is None:
+            new_features = self.embed_tokens(committed_ids[:, context_start:anchor_pos])
         if new_features is None:
-            feature_dim = self.drafter.fc.in_features
-            new_features = torch.zeros(1, 0, feature_dim, device=device, dtype=self.drafter.fc.weight.dtype)
+            raise RuntimeError("the drafter needs target features of the context; the target returned none")
+        if context_start + new_features.shape[1] != anchor_pos:
+            raise RuntimeError(
+                f"drafter context covers {context_start + new_features.shape[1]} positions, "
+                f"expected {anchor_pos} (all before the anchor)"
+            )
         block_ids = torch.full((1, block_size), self.mask_token_id, dtype=torch.long, device=device)
         block_ids[0, 0] = committed_ids[0, -1]
         block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)

@@ -60,11 +60,20 @@ class DrafterConfig:
     target_config: dict = field(default_factory=dict)
     attention_bias: bool = False
     attn_implementation: str = "sdpa"
+    use_target_features: bool = True
 
     def __post_init__(self):
         require(self.block_size >= 1, "drafter.block_size", f"must be >= 1, got {self.block_size}")
         require(self.num_hidden_layers >= 1, "drafter.num_layers", f"must be >= 1, got {self.num_hidden_layers}")
-        require(len(self.target_layer_ids) >= 1, "drafter.target_layer_ids", "must name at least one target layer")
+        if not self.use_target_features:
+            # A standalone block-diffusion drafter (ablation): its context is the prefix
+            # tokens' own embeddings, not target hidden states.
+            self.target_layer_ids = []
+        require(
+            len(self.target_layer_ids) >= 1 or not self.use_target_features,
+            "drafter.target_layer_ids",
+            "must name at least one target layer",
+        )
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
         require(
             not bad,
@@ -98,6 +107,7 @@ class DrafterConfig:
         num_target_features: int | None = None,
         intermediate_size: int | None = None,
         attn_implementation: str = "sdpa",
+        use_target_features: bool = True,
     ) -> "DrafterConfig":
         """A drafter as wide as the target, with `num_layers` layers.
 
@@ -108,7 +118,9 @@ class DrafterConfig:
         """
         tc = target_hf_config
         num_target_layers = tc.num_hidden_layers
-        if target_layer_ids is None:
+        if not use_target_features:
+            target_layer_ids = []
+        elif target_layer_ids is None:
             taps = num_target_features if num_target_features is not None else num_layers
             target_layer_ids = default_target_layer_ids(num_target_layers, taps)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
@@ -128,6 +140,7 @@ class DrafterConfig:
             target_config=tc.to_dict(),
             attention_bias=bool(getattr(tc, "attention_bias", False)),
             attn_implementation=attn_implementation,
+            use_target_features=use_target_features,
         )
 
     def to_hf_dict(self) -> dict:
@@ -150,6 +163,8 @@ class DrafterConfig:
             num_target_layers=self.num_target_layers,
             dflash_config={"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
         )
+        if not self.use_target_features:
+            out["dflash_config"]["use_target_features"] = False
         if "layer_types" in self.target_config:
             out["layer_types"] = ["full_attention"] * self.num_hidden_layers
         return out
@@ -175,6 +190,7 @@ class DrafterConfig:
                 target_config=data,
                 attention_bias=bool(data.get("attention_bias", False)),
                 attn_implementation=attn_implementation,
+                use_target_features=bool(dflash.get("use_target_features", True)),
             )
         except KeyError as missing:
             raise ConfigError("drafter.path", f"config.json is not a DFlash drafter config (missing {missing})") from None

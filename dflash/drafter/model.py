@@ -145,7 +145,9 @@ class DFlashDrafter(nn.Module):
         self.config = config
         d = config.hidden_size
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
-        self.fc = nn.Linear(config.num_target_features * d, d, bias=False)
+        # Without target features (standalone-drafter ablation) the context is the prefix's
+        # token embeddings, already of width D: no fusion layer.
+        self.fc = nn.Linear(config.num_target_features * d, d, bias=False) if config.use_target_features else None
         self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary_emb = _build_rotary(config)
@@ -178,7 +180,8 @@ class DFlashDrafter(nn.Module):
                 in training, many blocks concatenated).
             block_positions: (b, q) position ids, anchor_pos + k for slot k.
             context_features: (b, c, n_taps * D) concatenated target features of the new
-                context positions (c may be 0).
+                context positions (c may be 0); (b, c, D) token embeddings of those
+                positions when `config.use_target_features` is False.
             context_positions: (b, c) their position ids.
             mask: None (every block query sees all keys: decoding) or a mask over
                 (q, cache_len + c + q) keys, dense bool for sdpa or a flex BlockMask.
@@ -187,8 +190,10 @@ class DFlashDrafter(nn.Module):
         Returns:
             (b, q, D) final-normed hidden states; logits = target lm_head(hidden).
         """
-        context = self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
-        hidden = block_embeds.to(self.fc.weight.dtype)
+        dtype = self.norm.weight.dtype
+        context = context_features.to(dtype)
+        context = self.hidden_norm(self.fc(context) if self.fc is not None else context)
+        hidden = block_embeds.to(dtype)
         rope_q = self.rotary_emb(hidden, block_positions)
         rope_kv = self.rotary_emb(hidden, torch.cat([context_positions, block_positions], dim=1))
         for layer in self.layers:
