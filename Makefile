@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 # CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench tables clean
 
 install: $(STAMP)
 
@@ -26,6 +26,14 @@ demo: install
 
 bench: install
 	$(PY) scripts/bench_forward.py
+
+# Ablation sweeps (sweeps/NAME.yaml): make sweep-depth_cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
+sweep-%: install
+	$(PY) -m dflash.sweep $* $(if $(GPUS),--gpus $(GPUS)) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+
+# The paper's tables and figures from artifacts/sweeps (ARGS='source=wandb project=dflash')
+tables: install
+	$(PY) -m dflash.tables $(ARGS)
 
 clean:
 	rm -rf outputs multirun artifacts/demo

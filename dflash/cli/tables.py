@@ -1,0 +1,75 @@
+"""`python -m dflash.tables`: the paper's tables and figures from sweep results (conf/tables.yaml).
+
+Reads result directories under `root` (results.json, error.json of failed jobs,
+.hydra/config.yaml of unfinished ones, csv/*/metrics.csv for accuracy curves) or the
+runs of a wandb project, and writes `tables.md`, `tables.tex` and `plots/*.png` into
+`out_dir`. The Markdown is also printed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import hydra
+from omegaconf import DictConfig
+
+from dflash.cli.common import CONF_DIR, check_field_types, exits_on_config_error, resolved_config, run_app
+from dflash.errors import require
+
+SOURCES = ("dirs", "wandb")
+
+
+@dataclass
+class TablesSettings:
+    """The `tables` config (see conf/tables.yaml for each key)."""
+
+    source: str = "dirs"
+    root: str = "artifacts/sweeps"
+    project: str = "dflash"
+    entity: str | None = None
+    groups: list = field(default_factory=list)
+    ablations: list = field(default_factory=list)
+    out_dir: str = "artifacts/tables"
+    formats: list = field(default_factory=lambda: ["md", "tex"])
+    plots: bool = True
+
+    def __post_init__(self):
+        require(self.source in SOURCES, "source", f"unknown {self.source!r}; choose one of {list(SOURCES)}")
+        if self.source == "dirs":
+            require(os.path.isdir(self.root), "root", f"no such directory: {self.root}")
+
+
+def load_records(settings: TablesSettings):
+    """The run records of the configured source."""
+    if settings.source == "wandb":
+        import wandb
+
+        from dflash.reports import collect_wandb_runs
+
+        return collect_wandb_runs(wandb.Api(), settings.project, settings.entity, settings.groups)
+    from dflash.reports import collect_runs
+
+    return collect_runs(settings.root)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="tables", version_base="1.3")
+@exits_on_config_error
+def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.reports import write_report
+
+    data = resolved_config(cfg)
+    check_field_types(TablesSettings, data, group=None)
+    settings = TablesSettings(**data)
+    records = load_records(settings)
+    where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
+    require(bool(records), "root" if settings.source == "dirs" else "project", f"no runs found in {where}")
+    report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations)
+    print(report.markdown)
+    print(f"{len(records)} runs from {where}; wrote:")
+    for path in report.files:
+        print(f"  {path}")
+
+
+def main() -> None:
+    run_app(_hydra_main, "tables")

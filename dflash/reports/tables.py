@@ -1,0 +1,224 @@
+"""The paper's tables, built from run records: the main table and one table per ablation.
+
+- Main table (records with `sweep.ablation == "main"`): rows = (target, method), one
+  section per temperature, columns = benchmarks x (speedup, tau).
+- Ablation tables: one per (ablation, target); rows = the sweep's axes (e.g. drafter
+  layers), plus T when several temperatures were run; columns as above.
+
+Aggregation: replicates of a cell are its finished runs with different training seeds
+(mean and sample std over them); several runs of one seed count once (the latest). A
+cell without a finished run is a dash with a numbered footnote saying why (not run,
+still running, or failed with its error), never an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, axis_value
+
+METRICS = (("speedup", "Speedup"), ("tau", "τ"))
+BENCHMARK_NAMES = {
+    "gsm8k": "GSM8K", "math500": "MATH-500", "aime24": "AIME24", "aime25": "AIME25",
+    "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
+    "swe_bench_lite": "SWE-Bench", "mt_bench": "MT-Bench", "alpaca": "Alpaca",
+}
+ABLATION_TITLES = {
+    "main": "Main results",
+    "block_size": "Block size (training B x inference B)",
+    "depth": "Drafter depth",
+    "target_features": "Number of tapped target layers",
+    "loss_decay": "Loss weights over block positions",
+    "anchors": "Anchor sampling",
+    "target_context": "Target context features",
+}
+TAU_NOTE = "τ: mean acceptance length per verify step, counting the bonus token. Speedup: over autoregressive decoding in the same run."
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: `keys` fill the key columns; rows with the same `section` are grouped."""
+
+    section: str | None
+    keys: tuple[str, ...]
+
+
+@dataclass
+class Cell:
+    """Replicate values of one metric (one per training seed) and an optional footnote
+    (why the cell is missing, or which of its seeds failed)."""
+
+    values: list[float] = field(default_factory=list)
+    note: int | None = None
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.values) / len(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        """Sample standard deviation over replicates (None with fewer than two)."""
+        if len(self.values) < 2:
+            return None
+        mean = self.mean
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
+
+
+@dataclass
+class Table:
+    """A table ready to render. cells[(row, benchmark, metric)]; footnotes numbered from 1.
+
+    runs: the finished runs of each (row, benchmark) the values come from (one per seed);
+    trained: every finished run there (a drafter evaluated twice appears twice), whose
+    training metrics the accuracy plot reads.
+    """
+
+    name: str
+    title: str
+    ablation: str
+    target: str
+    key_headers: list[str]
+    rows: list[Row]
+    benchmarks: list[str]
+    cells: dict[tuple[Row, str, str], Cell]
+    footnotes: list[str]
+    notes: list[str]
+    runs: dict[tuple[Row, str], list[RunRecord]]
+    trained: dict[tuple[Row, str], list[RunRecord]]
+
+    def cell(self, row: Row, benchmark: str, metric: str) -> Cell:
+        return self.cells[(row, benchmark, metric)]
+
+
+def build_tables(records: list[RunRecord]) -> list[Table]:
+    """The main table (if any main runs), then one table per ablation and target."""
+    tables = []
+    main = [r for r in records if r.ablation == "main"]
+    if main:
+        tables.append(_build(main, "main", "all targets", ["Target", "Method"], _main_row, "main"))
+    ablations = sorted({r.ablation for r in records if r.ablation and r.ablation != "main"})
+    for ablation in ablations:
+        mine = [r for r in records if r.ablation == ablation]
+        for target in sorted({r.target for r in mine}):
+            runs = [r for r in mine if r.target == target]
+            axes = _axes(runs)
+            several_temperatures = len({r.temperature for r in runs}) > 1
+            headers = [str(a.get("label", a.get("key"))) for a in axes] + (["T"] if several_temperatures else [])
+
+            if not headers:  # a sweep without axes: one row per sweep
+                headers = ["Sweep"]
+
+            def row_of(record: RunRecord, axes=axes, several=several_temperatures) -> Row:
+                values = tuple(axis_value(record, axis) for axis in axes) or (str(record.sweep.get("name", "?")),)
+                return Row(None, values + ((_temperature(record),) if several else ()))
+
+            tables.append(_build(runs, ablation, target, headers, row_of, f"{ablation}_{_slug(target)}"))
+    return tables
+
+
+def benchmark_label(name: str) -> str:
+    return BENCHMARK_NAMES.get(name, name)
+
+
+def _build(records, ablation, target, headers, row_of, name) -> Table:
+    by_cell: dict[tuple[Row, str], list[RunRecord]] = {}
+    for record in records:
+        by_cell.setdefault((row_of(record), record.benchmark), []).append(record)
+    rows = sorted({row for row, _ in by_cell}, key=_row_order)
+    benchmarks = sorted({b for _, b in by_cell}, key=_benchmark_order)
+    footnotes: list[str] = []
+    cells, runs, trained = {}, {}, {}
+    for row in rows:
+        for benchmark in benchmarks:
+            group = by_cell.get((row, benchmark), [])
+            finished_runs = [r for r in group if r.status == FINISHED]
+            finished = _one_per_seed(finished_runs)
+            runs[(row, benchmark)] = finished
+            trained[(row, benchmark)] = finished_runs
+            if finished:
+                # Seeds that failed and never finished: the value stands, with a footnote.
+                done = {str(r.seed) for r in finished}
+                failed = [r for r in group if r.status == FAILED and str(r.seed) not in done]
+                partial = _note(footnotes, _missing_reason(failed)) if failed else None
+                for metric, _ in METRICS:
+                    values = [getattr(r, metric) for r in finished if getattr(r, metric) is not None]
+                    note = partial if values else _note(footnotes, "not measured (no value in the results)")
+                    cells[(row, benchmark, metric)] = Cell(values, note)
+                continue
+            note = _note(footnotes, _missing_reason(group))
+            for metric, _ in METRICS:
+                cells[(row, benchmark, metric)] = Cell([], note)
+    replicates = {len(v) for v in runs.values() if v}
+    notes = [TAU_NOTE]
+    if replicates - {1}:
+        notes.append(f"Mean ± sample std over training seeds ({', '.join(str(n) for n in sorted(replicates))} per cell).")
+    title = f"{ABLATION_TITLES.get(ablation, ablation)}: {target}"
+    temperatures = sorted({t for t in (r.temperature for r in records) if t is not None})
+    if ablation != "main" and len(temperatures) == 1:
+        title += f", T = {temperatures[0]:g}"
+    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained)
+
+
+def _main_row(record: RunRecord) -> Row:
+    block = record.results.get("block_size")
+    method = {"dflash": "DFlash"}.get(record.method, record.method)
+    return Row(f"T = {_temperature(record)}", (record.target, f"{method} (B={block})" if block else method))
+
+
+def _axes(records: list[RunRecord]) -> list[dict]:
+    for record in records:
+        if record.sweep.get("axes"):
+            return list(record.sweep["axes"])
+    return []
+
+
+def _temperature(record: RunRecord) -> str:
+    return "?" if record.temperature is None else f"{record.temperature:g}"
+
+
+def _one_per_seed(records: list[RunRecord]) -> list[RunRecord]:
+    """The latest finished run of each training seed."""
+    latest: dict = {}
+    for record in sorted(records, key=lambda r: r.timestamp):
+        latest[str(record.seed)] = record
+    return list(latest.values())
+
+
+def _missing_reason(group: list[RunRecord]) -> str:
+    failed = [r for r in group if r.status == FAILED]
+    if failed:
+        first = failed[0]
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        return f"failed: {first.error} ({first.source}{more})"
+    if any(r.status == PENDING for r in group):
+        return "no result yet: the run has not finished (" + ", ".join(r.source for r in group) + ")"
+    return "not run"
+
+
+def _note(footnotes: list[str], text: str) -> int:
+    if text not in footnotes:
+        footnotes.append(text)
+    return footnotes.index(text) + 1
+
+
+def _row_order(row: Row):
+    return (_natural(row.section or ""), tuple(_natural(k) for k in row.keys))
+
+
+def _natural(text: str):
+    """Sort numbers numerically and before words ("2" < "10" < "auto")."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def _benchmark_order(name: str):
+    order = list(BENCHMARK_NAMES)
+    return (order.index(name), "") if name in order else (len(order), name)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "target"

@@ -1,0 +1,101 @@
+"""`python -m dflash.sweep NAME`: run an ablation sweep (sweeps/NAME.yaml) end to end.
+
+    python -m dflash.sweep depth_cpu                      # CPU version, tiny code target
+    python -m dflash.sweep block_size --gpus 8            # both stages, 8 GPUs, one job each
+    python -m dflash.sweep depth --gpus 0,1,2,3 --seeds 0,1,2
+    python -m dflash.sweep depth hydra/launcher=slurm hydra.launcher.partition=gpu
+    python -m dflash.sweep depth_cpu --dry-run            # print the commands only
+
+Runs the sweep's `prepare` commands, then `python -m dflash.<app> -m +sweep=NAME ...`
+(a Hydra multirun), then the sweep named by its `next` key the same way. Each stage is
+an ordinary Hydra command, printed before it runs, so any stage can be re-run by hand.
+Re-running skips finished grid points.
+
+Extra arguments are Hydra overrides. `hydra...` overrides go to every stage; other
+(task) overrides go to the first stage only, and are refused for two-stage sweeps: the
+second stage finds the first stage's drafters by their directory names, which task
+overrides would change. `--seeds` sweeps the training seed (`seed=` in training stages,
+`train_seed=` in evaluation stages); tables then report mean and std over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from dflash.errors import ConfigError, require
+from dflash.sweep.stages import SweepPlan, available_sweeps, sweep_plan
+
+SEED_KEY = {"train": "seed", "evaluate": "train_seed"}
+
+
+def stage_commands(plan: SweepPlan, overrides: list[str], gpus: str | None, seeds: str | None, first: bool) -> list[list[str]]:
+    """argv lists for one stage: its prepare commands, then its multirun."""
+    hydra_overrides = [o for o in overrides if _is_hydra_override(o)]
+    task_overrides = [o for o in overrides if not _is_hydra_override(o)] if first else []
+    if gpus is not None:
+        hydra_overrides.append(f"hydra.launcher.gpus={_gpu_value(gpus)}")
+    if seeds is not None:
+        task_overrides.append(f"{SEED_KEY[plan.app]}={seeds}")
+    commands = [[sys.executable, "-m", *cmd] for cmd in plan.prepare]
+    commands.append([sys.executable, "-m", f"dflash.{plan.app}", "-m", f"+sweep={plan.name}", *task_overrides, *hydra_overrides])
+    return commands
+
+
+def sweep_commands(name: str, overrides: list[str], gpus: str | None = None, seeds: str | None = None) -> list[list[list[str]]]:
+    """The commands of every stage of sweep `name` (one list of argv lists per stage)."""
+    plans = [sweep_plan(name)]
+    while plans[-1].next is not None:
+        plans.append(sweep_plan(plans[-1].next))
+    task_overrides = [o for o in overrides if not _is_hydra_override(o)]
+    require(
+        len(plans) == 1 or not task_overrides,
+        "overrides",
+        f"sweep {name!r} has {len(plans)} stages ({' -> '.join(p.name for p in plans)}); the later stages find the "
+        f"first one's drafters by directory name, which {task_overrides} would change. Run the stages yourself: "
+        + "; ".join(f"python -m dflash.{p.app} -m +sweep={p.name} ..." for p in plans),
+    )
+    return [stage_commands(plan, overrides, gpus, seeds, first=i == 0) for i, plan in enumerate(plans)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dflash.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("name", help=f"a sweep in sweeps/: {', '.join(available_sweeps())}")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (hydra.* ones apply to every stage)")
+    parser.add_argument("--gpus", help="GPU count N (ids 0..N-1) or ids 0,2,5 (default: the sweep's, usually all visible)")
+    parser.add_argument("--seeds", help="training seeds to sweep, e.g. 0,1,2")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
+    args = parser.parse_args(argv)
+    try:
+        stages = sweep_commands(args.name, args.overrides, args.gpus, args.seeds)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    status = 0
+    for commands in stages:
+        for i, command in enumerate(commands):
+            print("$ " + " ".join(_shell_quote(part) for part in command), flush=True)
+            if args.dry_run:
+                continue
+            returncode = subprocess.run(command, check=False).returncode
+            is_prepare = i < len(commands) - 1
+            if returncode != 0 and is_prepare:
+                print(f"error: preparation step failed with status {returncode}; the sweep did not start", file=sys.stderr)
+                return returncode
+            # A later stage still runs after failed jobs: its jobs whose inputs are
+            # missing fail with their own error.json, the others produce results.
+            status = status or returncode
+    return status
+
+
+def _is_hydra_override(override: str) -> bool:
+    return override.lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
+def _gpu_value(gpus: str) -> str:
+    return gpus if gpus.isdigit() or gpus == "auto" else f"[{gpus}]"
+
+
+def _shell_quote(part: str) -> str:
+    return part if all(c.isalnum() or c in "-_=./+,:[]@" for c in part) else "'" + part.replace("'", "'\\''") + "'"

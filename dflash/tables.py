@@ -1,0 +1,6 @@
+"""`python -m dflash.tables`: see `dflash.cli.tables` and conf/tables.yaml."""
+
+from dflash.cli.tables import main
+
+if __name__ == "__main__":
+    main()
