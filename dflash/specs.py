@@ -93,11 +93,31 @@ def build_offline_target(path: str, build: dict) -> None:
         build_tiny_code_target(path, build)
     elif kind == "random":
         if not os.path.isdir(path):
-            from dflash.target.tiny import save_tiny_target
-
-            save_tiny_target(path, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+            _build_random_target_atomically(path, build)
     else:
         raise ConfigError("target.build.kind", f"unknown kind {kind!r}; choose random or tiny_code")
+
+
+def _build_random_target_atomically(path: str, build: dict) -> None:
+    """Build into a temp dir and rename it into place: concurrent jobs of a sweep may
+    race to build the same target, and a killed build must not look finished."""
+    import shutil
+    import tempfile
+
+    from dflash.target.tiny import save_tiny_target
+
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
+    try:
+        save_tiny_target(tmp, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.isdir(path):  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:

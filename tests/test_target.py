@@ -75,3 +75,15 @@ def test_crop_cache_semantics_of_both_major_versions(cache_cls, keep):
     cache = cache_cls(10)
     crop_cache(cache, keep)
     assert cache.get_seq_length() == min(keep, 10)
+
+
+def test_offline_random_target_is_built_once_and_loads(tmp_path):
+    from dflash.specs import TargetSpec, load_target
+
+    spec = TargetSpec(path=str(tmp_path / "t"), dtype="float32", build={"arch": "llama", "seed": 3})
+    first = load_target(spec)
+    assert first.num_layers == 6 and type(first.model).__name__ == "LlamaForCausalLM"
+    mtime = (tmp_path / "t" / "config.json").stat().st_mtime_ns
+    load_target(spec)
+    assert (tmp_path / "t" / "config.json").stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temp dirs left behind
