@@ -83,6 +83,7 @@ def test_reads_regenerated_shards_and_caches_tokens(tmp_path, monkeypatch):
     module.prepare_data()
     module.setup("fit")
     assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert module.rows.counts["from_text"] == 10  # shards without token ids (older format) load from text
 
     def no_tokenising(*args, **kwargs):
         raise AssertionError("the cache should have been used")

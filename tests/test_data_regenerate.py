@@ -27,6 +27,7 @@ class Counting:
 
     def __init__(self, inner):
         self.inner, self.name, self.calls, self.prompts = inner, inner.name, 0, 0
+        self.tokenizer = inner.tokenizer  # names the vocabulary of the token ids it returns
 
     def __call__(self, prompts):
         self.calls += 1
@@ -85,12 +86,38 @@ def test_resuming_with_other_settings_or_prompts_is_an_error(chat_target, tmp_pa
     assert "prompts_sha256" in str(err.value)
 
 
+def test_directory_without_token_ids_is_not_extended_with_them(chat_target, tmp_path):
+    settings = RegenerateSettings(shard_size=2, max_new_tokens=4)
+    out = regenerate(chat_target, rows_of(PROMPTS[:3]), str(tmp_path), settings, progress=False)
+    # As written by the text-only version: no fingerprint in the manifest, a shard missing.
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["tokenizer"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    os.remove(shard_paths(out)[1])
+    with pytest.raises(ConfigError) as err:
+        regenerate(chat_target, rows_of(PROMPTS[:3]), out, settings, progress=False)
+    assert err.value.key == "regenerate.output_dir" and "without token ids" in str(err.value)
+
+
+def test_generator_returning_ids_must_name_its_tokenizer(chat_target, tmp_path):
+    class Anonymous:
+        name = "anonymous"
+
+        def __call__(self, prompts):
+            return HFGenerator(chat_target, max_new_tokens=2)(prompts)
+
+    with pytest.raises(ValueError, match="tokenizer"):
+        regenerate(chat_target, rows_of(PROMPTS[:1]), str(tmp_path), generator=Anonymous(), progress=False)
+
+
 def test_left_padded_batches_generate_what_single_prompts_do(chat_target):
     generator = HFGenerator(chat_target, max_new_tokens=8)
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS[:3]]
     batched = generator(prompts)
     single = [generator([p])[0] for p in prompts]
     assert [g.text for g in batched] == [g.text for g in single]
+    assert [g.response_ids for g in batched] == [g.response_ids for g in single]
+    assert [g.prompt_ids for g in batched] == [g.prompt_ids for g in single]
     assert all(g.num_tokens <= 8 for g in batched)
 
 
@@ -169,6 +196,9 @@ def test_server_generator_writes_shards(canned_server, tmp_path):
     out = regenerate(None, rows_of(prompts), str(tmp_path), settings, progress=False)
     answers = [r["messages"][-1]["content"] for r in read_rows(out)]
     assert answers[:5] == [f"answer to {p}" for p in PROMPTS]
+    # A server returns text only: no token ids and no tokenizer in the manifest.
+    assert not any("token_ids" in r for r in read_rows(out))
+    assert "tokenizer" not in json.loads((tmp_path / "manifest.json").read_text())
     assert answers[5] == "<think>\nlet me see\n</think>\n\nanswer to think about it"
     body = CannedChat.bodies[0]
     assert body["model"] == "canned-model" and body["max_tokens"] == 32 and body["temperature"] == 0.0

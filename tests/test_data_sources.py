@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash.data import DataSpec, SourceSpec, load_conversations, split_prompt
+from dflash.data import DataSpec, SourceSpec, iter_conversations, load_conversations, split_prompt
 from dflash.errors import ConfigError
 
 
@@ -24,6 +24,19 @@ def test_messages_layout(tmp_path):
     assert rows == [
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
     ]
+
+
+def test_regenerated_rows_keep_their_token_ids_and_stream(tmp_path):
+    ids = {"tokenizer": "0123456789abcdef", "prompt": [1, 2], "response": [300, 256]}
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\ufffd"}]
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"messages": chat, "token_ids": ids}, {"messages": chat[:1], "token_ids": ids}])
+    assert load_conversations(SourceSpec(path=path), require_response=True) == [{"messages": chat, "token_ids": ids}]
+    stream = iter_conversations(SourceSpec(path=path))
+    assert next(stream) == {"messages": chat, "token_ids": ids}
+    assert next(stream) == {"messages": chat[:1], "token_ids": ids}
+    with pytest.raises(ConfigError) as err:
+        next(iter_conversations(SourceSpec(path=str(tmp_path / "missing.jsonl"))))
+    assert err.value.key == "data.path"
 
 
 def test_sharegpt_layout_maps_roles_and_drops_leading_assistant(tmp_path):

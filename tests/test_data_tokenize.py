@@ -1,12 +1,16 @@
-"""Loss masks cover exactly the response (+ end-of-turn token), and the training layout
-of the prompt equals the layout used to prompt the target."""
+"""Loss masks cover exactly the response (+ end-of-turn token), the training layout of
+the prompt equals the layout used to prompt the target, and rows carrying the target's
+token ids are used as they are (text only as the fallback)."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from dflash.data import TokenizeSettings, prompt_token_ids, tokenize_conversation, tokenize_conversations
 from dflash.data.chat import UnlocatableResponse, end_of_turn_token_id
+from dflash.data.token_ids import token_ids_record, tokenizer_fingerprint
 from dflash.errors import ConfigError
 from dflash.target.tiny import byte_tokenizer
 
@@ -123,7 +127,7 @@ def test_tokenized_rows_round_trip(tmp_path):
     rows.save(str(tmp_path / "cache.npz"))
     loaded = type(rows).load(str(tmp_path / "cache.npz"))
     assert [loaded[i] for i in range(3)] == [rows[i] for i in range(3)]
-    assert loaded.num_conversations == 3 and loaded.dropped == rows.dropped
+    assert loaded.num_conversations == 3 and loaded.dropped == rows.dropped and loaded.counts == rows.counts
 
 
 def test_bad_settings_name_their_keys():
@@ -137,3 +141,59 @@ def test_bad_settings_name_their_keys():
     with pytest.raises(ConfigError) as err:
         TokenizeSettings(assistant_turns="first").validate(byte_tokenizer())
     assert err.value.key == "data.assistant_turns"
+
+
+def with_ids(messages, prompt, response, fingerprint):
+    return {"messages": messages, "token_ids": token_ids_record(prompt, response, fingerprint)}
+
+
+def test_token_ids_are_used_as_they_are_and_truncated():
+    tokenizer = byte_tokenizer(chat_template=True)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    messages = CONVERSATION[-2:]  # the text says something else: the ids win
+    # 265 is beyond the tokenizer but inside the embedding: a target may emit it, so it stays.
+    rows = [
+        with_ids(messages, [1, 2, 3], [250, 251, 265], fingerprint),
+        with_ids(messages, [1, 2, 3, 4, 5, 6], [7], fingerprint),  # truncation leaves no response
+        with_ids(messages, [1, 2], [], fingerprint),  # nothing generated
+    ]
+    full = tokenize_conversations(tokenizer, rows[:1], TokenizeSettings(), progress=False)
+    assert full[0] == {"input_ids": [1, 2, 3, 250, 251, 265], "loss_mask": [0, 0, 0, 1, 1, 1]}
+    cut = tokenize_conversations(tokenizer, rows, TokenizeSettings(max_length=5), progress=False)
+    assert len(cut) == 1 and cut[0] == {"input_ids": [1, 2, 3, 250, 251], "loss_mask": [0, 0, 0, 1, 1]}
+    assert cut.dropped == {"no_response_tokens": 2}
+    assert cut.counts["from_token_ids"] == 3 and cut.counts["from_text"] == 0
+
+
+def test_rows_without_ids_or_with_another_tokenizers_ids_use_the_text(caplog):
+    tokenizer = byte_tokenizer(chat_template=True)
+    from_text = tokenize_conversation(tokenizer, CONVERSATION, TokenizeSettings())
+    foreign = with_ids(CONVERSATION, [1, 2], [3], tokenizer_fingerprint(byte_tokenizer()))
+    rows = [foreign, {"messages": CONVERSATION}, foreign, with_ids(CONVERSATION, [1, 2], [3], tokenizer_fingerprint(tokenizer))]
+    with caplog.at_level(logging.WARNING, logger="dflash.data.tokenize"):
+        result = tokenize_conversations(tokenizer, rows, TokenizeSettings(), progress=False)
+    assert [result[i] for i in range(4)] == [from_text, from_text, from_text, {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 1]}]
+    assert result.counts["token_ids_of_other_tokenizer"] == 2 and result.counts["from_text"] == 3
+    warnings = [r.getMessage() for r in caplog.records if "another tokenizer" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("tokenise: 2 rows")
+
+
+def test_all_assistant_turns_come_from_text_even_with_ids():
+    tokenizer = byte_tokenizer(chat_template=True)
+    row = with_ids(CONVERSATION, [1, 2], [3], tokenizer_fingerprint(tokenizer))
+    result = tokenize_conversations(tokenizer, [row], TokenizeSettings(assistant_turns="all"), progress=False)
+    assert result[0] == tokenize_conversation(tokenizer, CONVERSATION, TokenizeSettings(assistant_turns="all"))
+    assert result.counts["token_ids_unused_for_all_turns"] == 1
+
+
+def test_text_that_cannot_be_the_targets_tokens_is_counted(caplog):
+    tokenizer = byte_tokenizer(chat_template=True)
+
+    def answered(text):
+        return {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": text}]}
+
+    rows = [answered("fine"), answered("bad \ufffd byte"), answered("early <|im_end|> end"), answered("also fine")]
+    with caplog.at_level(logging.WARNING, logger="dflash.data.tokenize"):
+        result = tokenize_conversations(tokenizer, rows, TokenizeSettings(), progress=False)
+    assert result.counts["text_not_token_exact"] == 2 and result.counts["text_with_replacement_char"] == 1
+    assert any(r.getMessage().startswith("tokenise: 2 of 4 responses encoded from text") for r in caplog.records)

@@ -29,11 +29,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from dflash.data.config import DataSpec
 from dflash.data.regenerate import read_manifest
-from dflash.data.sources import SourceSpec, load_conversations
+from dflash.data.sources import SourceSpec, iter_conversations
+from dflash.data.token_ids import tokenizer_fingerprint
 from dflash.data.tokenize import TokenizedRows, TokenizeSettings, tokenize_conversations
 from dflash.errors import require
 
 log = logging.getLogger(__name__)
+
+# Bumped whenever tokenisation changes what it produces from the same files, so caches
+# built by an older version are not reused (2: rows use the target's token ids).
+TOKENIZED_FORMAT = 2
 
 
 @dataclass
@@ -190,7 +195,7 @@ class DFlashDataModule(L.LightningDataModule):
             if os.path.isfile(cache_path):
                 return TokenizedRows.load(cache_path)
         if isinstance(self.source, SourceSpec):
-            conversations = load_conversations(self.source, self.key, require_response=True)
+            conversations = iter_conversations(self.source, self.key, require_response=True)
         else:
             conversations = self.source
         rows = tokenize_conversations(self.tokenizer, conversations, self.tokenize)
@@ -202,8 +207,9 @@ class DFlashDataModule(L.LightningDataModule):
         """Hash of everything the tokenised rows depend on."""
         tokenizer = self.tokenizer
         parts = {
+            "format": TOKENIZED_FORMAT,
             "tokenize": dataclasses.asdict(self.tokenize),
-            "tokenizer": [tokenizer.name_or_path, len(tokenizer), tokenizer.chat_template, tokenizer.eos_token_id],
+            "tokenizer": [tokenizer_fingerprint(tokenizer), tokenizer.eos_token_id],
         }
         if isinstance(self.source, SourceSpec):
             parts["source"] = dataclasses.asdict(self.source)

@@ -24,11 +24,18 @@ from dflash.errors import ConfigError, require
 @dataclass
 class Generated:
     """One response: its text, how many tokens were generated, and whether it ended on
-    its own (False: cut at max_new_tokens)."""
+    its own (False: cut at max_new_tokens).
+
+    prompt_ids / response_ids: when the generator knows them (the HF target), the exact
+    ids fed to the model and the exact ids it generated (through the stop token if it
+    stopped on one; no padding); None from servers, which return text only.
+    """
 
     text: str
     num_tokens: int
     finished: bool = True
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
 
 
 class Generator(Protocol):
@@ -45,7 +52,8 @@ class HFGenerator:
     Prompts are laid out by `dflash.data.chat.prompt_token_ids` (chat template when the
     tokenizer has one, else raw text); generation stops at EOS or the template's
     end-of-turn token. temperature 0 is greedy; top_k 0 disables top-k, so a model's
-    default top_k does not sneak into sampling.
+    default top_k does not sneak into sampling. Every answer carries its prompt and
+    response token ids (see `dflash.data.token_ids`); `tokenizer` names their vocabulary.
     """
 
     def __init__(
@@ -98,11 +106,21 @@ class HFGenerator:
             use_cache=True,
         )
         results = []
-        for new_ids in output[:, width:].tolist():
+        for prompt_ids, new_ids in zip(encoded, output[:, width:].tolist()):
             stop = next((i for i, token in enumerate(new_ids) if token in self.stop_ids), None)
-            kept = new_ids if stop is None else new_ids[:stop]
-            text = self.tokenizer.decode(kept, skip_special_tokens=True)
-            results.append(Generated(text, len(kept) + (stop is not None), finished=stop is not None))
+            # A row that never stopped ran the full max_new_tokens, so it holds no padding;
+            # a row that stopped is padded after its stop token.
+            response_ids = new_ids if stop is None else new_ids[: stop + 1]
+            text = self.tokenizer.decode(response_ids[:stop], skip_special_tokens=True)
+            results.append(
+                Generated(
+                    text,
+                    len(response_ids),
+                    finished=stop is not None,
+                    prompt_ids=list(prompt_ids),
+                    response_ids=response_ids,
+                )
+            )
         return results
 
 

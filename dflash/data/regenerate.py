@@ -2,13 +2,17 @@
 
 For each row the prompt (every turn before the last assistant turn) is answered by the
 target, and the row is written back as `{"messages": prompt + [{"role": "assistant",
-"content": generated}]}`.
+"content": generated}]}`. The HF generator also writes the exact prompt and response
+token ids (`"token_ids"`, see `dflash.data.token_ids`), which training uses instead of
+re-encoding the text; servers return text only.
 
 Output layout (resumable): `out_dir/rows-SSSSSSSS-EEEEEEEE.jsonl` holds rows [S, E) in
 input order; each shard is written to a temporary file and renamed, so a shard that
 exists is complete and is never generated again. `out_dir/manifest.json` records the
 target, the settings and a fingerprint of the prompts: resuming with anything else
-changed is an error rather than a silently mixed dataset.
+changed is an error rather than a silently mixed dataset. With token ids, the manifest
+also records the tokenizer's fingerprint, so a directory never mixes rows with ids and
+rows without, nor ids of two tokenizers.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tqdm.auto import tqdm
 
 from dflash.data.generators import Generated, Generator, HFGenerator, ServerGenerator
 from dflash.data.sources import split_prompt
+from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifest
 from dflash.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
@@ -124,8 +129,11 @@ def regenerate(
         )
         prompts.append(prompt)
     generator = generator or make_generator(target, settings)
+    tokenizer = getattr(generator, "tokenizer", None)
+    manifest = _manifest(generator, prompts, settings, tokenizer)
+    fingerprint = manifest["tokenizer"]["fingerprint"] if tokenizer is not None else None
     os.makedirs(out_dir, exist_ok=True)
-    _check_manifest(out_dir, _manifest(generator, prompts, settings))
+    _check_manifest(out_dir, manifest)
 
     size = settings.shard_size
     shards = [(start, min(start + size, len(prompts))) for start in range(0, len(prompts), size)]
@@ -149,7 +157,7 @@ def regenerate(
                 unfinished += not answer.finished
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.1f}")
-        _write_shard(out_dir, start, stop, shard_prompts, answers)
+        _write_shard(out_dir, start, stop, shard_prompts, answers, fingerprint)
     bar.close()
     if unfinished:
         log.warning(
@@ -177,12 +185,16 @@ def _shard_path(out_dir: str, start: int, stop: int) -> str:
     return os.path.join(out_dir, f"rows-{start:08d}-{stop:08d}.jsonl")
 
 
-def _write_shard(out_dir, start, stop, prompts, answers) -> None:
+def _write_shard(out_dir, start, stop, prompts, answers, fingerprint: str | None) -> None:
     path = _shard_path(out_dir, start, stop)
     temporary = os.path.join(out_dir, f".{os.path.basename(path)}.tmp")
     with open(temporary, "w") as handle:
         for prompt, answer in zip(prompts, answers):
             row = {"messages": prompt + [{"role": "assistant", "content": answer.text}]}
+            if answer.response_ids is not None:
+                if fingerprint is None:
+                    raise ValueError("the generator returns token ids but has no `tokenizer` to fingerprint them with")
+                row[TOKEN_IDS] = token_ids_record(answer.prompt_ids, answer.response_ids, fingerprint)
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     os.replace(temporary, path)
 
@@ -191,7 +203,7 @@ def _prompt_chars(prompt: list[dict]) -> int:
     return sum(len(m["content"]) for m in prompt)
 
 
-def _manifest(generator, prompts, settings: RegenerateSettings) -> dict:
+def _manifest(generator, prompts, settings: RegenerateSettings, tokenizer) -> dict:
     digest = hashlib.sha256()
     for prompt in prompts:
         digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False).encode())
@@ -199,12 +211,15 @@ def _manifest(generator, prompts, settings: RegenerateSettings) -> dict:
     generation = {
         k: v for k, v in asdict(settings).items() if k not in ("batch_size", "request_timeout_s", "server_url")
     }
-    return {
+    manifest = {
         "generator": getattr(generator, "name", type(generator).__name__),
         "num_rows": len(prompts),
         "prompts_sha256": digest.hexdigest(),
         "settings": generation,
     }
+    if tokenizer is not None:  # text-only generators (servers) keep the manifest they always had
+        manifest["tokenizer"] = tokenizer_manifest(tokenizer)
+    return manifest
 
 
 def _check_manifest(out_dir: str, manifest: dict) -> None:
@@ -218,10 +233,13 @@ def _check_manifest(out_dir: str, manifest: dict) -> None:
             for k in sorted(set(existing.get("settings", {})) | set(manifest["settings"]))
             if existing.get("settings", {}).get(k) != manifest["settings"].get(k)
         ]
+        if "tokenizer" in manifest and "tokenizer" not in existing:
+            what = "shards without token ids (written by an older dflash)"
+        else:
+            what = f"shards made with different {', '.join(changed)}"
         raise ConfigError(
             "regenerate.output_dir",
-            f"{out_dir!r} holds shards made with different {', '.join(changed)}; "
-            "use a new output directory (or delete this one) to regenerate",
+            f"{out_dir!r} holds {what}; use a new output directory (or delete this one) to regenerate",
         )
     if existing is None:
         path = os.path.join(out_dir, MANIFEST)

@@ -9,7 +9,9 @@ with roles "system", "user" and "assistant". Three layouts are understood:
   `input`), and an optional response column.
 
 Rows that cannot form a conversation (no user turn, non-text content, unknown roles)
-are skipped and counted, never silently changed into something else.
+are skipped and counted, never silently changed into something else. A messages row
+that carries the target's token ids (`"token_ids"`, written by regeneration; see
+`dflash.data.token_ids`) keeps them.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dflash.data.token_ids import TOKEN_IDS
 from dflash.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
@@ -76,31 +80,39 @@ def load_conversations(spec: SourceSpec, key: str = "data", require_response: bo
         require_response: every kept row must end with an assistant turn (training);
             rows without one are skipped, and a source with none at all is an error.
     Returns:
-        rows `{"messages": [...]}` in source order.
+        rows `{"messages": [...]}` (plus `"token_ids"` where the source has them) in source order.
     """
+    return list(iter_conversations(spec, key, require_response))
+
+
+def iter_conversations(spec: SourceSpec, key: str = "data", require_response: bool = False) -> Iterator[dict]:
+    """`load_conversations` one row at a time: local sources are read from their
+    memory-mapped Arrow cache, so a large dataset (token ids are ~10x the size of their
+    text as Python lists) is never held in memory whole. Errors surface on the first row."""
     require(spec.format in FORMATS, f"{key}.format", f"unknown format {spec.format!r}; choose one of {list(FORMATS)}")
     require(spec.limit is None or spec.limit > 0, f"{key}.limit", f"must be positive or null, got {spec.limit}")
     columns, dataset = _open_dataset(spec, key)
     layout = _resolve_layout(spec, columns, key, require_response)
 
-    rows, skipped = [], 0
+    kept, skipped = 0, 0
     for raw in dataset:
         messages = _normalise(raw, spec, layout)
         if messages is None or (require_response and messages[-1]["role"] != "assistant"):
             skipped += 1
             continue
-        rows.append({"messages": messages})
+        row = {"messages": messages}
+        if layout == "messages" and raw.get(TOKEN_IDS):
+            row[TOKEN_IDS] = raw[TOKEN_IDS]
+        kept += 1
+        yield row
     if skipped:
-        log.info(
-            "%s: skipped %d of %d rows that do not form a usable conversation", spec.path, skipped, skipped + len(rows)
-        )
-    if require_response and not rows and skipped:
+        log.info("%s: skipped %d of %d rows that do not form a usable conversation", spec.path, skipped, skipped + kept)
+    if require_response and not kept and skipped:
         raise ConfigError(
             f"{key}.path",
             f"no row of {spec.path!r} ends with an assistant response; regenerate responses first "
             "(python -m dflash.regenerate) or point at data that has them",
         )
-    return rows
 
 
 def split_prompt(messages: list[dict]) -> tuple[list[dict], str | None]:
