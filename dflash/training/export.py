@@ -1,0 +1,47 @@
+"""Write a trained drafter as a drafter directory (`dflash.drafter.save_drafter` format),
+from a live training module or from a Lightning checkpoint without loading the target."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
+from dflash.errors import ConfigError
+from dflash.training.module import DRAFTER_CONFIG_KEY, DFlashTrainingModule
+
+_DRAFTER_PREFIX = "drafter."
+
+
+def export_drafter(module: DFlashTrainingModule, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Save `module.drafter` into `out_dir` (config.json + model.safetensors); returns out_dir.
+
+    dtype: weight dtype on disk (default: the training dtype).
+    """
+    save_drafter(module.drafter, out_dir, dtype=dtype)
+    return out_dir
+
+
+def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
+    """Rebuild the drafter stored in a `DFlashTrainingModule` checkpoint (CPU, eval mode)."""
+    if not os.path.isfile(ckpt_path):
+        raise ConfigError("checkpoint", f"no checkpoint file at {ckpt_path!r}")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if DRAFTER_CONFIG_KEY not in checkpoint:
+        raise ConfigError("checkpoint", f"{ckpt_path!r} is not a dflash training checkpoint (no drafter config)")
+    config = DrafterConfig.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY])
+    state = {
+        name.removeprefix(_DRAFTER_PREFIX): tensor
+        for name, tensor in checkpoint["state_dict"].items()
+        if name.startswith(_DRAFTER_PREFIX)
+    }
+    drafter = DFlashDrafter(config)
+    drafter.load_state_dict(state, strict=True)
+    return drafter.to(next(iter(state.values())).dtype).eval()
+
+
+def export_checkpoint(ckpt_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Write the drafter of a Lightning checkpoint into `out_dir`; returns out_dir."""
+    save_drafter(drafter_from_checkpoint(ckpt_path), out_dir, dtype=dtype)
+    return out_dir

@@ -1,0 +1,85 @@
+"""The training forward: target features of whole sequences, then every block of a
+sequence through the drafter in one pass under the sparse block mask.
+
+The decoding path (`dflash.decoding.DFlashProposer`) computes the same logits for a
+block one block at a time with a drafter KV cache; tests/test_training_equivalence.py
+holds the two together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash.drafter.model import DFlashDrafter, DrafterAttention
+from dflash.errors import require
+from dflash.target import TargetModel
+from dflash.training.anchors import Anchors
+from dflash.training.blocks import Blocks
+from dflash.training.masks import dense_block_mask, flex_block_mask
+
+
+def target_features(target: TargetModel, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """Tapped target features of every position of right-padded sequences.
+
+    Right padding needs no attention mask: causal attention keeps real positions from
+    seeing the padding after them, and positions count from 0. Features at padding
+    positions are garbage; the block mask hides them (`key_is_real`).
+
+    Args:
+        input_ids: (b, S) long.
+    Returns:
+        (b, S, len(layer_ids) * D) in the target's dtype.
+    """
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    # logits_to_keep=1: the logits are not needed, and all of them would be (b, S, vocab).
+    return target.forward(input_ids, positions, cache=None, layer_ids=layer_ids, logits_to_keep=1).features
+
+
+def training_attention_implementation(configured: str, device: torch.device) -> str:
+    """The kernel that trains the drafter on `device`: flex_attention only on CUDA
+    (it has no CPU backward), SDPA with a dense mask otherwise."""
+    require(
+        configured in ("sdpa", "flex_attention"),
+        "drafter.attn_implementation",
+        f"{configured} cannot apply the training block mask; train with flex_attention (CUDA) or sdpa",
+    )
+    return configured if device.type == "cuda" else "sdpa"
+
+
+def set_attention_implementation(drafter: DFlashDrafter, implementation: str) -> None:
+    """Switch every drafter layer (and the config) to `implementation` in place."""
+    drafter.config.attn_implementation = implementation
+    for module in drafter.modules():
+        if isinstance(module, DrafterAttention):
+            module.attn_implementation = implementation
+
+
+def draft_blocks(
+    drafter: DFlashDrafter,
+    embed_tokens: torch.nn.Module,
+    context_features: torch.Tensor,
+    key_is_real: torch.Tensor,
+    anchors: Anchors,
+    blocks: Blocks,
+) -> torch.Tensor:
+    """Drafter hidden states of all blocks, one forward per batch.
+
+    The mask kind follows the drafter's current attention implementation (dense bool
+    for sdpa, a BlockMask for flex_attention).
+
+    Args:
+        context_features: (b, S, n_taps * D) target features of every position.
+        key_is_real: (b, S) bool, True on real tokens.
+        anchors: (b, N) positions of the blocks' anchors.
+        blocks: token_ids/positions of shape (b, N*B).
+    Returns:
+        (b, N*B, D) hidden states; logits = target lm_head(hidden).
+    """
+    block_size = drafter.block_size
+    if drafter.config.attn_implementation == "flex_attention":
+        mask = flex_block_mask(anchors.positions, key_is_real, block_size)
+    else:
+        mask = dense_block_mask(anchors.positions, key_is_real, block_size)
+    batch, seq_len = key_is_real.shape
+    context_positions = torch.arange(seq_len, device=key_is_real.device).expand(batch, seq_len)
+    return drafter(embed_tokens(blocks.token_ids), blocks.positions, context_features, context_positions, mask=mask)

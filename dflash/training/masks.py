@@ -1,0 +1,83 @@
+"""The sparse attention mask of training: many blocks of a sequence in one forward.
+
+Keys are the S context positions of the sequence (target features) followed by the
+N*B block queries' own keys. One rule, `block_attention_rule`, decides every entry and
+feeds both builders: a dense bool mask for SDPA (CPU training; flex_attention has no
+CPU backward) and a flex_attention `BlockMask` (CUDA).
+
+Invariant (DESIGN.md rule 2): a query of block j sees context position p iff
+p < anchor_j (STRICTLY before the anchor: at inference the target has not yet run on
+the anchor) and p is a real token; it sees every key of its own block
+(bidirectional) and nothing of other blocks. Every query sees at least its own block,
+so no row is empty (padding blocks included).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def block_attention_rule(
+    batch: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    anchor_positions: torch.Tensor,
+    key_is_real: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """May `query` attend to `key`? Elementwise over broadcastable index tensors.
+
+    Args:
+        batch, query, key: integer index tensors (any broadcastable shapes, or 0-d as
+            flex_attention's mask_mod passes them); query in [0, N*B), key in [0, S+N*B).
+        anchor_positions: (b, N) anchor position of each block.
+        key_is_real: (b, S) bool, True on real (non-padding) context tokens.
+        block_size: B.
+    Returns:
+        bool tensor of the broadcast shape.
+    """
+    seq_len = key_is_real.shape[1]
+    block = query // block_size
+    anchor = anchor_positions[batch, block]
+    is_context = key < seq_len
+    real = key_is_real[batch, key.clamp(max=seq_len - 1)]
+    sees_context = is_context & (key < anchor) & real
+    sees_own_block = ~is_context & ((key - seq_len) // block_size == block)
+    return sees_context | sees_own_block
+
+
+def dense_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The rule as a dense bool mask for SDPA.
+
+    Args:
+        anchor_positions: (b, N); key_is_real: (b, S).
+    Returns:
+        (b, 1, N*B, S + N*B) bool, True = may attend.
+    """
+    batch, num_blocks = anchor_positions.shape
+    num_queries = num_blocks * block_size
+    device = anchor_positions.device
+    batch_index = torch.arange(batch, device=device).view(batch, 1, 1)
+    query = torch.arange(num_queries, device=device).view(1, num_queries, 1)
+    key = torch.arange(key_is_real.shape[1] + num_queries, device=device).view(1, 1, -1)
+    return block_attention_rule(batch_index, query, key, anchor_positions, key_is_real, block_size).unsqueeze(1)
+
+
+def flex_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int):
+    """The rule as a flex_attention `BlockMask` over (b, N*B, S + N*B), shared by all heads."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    batch, num_blocks = anchor_positions.shape
+    num_queries = num_blocks * block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return block_attention_rule(b, q_idx, kv_idx, anchor_positions, key_is_real, block_size)
+
+    return create_block_mask(
+        mask_mod,
+        B=batch,
+        H=None,
+        Q_LEN=num_queries,
+        KV_LEN=key_is_real.shape[1] + num_queries,
+        device=anchor_positions.device,
+    )

@@ -1,0 +1,175 @@
+"""The LightningModule that trains a DFlash drafter against a frozen target.
+
+Invariants:
+- The target (`dflash.target.TargetModel`) is a plain attribute, not a submodule: it is
+  outside the optimizer, the state_dict, checkpoints and DDP/FSDP wrapping. It runs in
+  eval mode under no_grad and is moved to the module's device at the first step.
+- Checkpoints hold the drafter weights (`drafter.*`) and, under `DRAFTER_CONFIG_KEY`,
+  the drafter's config.json dict, so `dflash.training.export.export_checkpoint` rebuilds
+  the drafter without loading the target.
+- Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
+  (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
+
+Logged metrics (see `dflash.training.metrics`): `train/loss`, `train/acc_01`..,
+`train/tau_sim` every `trainer.log_every_n_steps` optimizer steps, computed from the
+sums over that window and all ranks; `val/...` the same over the whole validation set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import lightning as L
+import torch
+
+from dflash.errors import require
+from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
+from dflash.training.anchors import sample_anchors
+from dflash.training.blocks import build_blocks
+from dflash.training.config import TrainingConfig
+from dflash.training.forward import (
+    draft_blocks,
+    set_attention_implementation,
+    target_features,
+    training_attention_implementation,
+)
+from dflash.training.loss import BlockLoss, block_loss, position_weights, resolve_gamma
+from dflash.training.metrics import BlockMetrics
+
+DRAFTER_CONFIG_KEY = "dflash_drafter_config"
+
+
+class DFlashTrainingModule(L.LightningModule):
+    """Trains `self.drafter`; the frozen target provides features, embedding and LM head.
+
+    Batches are dicts of right-padded tensors (b, S): `input_ids` long, `loss_mask` bool
+    (True on response tokens that are training targets), `attention_mask` bool (True on
+    real tokens).
+    """
+
+    def __init__(self, target: TargetSpec, drafter: DrafterSpec, training: TrainingConfig):
+        super().__init__()
+        require(training.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {training.num_anchors}")
+        if drafter.path is None:
+            require(drafter.block_size >= 2, "drafter.block_size", _BLOCK_SIZE_MESSAGE.format(drafter.block_size))
+        self.save_hyperparameters(
+            {"target": dataclasses.asdict(target), "drafter": dataclasses.asdict(drafter), "training": dataclasses.asdict(training)}
+        )
+        self.training_config = training
+        self.target = load_target(target)
+        self.drafter = build_drafter(drafter, self.target)
+        block_size = self.drafter.block_size
+        require(block_size >= 2, "drafter.block_size", _BLOCK_SIZE_MESSAGE.format(block_size))
+        self._configured_attention = self.drafter.config.attn_implementation
+        training_attention_implementation(self._configured_attention, torch.device("cpu"))
+        self.gamma = resolve_gamma(training.loss_gamma, block_size)
+        self.register_buffer("slot_weights", position_weights(block_size, self.gamma), persistent=False)
+        self.train_metrics = BlockMetrics(block_size)
+        self.val_metrics = BlockMetrics(block_size)
+        self._last_logged_step = -1
+
+    def _prepare_device(self) -> None:
+        """Bring the target to the drafter's device and pick the attention kernel for it."""
+        if self.target.device != self.device:
+            self.target.model.to(self.device)
+        implementation = training_attention_implementation(self._configured_attention, self.device)
+        if self.drafter.config.attn_implementation != implementation:
+            set_attention_implementation(self.drafter, implementation)
+
+    def compute_loss(self, batch: dict, generator: torch.Generator | None = None) -> BlockLoss:
+        """Sample anchors, draft every block and score it (see `dflash.training.loss`).
+
+        Args:
+            batch: `input_ids` (b, S), `loss_mask` (b, S), `attention_mask` (b, S).
+            generator: RNG for anchor sampling (None: the global one).
+        """
+        self._prepare_device()
+        input_ids = batch["input_ids"]
+        attention_mask = batch["attention_mask"].bool()
+        loss_mask = batch["loss_mask"].bool() & attention_mask
+        if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+            raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
+        config = self.drafter.config
+        features = target_features(self.target, input_ids, config.target_layer_ids)
+        anchors = sample_anchors(
+            loss_mask, config.block_size, self.training_config.num_anchors, self.training_config.anchor_sampling, generator
+        )
+        blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
+        hidden = draft_blocks(self.drafter, self.target.embed_tokens, features, attention_mask, anchors, blocks)
+        return block_loss(hidden, self.target.lm_head, blocks, self.slot_weights)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        result = self.compute_loss(batch)
+        self.train_metrics.update(result)
+        # Lightning flushes step logs when (optimizer steps + 1) % log_every_n_steps == 0;
+        # log the window's sums at exactly those steps, once per optimizer step.
+        step = self.trainer.global_step
+        if (step + 1) % self.trainer.log_every_n_steps == 0 and step != self._last_logged_step:
+            self._last_logged_step = step
+            self._log_metrics(self.train_metrics, "train")
+        return result.loss
+
+    def on_train_epoch_end(self) -> None:
+        self.train_metrics.reset()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        # A fixed seed per batch gives the same anchors every validation run.
+        generator = torch.Generator(device=self.device).manual_seed(batch_idx)
+        self.val_metrics.update(self.compute_loss(batch, generator))
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_metrics.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics(self.val_metrics, "val")
+
+    def _log_metrics(self, metrics: BlockMetrics, prefix: str) -> None:
+        # compute() already sums over ranks, so every rank logs the same global value.
+        values = {f"{prefix}/{name}": value for name, value in metrics.compute().items()}
+        metrics.reset()
+        self.log_dict(values, prog_bar=False, sync_dist=False)
+        self.log_dict(
+            {f"{prefix}_tau_sim": values[f"{prefix}/tau_sim"], f"{prefix}_loss": values[f"{prefix}/loss"]},
+            prog_bar=True,
+            logger=False,
+        )
+
+    def configure_optimizers(self):
+        """AdamW (no weight decay on norms) with linear warm-up then cosine decay, per step."""
+        config = self.training_config
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
+        total_steps = self.trainer.estimated_stepping_batches
+        require(
+            math.isfinite(total_steps),
+            "trainer.max_steps",
+            "the cosine schedule needs a finite length; set trainer.max_steps or trainer.max_epochs",
+        )
+        schedule = warmup_cosine_schedule(int(total_steps), config.warmup_ratio, config.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[DRAFTER_CONFIG_KEY] = self.drafter.config.to_hf_dict()
+
+
+_BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
+
+
+def warmup_cosine_schedule(total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0):
+    """LR multiplier per optimizer step: linear from ~0 to 1 over ceil(warmup_ratio *
+    total_steps) steps, then cosine down to `min_lr_ratio` at `total_steps`."""
+    warmup_steps = math.ceil(warmup_ratio * total_steps)
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier

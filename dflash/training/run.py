@@ -1,0 +1,389 @@
+"""One training run from plain settings: Trainer, checkpoints and resume, loggers,
+export of the drafter directory and the optional evaluation after training.
+
+`python -m dflash.train` (dflash/cli/train.py) fills a `TrainJob` from the Hydra config
+and calls `run_training`; nothing here reads Hydra objects, so tests and scripts can
+run the same code with dataclasses.
+
+Invariants:
+- Run directory layout (`output_dir`): `checkpoints/last.ckpt` (refreshed every
+  `checkpoint.every_n_train_steps` optimizer steps and at the end), `drafter/` (the
+  exported drafter directory), `results.json` (evaluation after training), logger files.
+- `resume="auto"`: when `checkpoints/last.ckpt` exists, training continues from it with
+  its global step, optimizer and scheduler state; so re-running a killed command resumes.
+- The frozen target is loaded by every rank on that rank's own device
+  (`trainer.strategy.root_device`, known once the Trainer exists), never on cuda:0 by all.
+- Export and evaluation run on global rank 0 only; export reads the final checkpoint,
+  which is a full (unsharded) state dict under every strategy, FSDP included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from dflash.data.config import DataSpec
+from dflash.errors import ConfigError, require
+from dflash.specs import DrafterSpec, TargetSpec
+from dflash.training.config import TrainingConfig
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+DRAFTER_DIR = "drafter"
+RESULTS_FILE = "results.json"
+WANDB_ID_FILE = "wandb_run_id.txt"
+LOGGER_KINDS = ("csv", "wandb", "none")
+FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
+FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+@dataclass
+class TrainerSettings:
+    """The `trainer` config group: arguments of `lightning.Trainer` (see conf/trainer/*.yaml).
+
+    fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
+    """
+
+    accelerator: str = "cpu"
+    devices: int | str | list = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_epochs: int | None = 6
+    max_steps: int = -1
+    gradient_clip_val: float | None = 1.0
+    accumulate_grad_batches: int = 1
+    log_every_n_steps: int = 50
+    val_check_interval: int | float | None = 1.0
+    check_val_every_n_epoch: int | None = 1
+    limit_val_batches: int | float | None = 1.0
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = True
+    fsdp: dict | None = None
+
+    def __post_init__(self):
+        require(
+            self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0),
+            "trainer.max_steps",
+            "set trainer.max_steps > 0 or trainer.max_epochs > 0: the cosine schedule needs a finite length",
+        )
+        require(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
+        require(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
+        require(self.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {self.num_nodes}")
+        require(
+            self.fsdp is None or self.strategy == "fsdp",
+            "trainer.fsdp",
+            f"FSDP options need trainer.strategy=fsdp (use trainer=fsdp), got strategy {self.strategy!r}",
+        )
+
+
+@dataclass
+class LoggerSettings:
+    """The `logger` config group. kind: "csv" (default), "wandb" or "none".
+
+    wandb only: project, entity, group, tags, name, offline (or WANDB_MODE=offline).
+    """
+
+    kind: str = "csv"
+    project: str = "dflash"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    name: str | None = None
+    offline: bool = False
+
+    def __post_init__(self):
+        require(self.kind in LOGGER_KINDS, "logger.kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
+
+
+@dataclass
+class CheckpointSettings:
+    """every_n_train_steps: refresh `checkpoints/last.ckpt` this often (optimizer steps).
+    resume: "auto" (continue from last.ckpt when it exists), "never", or a .ckpt path.
+    export_dtype: weight dtype of the exported drafter (None: the training dtype)."""
+
+    every_n_train_steps: int = 1000
+    resume: str = "auto"
+    export_dtype: str | None = None
+
+    def __post_init__(self):
+        require(self.every_n_train_steps >= 1, "checkpoint.every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
+        weight_dtype(self.export_dtype, "checkpoint.export_dtype")
+
+
+@dataclass
+class AfterTrainEval:
+    """Evaluation of the exported drafter at the end of training (`dflash.eval.evaluate`).
+
+    benchmark: a `dflash.eval.BenchmarkSpec`; settings: a `dflash.eval.EvalSettings`.
+    """
+
+    benchmark: object
+    settings: object
+
+
+@dataclass
+class TrainJob:
+    """Everything a training run needs. `config` is the resolved run config, logged as is."""
+
+    target: TargetSpec
+    drafter: DrafterSpec
+    data: DataSpec
+    training: TrainingConfig
+    trainer: TrainerSettings
+    output_dir: str
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    logger: LoggerSettings = field(default_factory=LoggerSettings)
+    evaluation: AfterTrainEval | None = None
+    seed: int = 0
+    config: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainOutcome:
+    """What a run produced (paths are None on ranks other than 0)."""
+
+    global_step: int
+    resumed_from: str | None
+    checkpoint: str
+    drafter_dir: str | None
+    results_path: str | None
+
+
+def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> TrainOutcome:
+    """Train (or resume), save the final checkpoint, export the drafter, optionally evaluate.
+
+    callbacks: extra Lightning callbacks (tests use them to observe ranks).
+    """
+    from dflash.data.datamodule import DFlashDataModule
+    from dflash.training.module import DFlashTrainingModule
+
+    output_dir = os.path.abspath(job.output_dir)
+    checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
+    resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
+    L.seed_everything(job.seed, workers=True, verbose=False)
+
+    loggers = build_loggers(job.logger, output_dir, job.config)
+    checkpointer = ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=job.checkpoint.every_n_train_steps,
+        enable_version_counter=False,
+    )
+    trainer = build_trainer(job.trainer, output_dir, loggers, [checkpointer, *callbacks])
+
+    device = trainer.strategy.root_device
+    target = dataclasses.replace(job.target, device=str(device))
+    module = DFlashTrainingModule(target, job.drafter, job.training)
+    datamodule = DFlashDataModule.from_spec(job.data, module.target.tokenizer)
+    cluster = getattr(trainer.strategy, "cluster_environment", None)
+    if cluster is None or not cluster.creates_processes_externally:
+        # No other rank exists yet: read and tokenise now, so bad data fails before any
+        # process group starts and the tokenisation cache is written once. Processes that
+        # an outside launcher started (SLURM, torchrun, or the ranks Lightning starts)
+        # leave it to Lightning: local rank 0 prepares, the others wait, then load.
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    if resume_path is not None:
+        log.info("resuming from %s", resume_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path)
+
+    final_checkpoint = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
+    trainer.save_checkpoint(final_checkpoint)
+    drafter_dir = results_path = None
+    if trainer.is_global_zero:
+        drafter_dir = export_final_drafter(final_checkpoint, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        if job.evaluation is not None:
+            results_path = evaluate_after_training(job.evaluation, module.target, drafter_dir, output_dir, job.config)
+            log_evaluation(loggers, results_path, trainer.global_step)
+    finish_loggers(loggers)
+    # Lightning leaves the process group up; the next job of a Hydra multirun (same
+    # process, new ranks) must not reuse a group whose peers have exited.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
+
+
+def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
+    """The checkpoint to resume from: None (fresh start) or an existing .ckpt path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        last = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
+        return last if os.path.isfile(last) else None
+    require(os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these")
+    return os.path.abspath(resume)
+
+
+def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, callbacks: list[Callback]) -> L.Trainer:
+    """A `lightning.Trainer` from the `trainer` settings (strategy objects built here)."""
+    try:
+        return L.Trainer(
+            accelerator=settings.accelerator,
+            devices=settings.devices,
+            num_nodes=settings.num_nodes,
+            strategy=_strategy(settings),
+            precision=settings.precision,
+            max_epochs=settings.max_epochs,
+            max_steps=settings.max_steps,
+            gradient_clip_val=settings.gradient_clip_val,
+            accumulate_grad_batches=settings.accumulate_grad_batches,
+            log_every_n_steps=settings.log_every_n_steps,
+            val_check_interval=settings.val_check_interval,
+            check_val_every_n_epoch=settings.check_val_every_n_epoch,
+            limit_val_batches=settings.limit_val_batches,
+            num_sanity_val_steps=settings.num_sanity_val_steps,
+            enable_progress_bar=settings.enable_progress_bar,
+            default_root_dir=output_dir,
+            logger=loggers or False,
+            callbacks=callbacks,
+            use_distributed_sampler=True,
+        )
+    except (ValueError, TypeError, RuntimeError, MisconfigurationException) as err:  # Lightning's checks of devices etc.
+        message = " ".join(str(err).split())
+        raise ConfigError("trainer", message) from None
+
+
+def _strategy(settings: TrainerSettings):
+    if settings.strategy != "fsdp":
+        return settings.strategy
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from dflash.drafter.model import DrafterLayer
+
+    options = dict(settings.fsdp or {})
+    wrap_layers = options.pop("wrap_drafter_layers", True)
+    sharding = options.pop("sharding_strategy", "FULL_SHARD")
+    require(not options, f"trainer.fsdp.{next(iter(options), '')}", "unknown key; valid keys: ['sharding_strategy', 'wrap_drafter_layers']")
+    require(sharding in FSDP_SHARDING, "trainer.fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}")
+    return FSDPStrategy(
+        auto_wrap_policy={DrafterLayer} if wrap_layers else None,
+        sharding_strategy=sharding,
+        state_dict_type=FSDP_STATE_DICT_TYPE,
+    )
+
+
+def build_loggers(settings: LoggerSettings, output_dir: str, config: dict) -> list:
+    """The Lightning loggers for `settings.kind`, with the resolved run config logged."""
+    if settings.kind == "none":
+        return []
+    if settings.kind == "csv":
+        from lightning.pytorch.loggers import CSVLogger
+
+        logger = CSVLogger(save_dir=output_dir, name="csv")
+    else:
+        logger = _wandb_logger(settings, output_dir)
+    logger.log_hyperparams(config)
+    return [logger]
+
+
+def _wandb_logger(settings: LoggerSettings, output_dir: str):
+    from lightning.pytorch.loggers import WandbLogger
+
+    # The run id lives in the run directory, so a resumed run continues the same wandb run.
+    id_path = os.path.join(output_dir, WANDB_ID_FILE)
+    if os.path.isfile(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    else:
+        run_id = uuid.uuid4().hex[:12]
+        if rank_zero_only.rank == 0:
+            _write_text_atomic(id_path, run_id)
+    return WandbLogger(
+        project=settings.project,
+        entity=settings.entity,
+        group=settings.group,
+        tags=list(settings.tags),
+        name=settings.name,
+        offline=settings.offline,
+        save_dir=output_dir,
+        id=run_id,
+        resume="allow",
+    )
+
+
+def weight_dtype(name: str | None, key: str) -> torch.dtype | None:
+    """torch dtype for a dtype name of the config (None stays None: keep the training dtype)."""
+    if name is None:
+        return None
+    from dflash.target.model import resolve_dtype
+
+    try:
+        dtype = resolve_dtype(name)
+    except ConfigError:
+        dtype = None
+    require(isinstance(dtype, torch.dtype), key, f"unknown dtype {name!r}; choose one of float32, bfloat16, float16 or null")
+    return dtype
+
+
+def export_final_drafter(checkpoint: str, out_dir: str, dtype: str | None) -> str:
+    """Write the drafter of `checkpoint` as a drafter directory (see `dflash.training.export`)."""
+    from dflash.training.export import export_checkpoint
+
+    export_checkpoint(checkpoint, out_dir, dtype=weight_dtype(dtype, "checkpoint.export_dtype"))
+    log.info("drafter exported to %s", out_dir)
+    return out_dir
+
+
+def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str, output_dir: str, config: dict) -> str:
+    """Run `dflash.eval.evaluate` on the exported drafter; write results.json; return its path."""
+    from dflash.drafter import load_drafter
+    from dflash.eval import evaluate, format_results, load_benchmark, write_results
+
+    target.model.eval()
+    drafter = load_drafter(drafter_dir, device=target.device, dtype=target.dtype)
+    samples = load_benchmark(evaluation.benchmark)
+    results = evaluate(
+        target,
+        drafter,
+        samples,
+        evaluation.settings,
+        benchmark=evaluation.benchmark.name,
+        target_label=config.get("target", {}).get("path"),
+        drafter_label=drafter_dir,
+        config=config,
+    )
+    path = write_results(results, os.path.join(output_dir, RESULTS_FILE))
+    print(format_results(results))
+    return path
+
+
+def log_evaluation(loggers: list, results_path: str, step: int) -> None:
+    """Log tau and speedups of results.json as `eval/...` scalars at training step `step`."""
+    with open(results_path) as f:
+        results = json.load(f)
+    metrics = {"eval/tau": results["tau"]}
+    metrics.update({f"eval/speedup_{name}": value for name, value in results["speedup"].items() if value is not None})
+    metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
+    for logger in loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def finish_loggers(loggers: list) -> None:
+    """Flush loggers; closes the wandb run so an offline run directory is complete."""
+    for logger in loggers:
+        logger.save()
+        if type(logger).__name__ == "WandbLogger" and rank_zero_only.rank == 0:
+            logger.experiment.finish()
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
