@@ -1,0 +1,181 @@
+"""`python -m dflash.train`: train a DFlash drafter (config: conf/train.yaml, named runs:
+experiments/*.yaml, selected with `experiment=NAME`).
+
+The run directory is `${paths.artifacts}/runs/${run_name}`, where `run_name` is derived
+from the command line (experiment name + a short hash of the other overrides), not from
+the clock: running the same command again finds `checkpoints/last.ckpt` there and
+resumes (`checkpoint.resume=auto`). Set `run_name=NAME` to pin the directory yourself
+(for instance to continue a run with a larger `trainer.max_steps`).
+
+Every group is turned into a dataclass (unknown keys and wrong types are errors naming
+the key) before any model loads; then `dflash.training.run.run_training` does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dflash.cli.common import (
+    CONF_DIR,
+    check_field_types,
+    exits_on_config_error,
+    resolved_config,
+    run_app,
+    set_cpu_threads,
+    to_spec,
+)
+from dflash.errors import require
+
+log = logging.getLogger(__name__)
+
+RUN_NAME_RESOLVER = "dflash_run_name"
+
+
+def run_name_for(experiment: str | None, overrides: str) -> str:
+    """Run directory name: the experiment's name, plus a hash of the other overrides.
+
+    overrides: Hydra's `job.override_dirname`: the command-line overrides, sorted, without
+    `experiment` and the keys that do not change what is trained (the `exclude_keys` of
+    conf/train.yaml: run_name, checkpoint.resume, logger, ...). Same command -> same name.
+    """
+    base = (experiment or "train").replace("/", "_")
+    if not overrides:
+        return base
+    return f"{base}-{hashlib.sha256(overrides.encode()).hexdigest()[:8]}"
+
+
+OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
+
+
+def job_from_config(cfg: DictConfig):
+    """The `TrainJob` described by a composed `train` config (all groups validated)."""
+    from dflash.data.config import DataSpec
+    from dflash.specs import DrafterSpec, TargetSpec, spec_from_dict
+    from dflash.training.config import TrainingConfig
+    from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
+
+    drafter = to_spec(DrafterSpec, cfg.drafter, "drafter")
+    if drafter.path is None:
+        require(
+            drafter.block_size >= 2,
+            "drafter.block_size",
+            f"must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {drafter.block_size}",
+        )
+    training = resolved_config(cfg.training)
+    if isinstance(training.get("betas"), list):
+        training["betas"] = tuple(training["betas"])
+    check_field_types(TrainingConfig, training, "training")
+    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
+    return TrainJob(
+        target=to_spec(TargetSpec, cfg.target, "target"),
+        drafter=drafter,
+        data=DataSpec.from_dict(resolved_config(cfg.data)),
+        training=spec_from_dict(TrainingConfig, training, "training"),
+        trainer=to_spec(TrainerSettings, cfg.trainer, "trainer"),
+        output_dir=cfg.paths.output_dir,
+        checkpoint=to_spec(CheckpointSettings, cfg.checkpoint, "checkpoint"),
+        logger=to_spec(LoggerSettings, cfg.logger, "logger"),
+        evaluation=_evaluation(cfg.eval),
+        seed=cfg.seed,
+        config=resolved_config(cfg),
+    )
+
+
+def _evaluation(node: DictConfig):
+    """The `eval` group as an `AfterTrainEval`, or None when `eval.after_train` is false."""
+    from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings
+    from dflash.training.run import AfterTrainEval
+
+    top_level = {"after_train": node.after_train, "hf_generate": node.hf_generate, "warmup_tokens": node.warmup_tokens}
+    check_field_types(_EvalSwitches, top_level, "eval")
+    if not node.after_train:
+        return None
+    benchmark = to_spec(BenchmarkSpec, node.benchmark, "eval.benchmark")
+    settings = EvalSettings(
+        decoding=to_spec(DecodingSettings, node.decoding, "eval.decoding"),
+        chat_template=benchmark.chat_template,
+        enable_thinking=benchmark.enable_thinking,
+        hf_generate=node.hf_generate,
+        warmup_tokens=node.warmup_tokens,
+    )
+    return AfterTrainEval(benchmark=benchmark, settings=settings)
+
+
+class _EvalSwitches:
+    """Types of the `eval` group's own keys (its benchmark and decoding blocks are specs)."""
+
+    after_train: bool
+    hf_generate: bool
+    warmup_tokens: int
+
+
+# What Lightning's DDP launcher writes into the parent's environment (and leaves there).
+_LAUNCHER_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def single_job_for_ddp_ranks():
+    """Inside a Hydra multirun, make this job re-runnable by Lightning's DDP launcher.
+
+    Lightning starts the other local ranks by re-running `sys.argv` with
+    `hydra.run.dir=<HydraConfig run.dir>` appended. In a multirun, `sys.argv` is the
+    whole sweep (`-m a=1,2`), so every rank would launch the sweep again, and `run.dir`
+    is not this job's directory. Both are replaced by this job's own overrides (one value
+    each) and output directory, so the ranks re-create exactly this job in RUN mode.
+    The launcher also leaves LOCAL_RANK etc. in the environment, which would make the next
+    job believe an outside launcher started it (and wait for ranks nobody starts); they
+    are restored afterwards. Outside a multirun this does nothing.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    hydra_config = HydraConfig.get()
+    if hydra_config.mode != RunMode.MULTIRUN:
+        yield
+        return
+    saved_argv = sys.argv
+    saved_environment = {name: os.environ.get(name) for name in _LAUNCHER_ENVIRONMENT}
+    sys.argv = [sys.argv[0], *hydra_config.overrides.task]
+    with read_write(hydra_config.run):
+        hydra_config.run.dir = hydra_config.runtime.output_dir
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        for name, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
+@exits_on_config_error
+def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.eval import load_benchmark
+    from dflash.training.run import run_training
+
+    job = job_from_config(cfg)
+    set_cpu_threads(cfg.cpu_threads)
+    if job.evaluation is not None:
+        load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training
+    log.info("run directory: %s", job.output_dir)
+    with single_job_for_ddp_ranks():
+        outcome = run_training(job)
+    if outcome.drafter_dir is not None:
+        print(f"trained to global step {outcome.global_step}" + (f" (resumed from {outcome.resumed_from})" if outcome.resumed_from else ""))
+        print(f"drafter: {outcome.drafter_dir}")
+        if outcome.results_path is not None:
+            print(f"results: {outcome.results_path}")
+
+
+def main() -> None:
+    run_app(_hydra_main, "train")

@@ -1,0 +1,6 @@
+"""`python -m dflash.export`: see `dflash.cli.export` and conf/export.yaml."""
+
+from dflash.cli.export import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""`python -m dflash.train`: see `dflash.cli.train` and conf/train.yaml."""
+
+from dflash.cli.train import main
+
+if __name__ == "__main__":
+    main()
