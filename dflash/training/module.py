@@ -91,7 +91,10 @@ class DFlashTrainingModule(L.LightningModule):
         if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
         config = self.drafter.config
-        features = target_features(self.target, input_ids, config.target_layer_ids)
+        if config.use_target_features:
+            features = target_features(self.target, input_ids, config.target_layer_ids)
+        else:  # standalone-drafter ablation: the context is the prefix's own token embeddings
+            features = self.target.embed_tokens(input_ids)
         anchors = sample_anchors(
             loss_mask, config.block_size, self.training_config.num_anchors, self.training_config.anchor_sampling, generator
         )
