@@ -1,0 +1,6 @@
+"""`python -m dflash.demo`: see `dflash.cli.demo` and conf/demo.yaml."""
+
+from dflash.cli.demo import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""A shortened `make demo` end to end: every stage's output exists, results are well formed,
+and a second run skips every stage."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+QUICK = [
+    "target.build.vocab_size=512",
+    "target.build.num_layers=6",
+    "target.build.hidden_size=32",
+    "target.build.num_heads=2",
+    "target.build.num_kv_heads=1",
+    "target.build.intermediate_size=64",
+    "target.build.seq_len=64",
+    "target.build.batch_size=2",
+    "target.build.max_steps=3",
+    "target.build.warmup_steps=1",
+    "target.build.val_windows=2",
+    "target.build.max_corpus_bytes=150000",
+    "prompts.num_prompts=8",
+    "regenerate.max_new_tokens=24",
+    "regenerate.batch_size=4",
+    "train_overrides=[" + ",".join(f"'{o}'" for o in [
+        "trainer.max_steps=3", "trainer.val_check_interval=3", "checkpoint.every_n_train_steps=3",
+        "eval.benchmark.max_samples=2", "eval.decoding.max_new_tokens=12", "eval.warmup_tokens=0",
+        "drafter.block_size=4", "data.val_fraction=0.25", "trainer.enable_progress_bar=false",
+    ]) + "]",
+]
+
+
+def run_demo(artifacts):
+    env = dict(os.environ, DFLASH_ARTIFACTS=str(artifacts))
+    return subprocess.run(
+        [sys.executable, "-m", "dflash.demo", *QUICK], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_shortened_demo_runs_every_stage_and_resumes(tmp_path):
+    first = run_demo(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    target = tmp_path / "targets" / "tiny_code"
+    assert (target / "config.json").exists() and (target / "build_info.json").exists()
+    (data_dir,) = (tmp_path / "demo").glob("data-*")
+    assert list(data_dir.glob("rows-*.jsonl")) and (data_dir / "manifest.json").exists()
+    (run_dir,) = (tmp_path / "runs").glob("demo-*")
+    assert (run_dir / "drafter" / "config.json").exists() and (run_dir / "drafter" / "model.safetensors").exists()
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["benchmark"] == "humaneval" and results["num_prompts"] == 2
+    assert results["lossless"] is True and results["tau"] >= 1.0
+    assert set(results["tokens_per_s"]) == {"dflash", "autoregressive", "hf_generate"}
+    assert sum(results["acceptance_histogram"]) > 0
+    assert "tau (mean acceptance length" in first.stdout
+
+    second = run_demo(tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "reusing the tiny code LM" in second.stdout
+    assert "done already" in second.stdout
