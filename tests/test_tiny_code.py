@@ -148,7 +148,7 @@ def test_interrupted_build_leaves_no_finished_looking_directory(tmp_path, monkey
 
 def test_bad_config_names_the_key():
     with pytest.raises(ConfigError, match="target.build.num_kv_heads"):
-        TinyCodeConfig(num_heads=6, num_kv_heads=4)
+        TinyCodeConfig(hidden_size=96, num_heads=6, num_kv_heads=4)
     with pytest.raises(ConfigError, match="target.build.hidden_sise"):
         TinyCodeConfig.from_dict({"kind": "tiny_code", "hidden_sise": 64})
 

@@ -13,8 +13,9 @@ small model that actually predicts code. This module:
   losses, tokens seen, wall time).
 
 Invariants:
-- Same `TinyCodeConfig` + same machine (Python stdlib, thread count) -> same weights.
-  Training length is a step count, never a time budget, for that reason.
+- Same `TinyCodeConfig` (which fixes the thread count) on the same machine (Python
+  stdlib, torch build) -> same weights. Training length is a step count, never a time
+  budget, for that reason.
 - A directory is "built" only when `build_info.json` holds the current config hash;
   builds write into a temporary sibling directory that is renamed into place last, so
   a killed build never leaves a directory that looks finished.
@@ -130,9 +131,9 @@ class TinyCodeConfig:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def stdlib_source_files(stdlib_dir: str | None = None) -> list[str]:
+def stdlib_source_files() -> list[str]:
     """Sorted absolute paths of the stdlib `.py` files used as corpus (see EXCLUDED_DIRS)."""
-    root = stdlib_dir or sysconfig.get_paths()["stdlib"]
+    root = sysconfig.get_paths()["stdlib"]
     paths = []
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in EXCLUDED_DIRS and not d.startswith("config-"))
