@@ -23,12 +23,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from dflash.eval.results import write_results
 from dflash.sweep.pool import Slot
 
 RESULTS_FILE = "results.json"
@@ -218,18 +218,7 @@ def last_exception(log_text: str) -> tuple[str | None, str | None]:
 
 def write_json_atomic(path: str, data: dict) -> str:
     """Write `data` as JSON to `path` via a temporary file and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return write_results(data, path)
 
 
 def _read_tail(path: str) -> str:
