@@ -59,5 +59,6 @@ def test_shortened_demo_runs_every_stage_and_resumes(tmp_path):
 
     second = run_demo(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert "reusing the tiny code LM" in second.stdout
     assert "8 of 8 rows already done" in second.stdout + second.stderr
     assert "done already" in second.stdout

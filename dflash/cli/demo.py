@@ -67,12 +67,17 @@ def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict
     return data_dir
 
 
-def train_and_evaluate(data_dir: str, train_overrides: list[str], artifacts: str) -> str:
-    """Stage 3: the train app (resumable) with evaluation after training; returns the run dir."""
+def train_and_evaluate(target_path: str, data_dir: str, train_overrides: list[str], artifacts: str) -> str:
+    """Stage 3: the train app (resumable) with evaluation after training; returns the run dir.
+
+    The train app loads the target that stage 1 built (`target.build=null`): composing
+    `target=tiny_code` afresh would not see this demo's build overrides.
+    """
     run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides)}"
     run_dir = os.path.join(artifacts, "runs", run_name)
     command = [
         sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",
+        f"target.path={target_path}", "target.build=null",
         f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides,
     ]
     if os.path.exists(os.path.join(run_dir, RESULTS)) and os.path.isdir(os.path.join(run_dir, "drafter")):
@@ -107,7 +112,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         target, target_hash, resolved_config(cfg.prompts), resolved_config(cfg.regenerate), artifacts
     )
     del target  # the train app loads its own copy
-    run_dir = train_and_evaluate(data_dir, list(OmegaConf.to_container(cfg.train_overrides)), artifacts)
+    train_overrides = list(OmegaConf.to_container(cfg.train_overrides))
+    run_dir = train_and_evaluate(cfg.target.path, data_dir, train_overrides, artifacts)
     report(run_dir)
 
 
