@@ -23,20 +23,11 @@ _TOKENIZE_FIELDS = [f.name for f in dataclasses.fields(TokenizeSettings)]
 
 
 @dataclass
-class DataSpec:
-    """Everything in the `data` config group (see conf/data/*.yaml for meanings)."""
+class DataSpec(SourceSpec):
+    """Everything in the `data` config group (see conf/data/*.yaml for meanings): the
+    training conversations' source fields (inherited), regeneration sources,
+    tokenisation and DataModule settings."""
 
-    path: str
-    format: str = "auto"
-    split: str = "train"
-    subset: str | None = None
-    data_files: str | list[str] | None = None
-    messages_column: str = "messages"
-    conversations_column: str = "conversations"
-    prompt_column: str = "prompt"
-    input_column: str | None = None
-    response_column: str | None = "response"
-    limit: int | None = None
     sources: list[SourceSpec] = field(default_factory=list)
     max_length: int = 3072
     require_chat_template: bool = False

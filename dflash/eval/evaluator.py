@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dflash.decoding import DFlashProposer, SamplingConfig, generate
+from dflash.decoding.engine import synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
@@ -197,7 +198,7 @@ class _Methods:
             torch.manual_seed(seed)
             options = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         pad_id = self.target.tokenizer.pad_token_id
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         output = model.generate(
             input_ids,
@@ -208,10 +209,5 @@ class _Methods:
             pad_token_id=pad_id if pad_id is not None or not self.stop_ids else self.stop_ids[0],
             **options,
         )
-        _sync(device)
+        synchronize(device)
         return output[0, input_ids.shape[1] :].tolist(), time.perf_counter() - start
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
