@@ -7,9 +7,10 @@
    Step time is measured from `on_train_batch_start` to `on_train_batch_end`
    (forward, backward, clipping, optimizer step; not data loading).
 2. `attention`: one drafter forward (1 layer) over many blocks of a sequence, with the
-   training block mask as a dense bool mask + SDPA, against flex_attention with a
-   BlockMask (eager; and torch.compile'd with --compile-flex). Mask construction is
-   timed separately from the forward. Median of interleaved repeats.
+   training block mask as a dense bool mask + SDPA, as the factored mask that CPU
+   training uses (forward, and forward + backward for both), against flex_attention
+   with a BlockMask (eager; and torch.compile'd with --compile-flex). Mask construction
+   is timed separately from the forward. Median of interleaved repeats.
 
     python scripts/bench_training.py                          # both parts, 1 thread
     python scripts/bench_training.py --part attention --threads 2 --compile-flex
@@ -125,7 +126,7 @@ def bench_attention(
     from dflash.target.tiny import tiny_config
     from dflash.training.anchors import sample_anchors
     from dflash.training.forward import set_attention_implementation
-    from dflash.training.masks import dense_block_mask, flex_block_mask
+    from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
 
     config = tiny_config("qwen3", hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=2 * hidden, max_positions=2 * seq_len)
     drafter = DFlashDrafter(
@@ -147,13 +148,23 @@ def bench_attention(
         with torch.no_grad():
             return drafter(block_embeds, block_positions, features, context_positions, mask=mask)
 
+    def forward_backward(mask) -> None:
+        set_attention_implementation(drafter, "sdpa")
+        drafter.zero_grad(set_to_none=True)
+        drafter(block_embeds, block_positions, features, context_positions, mask=mask).square().mean().backward()
+
     dense = dense_block_mask(anchors, key_is_real, block_size)
+    factored = factored_block_mask(anchors, key_is_real, block_size)
     block_mask = flex_block_mask(anchors, key_is_real, block_size)
     steps = {
         "dense_mask_build": lambda: dense_block_mask(anchors, key_is_real, block_size),
+        "factored_mask_build": lambda: factored_block_mask(anchors, key_is_real, block_size),
         "flex_block_mask_build": lambda: flex_block_mask(anchors, key_is_real, block_size),
         "sdpa_dense_forward": lambda: forward("sdpa", dense),
+        "sdpa_factored_forward": lambda: forward("sdpa", factored),
         "flex_eager_forward": lambda: forward("flex_attention", block_mask),
+        "sdpa_dense_forward_backward": lambda: forward_backward(dense),
+        "sdpa_factored_forward_backward": lambda: forward_backward(factored),
     }
     compile_seconds = None
     if compile_flex:
@@ -172,7 +183,10 @@ def bench_attention(
         compile_seconds = time.perf_counter() - start
         steps["flex_compiled_forward"] = compiled_forward
     reference = forward("sdpa", dense)
-    max_abs_diff = {"flex_eager": float((forward("flex_attention", block_mask) - reference).abs().max())}
+    max_abs_diff = {
+        "sdpa_factored": float((forward("sdpa", factored) - reference).abs().max()),
+        "flex_eager": float((forward("flex_attention", block_mask) - reference).abs().max()),
+    }
     if compile_flex:
         max_abs_diff["flex_compiled"] = float((compiled_forward() - reference).abs().max())
     times = interleaved_median_ms(steps, repeats)

@@ -1,4 +1,4 @@
-"""The training block mask: the rule entry by entry, and dense SDPA == flex_attention."""
+"""The training block mask: the rule entry by entry; dense SDPA == factored == flex_attention."""
 
 import warnings
 
@@ -9,7 +9,8 @@ from dflash.target.tiny import tiny_config
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, set_attention_implementation
-from dflash.training.masks import dense_block_mask, flex_block_mask
+from dflash.drafter.attention import attend
+from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
 
 T, F = True, False
 
@@ -56,6 +57,44 @@ def test_flex_block_mask_encodes_the_same_rule():
     assert block_mask.shape[-2:] == (4, 9)
 
 
+def test_factored_mask_is_the_dense_masks_context_columns():
+    anchors = torch.tensor([[2, 3], [1, 4]])
+    key_is_real = torch.tensor([[T, T, T, T, F], [T, T, F, T, T]])
+    factored = factored_block_mask(anchors, key_is_real, block_size=2)
+    dense = dense_block_mask(anchors, key_is_real, block_size=2)
+    assert factored.block_size == 2
+    assert torch.equal(factored.sees_context, dense[..., :5])
+
+
+def test_factored_attention_equals_sdpa_under_the_dense_mask_with_gradients():
+    # 4 query heads over 2 kv heads (GQA), 3 blocks of 4 over 7 context keys; one
+    # anchor at 0 leaves its block with no context key at all.
+    torch.manual_seed(0)
+    batch, heads, kv_heads, head_dim, block_size, seq_len = 2, 4, 2, 8, 4, 7
+    anchors = torch.tensor([[0, 3, 6], [2, 5, 5]])
+    key_is_real = torch.ones(batch, seq_len, dtype=torch.bool)
+    key_is_real[1, 4:] = False
+    num_queries = anchors.shape[1] * block_size
+    q = torch.randn(batch, heads, num_queries, head_dim, requires_grad=True)
+    k = torch.randn(batch, kv_heads, seq_len + num_queries, head_dim, requires_grad=True)
+    v = torch.randn(batch, kv_heads, seq_len + num_queries, head_dim, requires_grad=True)
+    upstream = torch.randn(batch, heads, num_queries, head_dim)
+
+    def run(mask):
+        out = attend(q, k, v, mask, "sdpa")
+        grads = torch.autograd.grad((out * upstream).sum(), (q, k, v))
+        return out, grads
+
+    dense_out, dense_grads = run(dense_block_mask(anchors, key_is_real, block_size))
+    factored_out, factored_grads = run(factored_block_mask(anchors, key_is_real, block_size))
+    torch.testing.assert_close(factored_out, dense_out, atol=1e-5, rtol=1e-5)
+    for factored_grad, dense_grad in zip(factored_grads, dense_grads):
+        torch.testing.assert_close(factored_grad, dense_grad, atol=1e-5, rtol=1e-5)
+    # Negative control: one more visible context key changes the output.
+    leaky = dense_block_mask(anchors + 1, key_is_real, block_size)
+    assert (attend(q, k, v, leaky, "sdpa") - dense_out).abs().max() > 1e-3
+
+
 def _random_drafter(block_size: int) -> DFlashDrafter:
     target_config = tiny_config("qwen3", num_layers=4)
     config = DrafterConfig.from_target(
@@ -70,7 +109,7 @@ def _random_drafter(block_size: int) -> DFlashDrafter:
     return drafter
 
 
-def test_sdpa_and_flex_give_the_same_drafter_outputs():
+def test_sdpa_dense_factored_and_flex_give_the_same_drafter_outputs():
     block_size, seq_len, hidden = 4, 20, 64
     drafter = _random_drafter(block_size)
     embed = torch.nn.Embedding(272, hidden)
@@ -82,8 +121,11 @@ def test_sdpa_and_flex_give_the_same_drafter_outputs():
     anchors = Anchors(positions=torch.tensor([[3, 4, 11, 17], [2, 9, 12, 0]]), valid=torch.tensor([[T, T, T, T], [T, T, T, F]]))
     blocks = build_blocks(input_ids, loss_mask, anchors, block_size, mask_token_id=258)
     features = torch.randn(2, seq_len, 2 * hidden)
+    context_positions = torch.arange(seq_len).expand(2, seq_len)
     with torch.no_grad():
-        dense = draft_blocks(drafter, embed, features, attention_mask, anchors, blocks)
+        factored = draft_blocks(drafter, embed, features, attention_mask, anchors, blocks)
+        dense_mask = dense_block_mask(anchors.positions, attention_mask, block_size)
+        dense = drafter(embed(blocks.token_ids), blocks.positions, features, context_positions, mask=dense_mask)
         set_attention_implementation(drafter, "flex_attention")
         with warnings.catch_warnings():  # eager flex on CPU (forward only) warns about torch.compile
             warnings.simplefilter("ignore", UserWarning)
@@ -91,7 +133,6 @@ def test_sdpa_and_flex_give_the_same_drafter_outputs():
         # Negative control: letting blocks see their anchor's own features changes the output.
         set_attention_implementation(drafter, "sdpa")
         leaky_anchors = Anchors(positions=anchors.positions + 1, valid=anchors.valid)
-        context_positions = torch.arange(seq_len).expand(2, seq_len)
         leaky = drafter(
             embed(blocks.token_ids),
             blocks.positions,
@@ -99,5 +140,6 @@ def test_sdpa_and_flex_give_the_same_drafter_outputs():
             context_positions,
             mask=dense_block_mask(leaky_anchors.positions, attention_mask, block_size),
         )
+    torch.testing.assert_close(factored, dense, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
     assert (leaky - dense).abs().max() > 1e-2

@@ -6,7 +6,7 @@ from dflash.training.blocks import Blocks, build_blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.export import drafter_from_checkpoint, export_checkpoint, export_drafter
 from dflash.training.loss import block_loss, default_gamma, position_weights
-from dflash.training.masks import block_attention_rule, dense_block_mask, flex_block_mask
+from dflash.training.masks import block_attention_rule, dense_block_mask, factored_block_mask, flex_block_mask
 from dflash.training.metrics import BlockMetrics, simulated_acceptance_length
 from dflash.training.module import DFlashTrainingModule
 
@@ -21,6 +21,7 @@ __all__ = [
     "build_blocks",
     "default_gamma",
     "dense_block_mask",
+    "factored_block_mask",
     "drafter_from_checkpoint",
     "export_checkpoint",
     "export_drafter",

@@ -15,7 +15,7 @@ from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import Blocks
-from dflash.training.masks import dense_block_mask, flex_block_mask
+from dflash.training.masks import factored_block_mask, flex_block_mask
 
 
 def target_features(target: TargetModel, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
@@ -37,7 +37,7 @@ def target_features(target: TargetModel, input_ids: torch.Tensor, layer_ids: lis
 
 def training_attention_implementation(configured: str, device: torch.device) -> str:
     """The kernel that trains the drafter on `device`: flex_attention only on CUDA
-    (it has no CPU backward), SDPA with a dense mask otherwise."""
+    (it has no CPU backward), SDPA with the factored block mask otherwise."""
     require(
         configured in ("sdpa", "flex_attention"),
         "drafter.attn_implementation",
@@ -64,8 +64,8 @@ def draft_blocks(
 ) -> torch.Tensor:
     """Drafter hidden states of all blocks, one forward per batch.
 
-    The mask kind follows the drafter's current attention implementation (dense bool
-    for sdpa, a BlockMask for flex_attention).
+    The mask kind follows the drafter's current attention implementation (a
+    `FactoredBlockMask` for sdpa, a BlockMask for flex_attention).
 
     Args:
         context_features: (b, S, n_taps * D) target features of every position.
@@ -79,7 +79,7 @@ def draft_blocks(
     if drafter.config.attn_implementation == "flex_attention":
         mask = flex_block_mask(anchors.positions, key_is_real, block_size)
     else:
-        mask = dense_block_mask(anchors.positions, key_is_real, block_size)
+        mask = factored_block_mask(anchors.positions, key_is_real, block_size)
     batch, seq_len = key_is_real.shape
     context_positions = torch.arange(seq_len, device=key_is_real.device).expand(batch, seq_len)
     return drafter(embed_tokens(blocks.token_ids), blocks.positions, context_features, context_positions, mask=mask)

@@ -2,8 +2,9 @@
 
 Keys are the S context positions of the sequence (target features) followed by the
 N*B block queries' own keys. One rule, `block_attention_rule`, decides every entry and
-feeds both builders: a dense bool mask for SDPA (CPU training; flex_attention has no
-CPU backward) and a flex_attention `BlockMask` (CUDA).
+feeds every builder: a flex_attention `BlockMask` (CUDA), a `FactoredBlockMask` (CPU
+training; flex_attention has no CPU backward) and a dense bool mask for SDPA (the
+reference the other two are tested against).
 
 Invariant (DESIGN.md rule 2): a query of block j sees context position p iff
 p < anchor_j (STRICTLY before the anchor: at inference the target has not yet run on
@@ -15,6 +16,8 @@ so no row is empty (padding blocks included).
 from __future__ import annotations
 
 import torch
+
+from dflash.drafter.attention import FactoredBlockMask
 
 
 def block_attention_rule(
@@ -54,12 +57,28 @@ def dense_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, 
     Returns:
         (b, 1, N*B, S + N*B) bool, True = may attend.
     """
+    num_keys = key_is_real.shape[1] + anchor_positions.shape[1] * block_size
+    return _rule_grid(anchor_positions, key_is_real, block_size, num_keys)
+
+
+def factored_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int) -> FactoredBlockMask:
+    """The rule as a `FactoredBlockMask`: the dense mask's first S key columns, the
+    block columns left implied.
+
+    Args:
+        anchor_positions: (b, N); key_is_real: (b, S).
+    """
+    return FactoredBlockMask(_rule_grid(anchor_positions, key_is_real, block_size, key_is_real.shape[1]), block_size)
+
+
+def _rule_grid(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, num_keys: int) -> torch.Tensor:
+    """The rule over queries [0, N*B) x keys [0, num_keys): (b, 1, N*B, num_keys) bool."""
     batch, num_blocks = anchor_positions.shape
     num_queries = num_blocks * block_size
     device = anchor_positions.device
     batch_index = torch.arange(batch, device=device).view(batch, 1, 1)
     query = torch.arange(num_queries, device=device).view(1, num_queries, 1)
-    key = torch.arange(key_is_real.shape[1] + num_queries, device=device).view(1, 1, -1)
+    key = torch.arange(num_keys, device=device).view(1, 1, -1)
     return block_attention_rule(batch_index, query, key, anchor_positions, key_is_real, block_size).unsqueeze(1)
 
 
