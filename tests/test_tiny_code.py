@@ -183,6 +183,16 @@ def test_stdlib_prompts_are_deterministic_bounded_and_not_humaneval():
     assert not any(p.strip() in h or h in p for p in prompts for h in humaneval)
 
 
+def test_stdlib_prompts_take_doctest_headers_first():
+    with_doctests = stdlib_code_prompts(300, seed=0)
+    without = stdlib_code_prompts(300, seed=0, doctest_first=False)
+    num_doctests = sum(">>>" in p for p in with_doctests)
+    # CPython's stdlib has a couple of hundred such headers; a plain spread finds few.
+    assert num_doctests >= 150
+    assert sum(">>>" in p for p in without) < num_doctests / 4
+    assert len(set(with_doctests)) == 300
+
+
 def test_shipped_config_is_the_default_config():
     import yaml
 

@@ -61,7 +61,7 @@ def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict
 
     data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts_cfg, regen_cfg)}")
     stage(2, "data", f"{prompts_cfg['num_prompts']} standard-library prompts continued by the target -> {data_dir}")
-    prompts = stdlib_code_prompts(prompts_cfg["num_prompts"], seed=prompts_cfg["seed"], max_chars=prompts_cfg["max_chars"])
+    prompts = stdlib_code_prompts(**prompts_cfg)
     rows = [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
     regenerate(target, rows, data_dir, RegenerateSettings(**regen_cfg))
     return data_dir

@@ -30,7 +30,7 @@ def write_tiny_code_prompts(path: str, count: int, seed: int = 0) -> bool:
     from dflash.target.tiny_code_prompts import stdlib_code_prompts
 
     stamp_path = path + ".meta.json"
-    stamp = {"count": count, "seed": seed}
+    stamp = {"count": count, "seed": seed, "doctest_first": True}
     if os.path.isfile(path) and os.path.isfile(stamp_path):
         with open(stamp_path) as f:
             if json.load(f) == stamp:

@@ -9,11 +9,12 @@ the body starts (`FunctionSource.header`), in the shape of a HumanEval prompt:
 The tiny target continues each prompt (regeneration) to make drafter training data.
 Nothing textually equal to, contained in, or containing a HumanEval prompt is kept,
 so drafter training never sees the evaluation prompts. Parsing the whole stdlib takes
-several seconds, so files are visited lazily in a seeded order.
+a few seconds.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 
 from dflash.errors import require
@@ -34,14 +35,18 @@ def overlaps_any(text: str, others: list[str]) -> bool:
     return any(text == other or text in other or other in text for other in (o.strip() for o in others))
 
 
-def stdlib_code_prompts(num_prompts: int, seed: int = 0, max_chars: int = 1024, per_file: int = 4) -> list[str]:
+def stdlib_code_prompts(
+    num_prompts: int, seed: int = 0, max_chars: int = 1024, per_file: int = 4, doctest_first: bool = True
+) -> list[str]:
     """`num_prompts` distinct function-header prompts from the stdlib corpus, at most
-    `max_chars` characters each, none overlapping a HumanEval prompt.
+    `max_chars` characters each, none overlapping a HumanEval prompt, in a seeded order.
 
-    Files are visited in a seeded random order and at most `per_file` prompts are taken
-    from each (a random few), so prompts spread over many modules and only as many
-    files are parsed as needed; leftovers fill up only when all files are exhausted.
-    Deterministic for a given seed and Python stdlib.
+    With `doctest_first`, every header whose docstring shows `>>>` examples (HumanEval's
+    shape; about 250 in CPython 3.11's stdlib) is taken first. The rest is spread over
+    files: at most `per_file` random headers per file, files in a seeded order, leftovers
+    only when every file has given its share. Deterministic for a seed and Python stdlib.
+    Drafters trained on the doctest-first mix accept more on HumanEval (measured in
+    README "The demo's numbers").
     """
     require(num_prompts > 0, "num_prompts", f"must be positive, got {num_prompts}")
     require(max_chars > 0, "max_chars", f"must be positive, got {max_chars}")
@@ -50,21 +55,29 @@ def stdlib_code_prompts(num_prompts: int, seed: int = 0, max_chars: int = 1024, 
     files = stdlib_source_files()
     rng.shuffle(files)
     seen: set[str] = set()
-    chosen, leftovers = [], []
+    headers_by_file = []
     for path in files:
-        headers = [function.header for function in source_functions(read_source(path)) if function.header]
-        candidates = [p for p in headers if len(p) <= max_chars and p not in seen]
-        candidates = [p for p in dict.fromkeys(candidates) if not overlaps_any(p, excluded)]
-        rng.shuffle(candidates)
-        seen.update(candidates)
-        chosen.extend(candidates[:per_file])
-        leftovers.extend(candidates[per_file:])
-        if len(chosen) >= num_prompts:
-            return chosen[:num_prompts]
-    chosen.extend(leftovers[: num_prompts - len(chosen)])
+        headers = [h for h in _file_headers(path) if len(h) <= max_chars and h not in seen and not overlaps_any(h, excluded)]
+        seen.update(headers)
+        rng.shuffle(headers)
+        headers_by_file.append(headers)
+    doctests = [h for headers in headers_by_file for h in headers if doctest_first and ">>>" in h]
+    chosen = doctests[:num_prompts]
+    taken = set(chosen)
+    spread = [h for headers in headers_by_file for h in [h for h in headers if h not in taken][:per_file]]
+    taken.update(spread)
+    leftovers = [h for headers in headers_by_file for h in headers if h not in taken]
+    chosen += (spread + leftovers)[: num_prompts - len(chosen)]
     require(
         len(chosen) == num_prompts,
         "num_prompts",
         f"asked for {num_prompts} prompts but the stdlib has only {len(chosen)} of at most {max_chars} chars",
     )
+    rng.shuffle(chosen)
     return chosen
+
+
+@functools.cache
+def _file_headers(path: str) -> tuple[str, ...]:
+    """The distinct function headers of one stdlib file, in file order (parsed once)."""
+    return tuple(dict.fromkeys(f.header for f in source_functions(read_source(path)) if f.header))
