@@ -73,7 +73,10 @@ def train_and_evaluate(target_path: str, data_dir: str, train_overrides: list[st
     The train app loads the target that stage 1 built (`target.build=null`): composing
     `target=tiny_code` afresh would not see this demo's build overrides.
     """
-    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides)}"
+    # The recipe's text is part of the name: editing experiments/demo.yaml trains anew.
+    with open(os.path.join(CONF_DIR, "experiment", "demo.yaml")) as f:
+        recipe = f.read()
+    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"
     run_dir = os.path.join(artifacts, "runs", run_name)
     command = [
         sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",

@@ -28,7 +28,8 @@ class FactoredBlockMask:
     block and none of another's).
 
     Under it `attend` scores each query against S + B keys instead of the dense mask's
-    S + N*B, which makes CPU training several times faster.
+    S + N*B, which saves time and memory when the blocks outnumber the context
+    (docs/training.md has the measurements).
 
     sees_context: (b, 1, N*B, S) bool, True = may attend to that context key.
     block_size: B.
