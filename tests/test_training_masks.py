@@ -5,11 +5,11 @@ import warnings
 import torch
 
 from dflash.drafter import DrafterConfig, DFlashDrafter
+from dflash.drafter.attention import attend
 from dflash.target.tiny import tiny_config
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, set_attention_implementation
-from dflash.drafter.attention import attend
 from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
 
 T, F = True, False
