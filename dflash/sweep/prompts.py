@@ -30,12 +30,12 @@ def write_tiny_code_prompts(path: str, count: int, seed: int = 0) -> bool:
     from dflash.target.tiny_code_prompts import stdlib_code_prompts
 
     stamp_path = path + ".meta.json"
-    stamp = {"count": count, "seed": seed, "doctest_first": True}
+    stamp = {"count": count, "seed": seed, "doctest_first": True}  # the recipe, so a changed one rewrites
     if os.path.isfile(path) and os.path.isfile(stamp_path):
         with open(stamp_path) as f:
             if json.load(f) == stamp:
                 return False
-    prompts = stdlib_code_prompts(count, seed=seed)
+    prompts = stdlib_code_prompts(count, seed=seed, doctest_first=stamp["doctest_first"])
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

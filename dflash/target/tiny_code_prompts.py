@@ -61,12 +61,14 @@ def stdlib_code_prompts(
         seen.update(headers)
         rng.shuffle(headers)
         headers_by_file.append(headers)
-    doctests = [h for headers in headers_by_file for h in headers if doctest_first and ">>>" in h]
+    doctests = [h for headers in headers_by_file for h in headers if ">>>" in h] if doctest_first else []
     chosen = doctests[:num_prompts]
     taken = set(chosen)
-    spread = [h for headers in headers_by_file for h in [h for h in headers if h not in taken][:per_file]]
-    taken.update(spread)
-    leftovers = [h for headers in headers_by_file for h in headers if h not in taken]
+    spread, leftovers = [], []
+    for headers in headers_by_file:
+        rest = [h for h in headers if h not in taken]
+        spread += rest[:per_file]
+        leftovers += rest[per_file:]
     chosen += (spread + leftovers)[: num_prompts - len(chosen)]
     require(
         len(chosen) == num_prompts,
