@@ -76,3 +76,34 @@ class OracleProposer:
             one_hot = torch.full_like(logits, -1e4)
             return one_hot.scatter(1, logits.argmax(-1, keepdim=True), 0.0)
         return logits / self.sharpen
+
+
+class PartialOracleProposer(OracleProposer):
+    """Test double: the target's greedy continuation with one wrong token per block.
+
+    At every step it draws the slot to corrupt uniformly from 0..num_drafts (from its
+    own seeded generator); slot == num_drafts corrupts nothing. The corrupted slot
+    gets a token different from the target's argmax, so greedy verification accepts
+    exactly `slot` drafts: over a request every accept length 0..B-1 occurs.
+    `planned_accepts` records the accept length each step should produce, for tests to
+    compare with what the engine reports.
+    """
+
+    def __init__(self, target: TargetModel, seed: int = 0):
+        super().__init__(target, greedy_oracle=True)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.planned_accepts: list[int] = []
+
+    def reset(self):
+        self.planned_accepts = []
+
+    def propose(self, committed_ids, new_features, block_size, num_drafts):
+        logits = super().propose(committed_ids, new_features, block_size, num_drafts)
+        wrong_slot = int(torch.randint(0, num_drafts + 1, (1,), generator=self.generator))
+        self.planned_accepts.append(wrong_slot)
+        if wrong_slot < num_drafts:
+            right = int(logits[wrong_slot].argmax())
+            wrong = (right + 1) % logits.shape[-1]
+            logits[wrong_slot] = -1e4
+            logits[wrong_slot, wrong] = 0.0
+        return logits
