@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, check_field_types, exits_on_config_error, resolved_config, run_app
 from dflash.errors import require
+from dflash.reports.tables import check_metric
 
 SOURCES = ("dirs", "wandb")
 
@@ -33,9 +34,11 @@ class TablesSettings:
     out_dir: str = "artifacts/tables"
     formats: list = field(default_factory=lambda: ["md", "tex"])
     plots: bool = True
+    metric: str = "pooled"
 
     def __post_init__(self):
         require(self.source in SOURCES, "source", f"unknown {self.source!r}; choose one of {list(SOURCES)}")
+        check_metric(self.metric)
         if self.source == "dirs":
             require(os.path.isdir(self.root), "root", f"no such directory: {self.root}")
 
@@ -64,7 +67,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     records = load_records(settings)
     where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
     require(bool(records), "root" if settings.source == "dirs" else "project", f"no runs found in {where}")
-    report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations)
+    report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations, settings.metric)
     print(report.markdown)
     print(f"{len(records)} runs from {where}; wrote:")
     for path in report.files:

@@ -24,15 +24,16 @@ class Report:
 
 
 def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots: bool = True,
-                 ablations: list[str] | tuple = ()) -> Report:
+                 ablations: list[str] | tuple = (), metric: str = "pooled") -> Report:
     """Build the tables of `records` and write `tables.md` / `tables.tex` and `plots/*.png`.
 
     ablations: only these tables (e.g. ["main", "depth"]); empty: every table.
+    metric: the aggregation of tau and speedup, "pooled" or "paper" (`build_tables`).
     The Markdown file links each table's figures below it.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     require(not unknown, "formats", f"unknown format {unknown[0]!r}; choose from {list(FORMATS)}" if unknown else "")
-    tables = build_tables(records)
+    tables = build_tables(records, metric)
     if ablations:
         tables = [t for t in tables if t.ablation in ablations]
     os.makedirs(out_dir, exist_ok=True)

@@ -2,7 +2,8 @@
 
 A training run logs its resolved config (with the `sweep` node) as the wandb run config,
 per-position accuracies as `val/acc_01`.. and `train/acc_01`.., and after its evaluation
-`eval/tau`, `eval/speedup_vs_autoregressive`, `eval/speedup_vs_hf_generate` and
+`eval/tau`, `eval/tau_per_prompt_mean`, `eval/speedup_vs_autoregressive`,
+`eval/speedup_vs_hf_generate`, `eval/speedup_decode_only_vs_autoregressive` and
 `eval/tokens_per_s_*` (dflash.training.run.log_evaluation); the summary keeps the last
 value of each. The other results fields (benchmark, block sizes, temperature) follow
 from the config. A run that uploaded its results.json as a file contributes the full
@@ -51,10 +52,12 @@ def record_from_wandb_run(run) -> RunRecord:
 def _results_from_summary(config: dict, summary: dict, run) -> dict:
     results = results_from_config(config)
     results["tau"] = summary.get("eval/tau")
+    results["tau_per_prompt_mean"] = summary.get("eval/tau_per_prompt_mean")
     results["speedup"] = {
         "vs_autoregressive": summary.get("eval/speedup_vs_autoregressive"),
         "vs_hf_generate": summary.get("eval/speedup_vs_hf_generate"),
     }
+    results["speedup_decode_only"] = {"vs_autoregressive": summary.get("eval/speedup_decode_only_vs_autoregressive")}
     histogram = summary.get("eval/acceptance_histogram")
     results["acceptance_histogram"] = list(histogram) if isinstance(histogram, (list, tuple)) else None
     results["timestamp"] = str(getattr(run, "created_at", "") or "")

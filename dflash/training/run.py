@@ -362,11 +362,13 @@ def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str
 
 
 def log_evaluation(loggers: list, results_path: str, step: int) -> None:
-    """Log tau and speedups of results.json as `eval/...` scalars at training step `step`."""
+    """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at training step `step`."""
     with open(results_path) as f:
         results = json.load(f)
-    metrics = {"eval/tau": results["tau"]}
+    metrics = {"eval/tau": results["tau"], "eval/tau_per_prompt_mean": results["tau_per_prompt_mean"]}
     metrics.update({f"eval/speedup_{name}": value for name, value in results["speedup"].items() if value is not None})
+    speedups = results["speedup_decode_only"].items()
+    metrics.update({f"eval/speedup_decode_only_{name}": value for name, value in speedups if value is not None})
     metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
