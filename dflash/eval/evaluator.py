@@ -184,27 +184,32 @@ class _Methods:
 
     def _diagnose(self, input_ids, max_new_tokens, baseline, dflash, record: GenerationRecord) -> None:
         """Diagnose where DFlash's and HF generate's outputs part from the baseline's (greedy, untimed)."""
-        replays = {
-            METHOD: lambda p: replay_logits(
-                self.target, input_ids, dflash.output_ids, dflash.acceptance_lengths, p,
-                block_size=self.block_size, max_new_tokens=max_new_tokens,
-            ),
-            "hf_generate": lambda p: hf_generate_logits(self.target, input_ids, p, self._hf_options()),
-        }  # fmt: skip
-        for method, replay in replays.items():
-            output = record.outputs.get(method)
-            position = first_difference(baseline.output_ids, output) if output is not None else None
+
+        def replay(run, block_size):
+            return lambda position: replay_logits(
+                self.target, input_ids, run.output_ids, run.acceptance_lengths, position,
+                block_size=block_size, max_new_tokens=max_new_tokens,
+            )  # fmt: skip
+
+        baseline_logits = replay(baseline, block_size=1)
+        candidates = {METHOD: replay(dflash, self.block_size)}
+        if "hf_generate" in record.outputs:
+            candidates["hf_generate"] = lambda position: hf_generate_logits(
+                self.target, input_ids, position, self._hf_options()
+            )
+        for method, candidate_logits in candidates.items():
+            output = record.outputs[method]
+            position = first_difference(baseline.output_ids, output)
             if position is None:
                 continue
             expected, got = token_at(baseline.output_ids, position), token_at(output, position)
-            logits = (None, None)
-            if expected is not None and got is not None:
-                baseline_logits = replay_logits(
-                    self.target, input_ids, baseline.output_ids, baseline.acceptance_lengths, position,
-                    block_size=1, max_new_tokens=max_new_tokens,
-                )  # fmt: skip
-                logits = (baseline_logits, replay(position))
-            record.divergences[method] = diagnose(position, expected, got, *logits, self.target.dtype)
+            replayed = expected is not None and got is not None  # else one output ended: nothing to compare
+            record.divergences[method] = diagnose(
+                position, expected, got,
+                baseline_logits(position) if replayed else None,
+                candidate_logits(position) if replayed else None,
+                self.target.dtype,
+            )  # fmt: skip
 
     def _generate(self, input_ids, max_new_tokens, seed, block_size, proposer):
         return generate(
