@@ -14,10 +14,13 @@ import pytest
 import torch
 
 import dflash.decoding.engine as engine
+import dflash.eval.evaluator as evaluator
 from dflash.decoding import DFlashProposer, generate
 from dflash.decoding.verify import verify as real_verify
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
-from dflash.eval.divergence import BUG, NUMERICAL, TIE_ULPS, diagnose, replay_logits, tie_tolerance
+from dflash.eval.divergence import (
+    BUG, NUMERICAL, TIE_ULPS, diagnose, hf_generate_logits, replay_logits, tie_tolerance,
+)  # fmt: skip
 from dflash.eval.results import GenerationRecord, divergences
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
@@ -140,3 +143,32 @@ def test_a_verifier_that_keeps_a_wrong_draft_is_a_bug(bf16_target, monkeypatch):
     # the target's own verify forward ranked the kept draft far below its top token
     assert detail["candidate"]["gap"] > 10 * detail["tolerance"]
     assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"]
+
+
+def test_hf_generate_replay_stops_early_with_the_same_logits(bf16_target):
+    input_ids = bf16_target.tokenizer("print print sum", return_tensors="pt").input_ids
+    options = dict(do_sample=False, eos_token_id=None, pad_token_id=bf16_target.tokenizer.pad_token_id)
+    full = bf16_target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=8,
+                                      output_logits=True, return_dict_in_generate=True, **options)  # fmt: skip
+    for position in (0, 5):
+        replayed = hf_generate_logits(bf16_target, input_ids, position, options)
+        assert torch.equal(replayed, full.logits[position][0].float())
+
+
+def test_an_hf_generate_output_off_the_targets_ranking_is_a_bug(qwen3_target, monkeypatch):
+    """The HF side of the diagnosis: a (doubled) HF generate that emits a wrong token at position 3."""
+    timed_hf_generate = evaluator._Methods._hf_generate
+
+    def wrong_at_three(self, input_ids, max_new_tokens, seed):
+        tokens, seconds = timed_hf_generate(self, input_ids, max_new_tokens, seed)
+        return tokens[:3] + [(tokens[3] + 1) % 256], seconds
+
+    monkeypatch.setattr(evaluator._Methods, "_hf_generate", wrong_at_three)
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    settings = EvalSettings(decoding=DecodingSettings(max_new_tokens=8), chat_template=False, warmup_tokens=0)
+    results = evaluate(qwen3_target, drafter, [Sample(turns=["def add(a, b):"], index=0)], settings, progress=False)
+    assert results["lossless"] is True and results["hf_generate_matches"] is False
+    (detail,) = results["hf_generate_divergences"]["details"]
+    assert (detail["position"], detail["kind"]) == (3, BUG)
+    # HF generate's own computation (replayed) ranks the emitted token below the baseline's
+    assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"] > detail["candidate"]["got_logit"]

@@ -130,6 +130,7 @@ def test_tables_show_the_chosen_aggregation_and_name_a_missing_field(tmp_path):
     assert "| 1 | 3.25× | 5.50 |" in markdown and "as the DFlash paper's harness" in markdown
     assert "speedup_decode_only.vs_autoregressive" in markdown
     assert "pooled over all verify steps" in to_markdown(pooled)
+    assert paper.axis_label("speedup").startswith("decode-only") and pooled.axis_label("tau").startswith("τ pooled")
     with pytest.raises(ConfigError) as info:
         build_tables(records, metric="median")
     assert info.value.key == "metric"

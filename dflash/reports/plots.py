@@ -49,7 +49,7 @@ def tau_vs_block_size(table: Table, out_dir: str) -> str | None:
             ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=f"{table.key_headers[0]} {label}")
         ax.set_title(benchmark_label(benchmark))
         ax.set_xlabel(table.key_headers[1])
-        ax.set_ylabel("τ (tokens per step, bonus incl.)")
+        ax.set_ylabel(table.axis_label("tau"))
         _integer_ticks(ax, [p[0] for pts in series.get(benchmark, {}).values() for p in pts])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -63,7 +63,7 @@ def speedup_vs_depth(table: Table, out_dir: str) -> str | None:
     if not speedups and not taus:
         return None
     fig, (left, right) = _panels(2, width=4.6, height=3.4)
-    for ax, series, ylabel in ((left, speedups, "speedup over autoregressive (×)"), (right, taus, "τ (tokens per step, bonus incl.)")):
+    for ax, series, ylabel in ((left, speedups, table.axis_label("speedup")), (right, taus, table.axis_label("tau"))):
         for benchmark in table.benchmarks:
             points = series.get(benchmark, {}).get(None)
             if points:

@@ -27,12 +27,15 @@ from dflash.errors import require
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, axis_value
 
 METRICS = (("speedup", "Speedup"), ("tau", "τ"))
-# metric -> column -> (the RunRecord property it shows, the results.json field that holds it)
+# metric -> column -> (the RunRecord property it shows, the results.json field that holds it, axis label)
 METRIC_SOURCES = {
-    "pooled": {"speedup": ("speedup", "speedup.vs_autoregressive"), "tau": ("tau", "tau")},
+    "pooled": {
+        "speedup": ("speedup", "speedup.vs_autoregressive", "speedup over autoregressive, end to end (×)"),
+        "tau": ("tau", "tau", "τ pooled (tokens per step, bonus incl.)"),
+    },
     "paper": {
-        "speedup": ("speedup_decode_only", "speedup_decode_only.vs_autoregressive"),
-        "tau": ("tau_per_prompt_mean", "tau_per_prompt_mean"),
+        "speedup": ("speedup_decode_only", "speedup_decode_only.vs_autoregressive", "decode-only speedup over autoregressive (×)"),
+        "tau": ("tau_per_prompt_mean", "tau_per_prompt_mean", "τ per-generation mean (tokens per step, bonus incl.)"),
     },
 }
 BENCHMARK_NAMES = {
@@ -89,11 +92,11 @@ class Cell:
 
 @dataclass
 class Table:
-    """A table ready to render. cells[(row, benchmark, metric)]; footnotes numbered from 1.
+    """A table ready to render. cells[(row, benchmark, column)]; footnotes numbered from 1.
 
     runs: the finished runs of each (row, benchmark) the values come from (one per seed);
     trained: every finished run there (a drafter evaluated twice appears twice), whose
-    training metrics the accuracy plot reads.
+    training metrics the accuracy plot reads. metric: the aggregation shown, "pooled" or "paper".
     """
 
     name: str
@@ -108,9 +111,14 @@ class Table:
     notes: list[str]
     runs: dict[tuple[Row, str], list[RunRecord]]
     trained: dict[tuple[Row, str], list[RunRecord]]
+    metric: str
 
     def cell(self, row: Row, benchmark: str, metric: str) -> Cell:
         return self.cells[(row, benchmark, metric)]
+
+    def axis_label(self, column: str) -> str:
+        """How a figure labels the values of `column` ("tau" or "speedup") under this table's metric."""
+        return METRIC_SOURCES[self.metric][column][2]
 
 
 def build_tables(records: list[RunRecord], metric: str = "pooled") -> list[Table]:
@@ -172,7 +180,7 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
                 failed = [r for r in group if r.status == FAILED and str(r.seed) not in done]
                 partial = _note(footnotes, _missing_reason(failed)) if failed else None
                 for column, _ in METRICS:
-                    prop, results_field = METRIC_SOURCES[metric][column]
+                    prop, results_field, _ = METRIC_SOURCES[metric][column]
                     values = [getattr(r, prop) for r in finished if getattr(r, prop) is not None]
                     note = partial if values else _note(footnotes, f"not measured: the results have no {results_field}")
                     cells[(row, benchmark, column)] = Cell(values, note)
@@ -188,7 +196,7 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
     temperatures = sorted({t for t in (r.temperature for r in records) if t is not None})
     if ablation != "main" and len(temperatures) == 1:
         title += f", T = {temperatures[0]:g}"
-    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained)
+    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric)
 
 
 def _main_row(record: RunRecord) -> Row:
