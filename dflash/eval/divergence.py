@@ -24,9 +24,10 @@ Diagnosis of a divergence at output position p (the first token that differs):
   moves a logit by a step or two between two shapes. Measured on the tiny Qwen3 and
   Llama targets in bf16 (48 divergences in 160 generations, blocks 2-16): gaps of at
   most 2 steps, and the two computations' whole logit rows at most 2 steps apart.
-  TIE_ULPS = 4 covers that with room and stays far below a real ranking error (a kept
-  wrong draft is typically tens to hundreds of steps below the top). The same rule in
-  float32 allows 4 float32 steps (about 5e-7 relative): any wider float32 gap is a bug.
+  TIE_ULPS = 4 covers that with room and stays far below a real ranking error (a wrong
+  draft kept by a faulty verifier was 96 to 174 steps below the top, 8 of 8 tries).
+  The same rule in float32 allows 4 float32 steps (about 5e-7 relative): any wider
+  float32 gap is a bug.
 - numerical: gap <= tolerance in both computations (the pair is tied up to rounding
   and each computation chose one of the two). bug: anything else, e.g. a token that
   the candidate's own verify forward did not rank first (a verify rule that kept a
@@ -37,7 +38,10 @@ Invariant: `replay_logits` issues the same target forwards as
 verify step one forward of the anchor plus min(B - 1, max_new_tokens - emitted - 1)
 drafts; the cache cropped to the committed length). Change them together:
 tests/test_eval_divergence.py checks that the replay reproduces the engine's logits bit
-for bit.
+for bit. The replay assumes kernels that are deterministic for equal shapes (CPU; CUDA
+GEMMs and attention forwards without atomics). A replay that did not reproduce its run
+would find the run's token not ranked first and report a bug: it errs towards alarm,
+never towards silence.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def diagnose(
     got: int | None,
     baseline_logits: torch.Tensor | None,
     candidate_logits: torch.Tensor | None,
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
 ) -> dict:
     """Classify one divergence (see the module docstring).
 
@@ -83,7 +87,7 @@ def diagnose(
         baseline_logits / candidate_logits: (vocab,) the target's logits at `position` in
             each computation; None when not replayed (a token is missing, or the caller
             could not replay), which makes the divergence a bug: nothing shows a tie.
-        dtype: the target's dtype, whose rounding sets the tolerance.
+        dtype: the target's dtype, whose rounding sets the tolerance (unused when not replayed).
     Returns:
         {position, expected, got, baseline: {expected_logit, got_logit, top_logit, gap},
         candidate: {...}, tolerance, kind: "numerical" | "bug"}; the two computations'

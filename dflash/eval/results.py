@@ -181,7 +181,7 @@ def divergences(records: list[GenerationRecord], candidate: str) -> dict:
             continue
         found = record.divergences.get(candidate)
         if found is None:
-            found = diagnose(position, token_at(expected, position), token_at(got, position), None, None, torch.float32)
+            found = diagnose(position, token_at(expected, position), token_at(got, position), None, None, None)
         details.append({"prompt_index": record.prompt_index, "turn": record.turn, **found})
     counts = {kind: sum(d["kind"] == kind for d in details) for kind in (NUMERICAL, BUG)}
     return {**counts, "details": details}
