@@ -117,6 +117,8 @@ def depth_run(root, layers: int, paper: tuple[float, float] | None) -> None:
 def test_tables_show_the_chosen_aggregation_and_name_a_missing_field(tmp_path):
     depth_run(tmp_path, 1, paper=(5.5, 3.25))
     depth_run(tmp_path, 3, paper=None)  # results.json from before the paper's aggregation existed
+    failed_seed = train_config("depth", "depth", DEPTH_AXES, seed=1, drafter={"num_layers": 3})
+    write_run(str(tmp_path / "layers=3,seed=1"), failed_seed, error="RuntimeError: boom")
     records = collect_runs(str(tmp_path))
     (pooled,) = build_tables(records)
     (paper,) = build_tables(records, metric="paper")
@@ -128,6 +130,9 @@ def test_tables_show_the_chosen_aggregation_and_name_a_missing_field(tmp_path):
     assert missing.mean is None and paper.footnotes[missing.note - 1] == "not measured: the results have no tau_per_prompt_mean"
     markdown = to_markdown(paper)
     assert "| 1 | 3.25× | 5.50 |" in markdown and "as the DFlash paper's harness" in markdown
+    # the failed seed's footnote marks values that stand without it: none under metric=paper
+    assert not any("boom" in note for note in paper.footnotes)
+    assert "RuntimeError: boom" in pooled.footnotes[pooled.cell(old, "humaneval", "tau").note - 1]
     assert "speedup_decode_only.vs_autoregressive" in markdown
     assert "pooled over all verify steps" in to_markdown(pooled)
     assert paper.axis_label("speedup").startswith("decode-only") and pooled.axis_label("tau").startswith("τ pooled")

@@ -178,11 +178,13 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
                 # Seeds that failed and never finished: the value stands, with a footnote.
                 done = {str(r.seed) for r in finished}
                 failed = [r for r in group if r.status == FAILED and str(r.seed) not in done]
-                partial = _note(footnotes, _missing_reason(failed)) if failed else None
                 for column, _ in METRICS:
                     prop, results_field, _ = METRIC_SOURCES[metric][column]
                     values = [getattr(r, prop) for r in finished if getattr(r, prop) is not None]
-                    note = partial if values else _note(footnotes, f"not measured: the results have no {results_field}")
+                    if not values:
+                        note = _note(footnotes, f"not measured: the results have no {results_field}")
+                    else:
+                        note = _note(footnotes, _missing_reason(failed)) if failed else None
                     cells[(row, benchmark, column)] = Cell(values, note)
                 continue
             note = _note(footnotes, _missing_reason(group))
