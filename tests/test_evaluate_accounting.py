@@ -12,8 +12,7 @@ from collections import Counter
 
 import pytest
 
-from dflash.decoding import SamplingConfig
-from dflash.decoding import engine
+from dflash.decoding import SamplingConfig, engine
 from dflash.decoding.verify import verify as exact_verify
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.results import GenerationRecord, build_results
