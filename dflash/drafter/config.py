@@ -123,21 +123,29 @@ class DrafterConfig:
         elif target_layer_ids is None:
             taps = num_target_features if num_target_features is not None else num_layers
             target_layer_ids = default_target_layer_ids(num_target_layers, taps)
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        hidden_size, num_heads = tc.hidden_size, tc.num_attention_heads
+        # Family spellings: Llama-style names first, then GPT-2's / Falcon's.
+        num_kv_heads = _first_set(tc, "num_key_value_heads", "num_kv_heads") or num_heads
+        if getattr(tc, "multi_query", False) and not getattr(tc, "new_decoder_architecture", False):
+            num_kv_heads = 1  # Falcon-7B style multi-query attention
+        target_intermediate = _first_set(tc, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden_size
+        target_config = {k: v for k, v in tc.to_dict().items() if k not in _TARGET_ROPE_KEYS}
+        target_config.update(_rope_config_keys(_full_attention_rope(tc.to_dict())))
+        target_config["max_position_embeddings"] = _first_set(tc, "max_position_embeddings", "n_positions")
         return cls(
-            hidden_size=tc.hidden_size,
+            hidden_size=hidden_size,
             num_hidden_layers=num_layers,
-            num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-            head_dim=head_dim,
-            intermediate_size=intermediate_size or tc.intermediate_size,
-            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=getattr(tc, "head_dim", None) or hidden_size // num_heads,
+            intermediate_size=intermediate_size or target_intermediate,
+            rms_norm_eps=_first_set(tc, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") or 1e-6,
             vocab_size=tc.vocab_size,
             block_size=block_size,
             target_layer_ids=list(target_layer_ids),
             mask_token_id=mask_token_id,
             num_target_layers=num_target_layers,
-            target_config=tc.to_dict(),
+            target_config=target_config,
             attention_bias=bool(getattr(tc, "attention_bias", False)),
             attn_implementation=attn_implementation,
             use_target_features=use_target_features,
@@ -196,10 +204,85 @@ class DrafterConfig:
             raise ConfigError("drafter.path", f"config.json is not a DFlash drafter config (missing {missing})") from None
 
     def rope_hf_config(self):
-        """An HF config object carrying the target's rope settings, for the rotary module."""
-        from transformers import AutoConfig
+        """A Qwen3 HF config with the drafter's rope settings, for the rotary module.
 
-        data = {k: v for k, v in self.target_config.items() if k not in ("architectures", "dflash_config")}
-        data.update(head_dim=self.head_dim, hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
-        model_type = data.pop("model_type", "qwen3")
-        return AutoConfig.for_model(model_type, **data)
+        The drafter is Qwen3-style whatever the target: its layers are full attention and
+        rotate the whole head dim, so it takes the target's full-attention rope settings
+        (or a default for targets without rope; see `_full_attention_rope`).
+        """
+        from transformers import Qwen3Config
+
+        rope = _rope_config_keys(_full_attention_rope(self.target_config))
+        return Qwen3Config(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.target_config.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS,
+            **rope,
+        )
+
+
+# Every key under which a family keeps rope settings (v4 and v5 spellings). The drafter
+# replaces them all by one full-attention setting in the running version's format.
+_TARGET_ROPE_KEYS = (
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_emb_base",
+    "rope_local_base_freq",
+)
+# Rope for targets without any (GPT-2's learned positions, Falcon's ALiBi): the original
+# RoPE paper's theta, which Llama-1/2 and GPT-NeoX also use.
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_MAX_POSITIONS = 2048
+
+
+def _first_set(config, *names):
+    """The first of `names` that `config` has with a value other than None (else None)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _full_attention_rope(config: dict) -> dict:
+    """One rope setting {"rope_type", "rope_theta", scaling keys...} for full-attention layers.
+
+    Reads transformers-5 `rope_parameters` (flat, or keyed by layer type as Gemma3's:
+    the "full_attention" entry) or transformers-4 `rope_theta` / `rope_scaling` (and
+    GPT-NeoX's `rotary_emb_base`). `partial_rotary_factor` is dropped: the drafter
+    rotates whole heads.
+    """
+    parameters = config.get("rope_parameters")
+    if isinstance(parameters, dict) and parameters:
+        if all(isinstance(v, dict) or v is None for v in parameters.values()):
+            if not isinstance(parameters.get("full_attention"), dict):
+                raise ConfigError(
+                    "target.path",
+                    f"rope settings keyed by layer type {sorted(parameters)} have no 'full_attention' entry for the drafter",
+                )
+            parameters = parameters["full_attention"]
+        rope = dict(parameters)
+    else:
+        rope = dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta") or config.get("rotary_emb_base")
+        if theta is not None:
+            rope.setdefault("rope_theta", theta)
+    rope["rope_type"] = rope.pop("type", None) or rope.get("rope_type") or "default"
+    rope.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+    rope.pop("partial_rotary_factor", None)
+    return rope
+
+
+def _rope_config_keys(rope: dict) -> dict:
+    """HF config keys carrying `rope` in the running transformers' format: v5
+    `rope_parameters`, v4 `rope_theta` + `rope_scaling`."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": dict(rope)}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling if scaling["rope_type"] != "default" else None}

@@ -202,7 +202,8 @@ class DFlashDrafter(nn.Module):
 
 
 def _build_rotary(config: DrafterConfig) -> nn.Module:
-    """The target family's rotary embedding (handles llama3/yarn scaling), from its rope settings."""
+    """Rotary embedding with the target's full-attention rope settings (llama3, yarn, linear,
+    ... scaling included) over the whole head dim; see `DrafterConfig.rope_hf_config`."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     return LlamaRotaryEmbedding(config.rope_hf_config())
