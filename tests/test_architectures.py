@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dflash.decoding import DFlashProposer, generate
-from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id, save_drafter
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.model import find_decoder_layers
@@ -156,6 +156,17 @@ def test_drafter_without_target_rope_uses_the_default_theta_over_whole_heads(arc
     Qwen3-style, rotates whole heads with theta 10000."""
     rope = random_drafter(tiny_target(arch)).config.rope_hf_config().rope_parameters
     assert rope == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt2"])
+def test_saved_drafter_keeps_its_rope(arch, tmp_path):
+    """Per-layer-type rope (Gemma3) and no rope (GPT-2) survive config.json unchanged."""
+    drafter = random_drafter(tiny_target(arch))
+    save_drafter(drafter, str(tmp_path))
+    loaded = load_drafter(str(tmp_path))
+    x, positions = torch.zeros(1, 3, 64), torch.tensor([[0, 5, 900]])
+    for got, want in zip(loaded.rotary_emb(x, positions), drafter.rotary_emb(x, positions)):
+        assert torch.equal(got, want)
 
 
 def test_training_blocks_equal_proposer_blocks_on_gemma3():
