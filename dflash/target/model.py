@@ -6,10 +6,11 @@ Invariants (DESIGN.md, "Getting it right"):
 - The target never trains: parameters have `requires_grad=False` and the model is in
   eval mode.
 - The drafter sees tokens and produces logits exactly as the target does: `embed(ids)`
-  is what the target feeds its first layer (Gemma's sqrt(hidden) scaling included; a
-  learned absolute position embedding, as GPT-2's, is left out: the drafter has rope),
-  and `logits(hidden)` is the target's own head transform (lm_head, then Gemma's final
-  softcapping). Training and decoding both go through these two methods.
+  is what the target feeds its first layer (Gemma's sqrt(hidden) and Granite's
+  embedding multiplier included; a learned absolute position embedding, as GPT-2's, is
+  left out: the drafter has rope), and `logits(hidden)` is the target's own head
+  transform (lm_head, then Cohere's logit scale, Granite's logit divisor or Gemma's
+  final softcapping). Training and decoding both go through these two methods.
 - The KV cache keeps every position in every layer, sliding-window layers included:
   verification rewinds the cache after a rejected draft, and a window-sized cache
   cannot be rewound (DESIGN.md rule 12). The attention mask still slides (transformers
@@ -165,6 +166,10 @@ class TargetModel:
         self.num_layers = len(find_decoder_layers(model))
         scaled_in_forward = self.config.model_type in _SCALED_IN_FORWARD and not hasattr(self.embed_tokens, "embed_scale")
         self._embedding_scale = self.hidden_size**0.5 if scaled_in_forward else None
+        # Config-driven transforms that the families apply in their forward, outside the modules.
+        self._embedding_multiplier = getattr(self.config, "embedding_multiplier", None)
+        self._logit_scale = getattr(self.config, "logit_scale", None)
+        self._logits_divisor = getattr(self.config, "logits_scaling", None)
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
 
     @classmethod
@@ -239,6 +244,8 @@ class TargetModel:
         if self._embedding_scale is not None:
             # The same rounding as the family's forward: the scale is cast to the dtype first.
             embeds = embeds * torch.tensor(self._embedding_scale, dtype=embeds.dtype, device=embeds.device)
+        if self._embedding_multiplier is not None:
+            embeds = embeds * self._embedding_multiplier
         return embeds
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -247,6 +254,10 @@ class TargetModel:
         Computed in the head's dtype, like the target's own forward, then upcast.
         """
         logits = self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        if self._logit_scale is not None:
+            logits = logits * self._logit_scale
+        if self._logits_divisor is not None:
+            logits = logits / self._logits_divisor
         if self._logit_softcap is not None:
             logits = torch.tanh(logits / self._logit_softcap) * self._logit_softcap
         return logits.float()

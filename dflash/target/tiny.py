@@ -207,6 +207,19 @@ def _falcon(sizes, window):
     return FalconConfig, dict(falcon, new_decoder_architecture=True, num_kv_heads=sizes["num_key_value_heads"])
 
 
+def _granite(sizes, window):
+    from transformers import GraniteConfig
+
+    # Multipliers the family applies in its forward, away from the embedding and head modules.
+    return GraniteConfig, dict(sizes, embedding_multiplier=6.0, logits_scaling=4.0)
+
+
+def _cohere(sizes, window):
+    from transformers import CohereConfig
+
+    return CohereConfig, dict(sizes, logit_scale=0.5)
+
+
 _FAMILIES = {
     "qwen3": _qwen3,
     "llama": _llama,
@@ -221,6 +234,8 @@ _FAMILIES = {
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,
+    "granite": _granite,
+    "cohere": _cohere,
 }
 _SLIDING_FAMILIES = {"qwen3", "qwen2", "mistral", "phi3", "gemma2", "gemma3"}
 TINY_ARCHS = tuple(_FAMILIES)
