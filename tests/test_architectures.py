@@ -160,6 +160,19 @@ def test_drafter_without_target_rope_uses_the_default_theta_over_whole_heads(arc
     assert rope == {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def test_drafter_reads_transformers_4_rope_keys():
+    """A config.json written under transformers 4 (`rope_theta`, `rope_scaling` with the
+    old `type` key) gives the same rope as the transformers-5 form."""
+    llama = random_drafter(tiny_target("llama")).config
+    v4_keys = {k: v for k, v in llama.to_hf_dict().items() if k != "rope_parameters"}
+    scaling = dict(llama.target_config["rope_parameters"])
+    v4_keys["rope_theta"] = scaling.pop("rope_theta")
+    v4_keys["rope_scaling"] = dict(scaling, type=scaling.pop("rope_type"))
+    from_v4 = DrafterConfig.from_hf_dict(v4_keys).rope_hf_config().rope_parameters
+    assert from_v4 == llama.rope_hf_config().rope_parameters
+    assert from_v4["rope_type"] == "llama3" and from_v4["rope_theta"] == 500000.0
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "gpt2"])
 def test_saved_drafter_keeps_its_rope(arch, tmp_path):
     """Per-layer-type rope (Gemma3) and no rope (GPT-2) survive config.json unchanged."""

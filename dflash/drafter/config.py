@@ -117,13 +117,13 @@ class DrafterConfig:
                 default rule (default: as many taps as drafter layers, as published).
         """
         tc = target_hf_config
-        num_target_layers = tc.num_hidden_layers
+        num_target_layers = _required(tc, "num_hidden_layers")
         if not use_target_features:
             target_layer_ids = []
         elif target_layer_ids is None:
             taps = num_target_features if num_target_features is not None else num_layers
             target_layer_ids = default_target_layer_ids(num_target_layers, taps)
-        hidden_size, num_heads = tc.hidden_size, tc.num_attention_heads
+        hidden_size, num_heads = _required(tc, "hidden_size"), _required(tc, "num_attention_heads")
         # Family spellings: Llama-style names first, then GPT-2's / Falcon's.
         num_kv_heads = _first_set(tc, "num_key_value_heads", "num_kv_heads") or num_heads
         if getattr(tc, "multi_query", False) and not getattr(tc, "new_decoder_architecture", False):
@@ -140,7 +140,7 @@ class DrafterConfig:
             head_dim=getattr(tc, "head_dim", None) or hidden_size // num_heads,
             intermediate_size=intermediate_size or target_intermediate,
             rms_norm_eps=_first_set(tc, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") or 1e-6,
-            vocab_size=tc.vocab_size,
+            vocab_size=_required(tc, "vocab_size"),
             block_size=block_size,
             target_layer_ids=list(target_layer_ids),
             mask_token_id=mask_token_id,
@@ -239,6 +239,17 @@ DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_MAX_POSITIONS = 2048
 
 
+def _required(config, name: str):
+    """`config.name`, or a ConfigError naming what the target's config lacks."""
+    value = getattr(config, name, None)
+    require(
+        value is not None,
+        "target.path",
+        f"the target's {type(config).__name__} has no {name}; dflash needs it to size the drafter",
+    )
+    return value
+
+
 def _first_set(config, *names):
     """The first of `names` that `config` has with a value other than None (else None)."""
     for name in names:
@@ -271,7 +282,8 @@ def _full_attention_rope(config: dict) -> dict:
         theta = config.get("rope_theta") or config.get("rotary_emb_base")
         if theta is not None:
             rope.setdefault("rope_theta", theta)
-    rope["rope_type"] = rope.pop("type", None) or rope.get("rope_type") or "default"
+    legacy_type = rope.pop("type", None)  # transformers < 4.45 spelling
+    rope["rope_type"] = rope.get("rope_type") or legacy_type or "default"
     rope.setdefault("rope_theta", DEFAULT_ROPE_THETA)
     rope.pop("partial_rotary_factor", None)
     return rope
