@@ -93,7 +93,8 @@ def test_embed_logits_and_taps_are_what_the_target_computes(arch):
     target = tiny_target(arch)
     ids = torch.tensor([[5, 80, 81, 99, 3, 17]])
     layer_outputs = []
-    hooks = [layer.register_forward_hook(lambda m, i, out: layer_outputs.append(out)) for layer in find_decoder_layers(target.model)]
+    record = lambda module, inputs, out: layer_outputs.append(out)  # noqa: E731
+    hooks = [layer.register_forward_hook(record) for layer in find_decoder_layers(target.model)]
     try:
         out = target.model(ids, output_hidden_states=True)
     finally:
@@ -101,7 +102,7 @@ def test_embed_logits_and_taps_are_what_the_target_computes(arch):
             hook.remove()
     hidden = out.hidden_states
     assert len(hidden) == target.num_layers + 1
-    # Taps: hidden_states[i + 1] is layer i's output (GPT-2/NeoX norm only the last one).
+    # Taps: hidden_states[i + 1] is layer i's output (the last entry comes after the final norm).
     for i, layer_out in enumerate(layer_outputs[:-1]):
         assert torch.equal(hidden[i + 1], layer_out[0] if isinstance(layer_out, tuple) else layer_out)
     torch.testing.assert_close(target.logits(hidden[-1]), out.logits.float(), rtol=0, atol=1e-5)

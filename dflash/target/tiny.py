@@ -99,7 +99,8 @@ def _qwen3(sizes, window):
     from transformers import Qwen3Config
 
     sliding = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
-    return Qwen3Config, dict(sizes, head_dim=sizes["hidden_size"] // sizes["num_attention_heads"], rope_theta=10000.0, **sliding)
+    head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+    return Qwen3Config, dict(sizes, head_dim=head_dim, rope_theta=10000.0, **sliding)
 
 
 def _llama(sizes, window):
