@@ -188,7 +188,7 @@ class DFlashDrafter(nn.Module):
             cache: drafter KV cache holding earlier context; context and block keys are
                 appended to it (crop the block off afterwards).
         Returns:
-            (b, q, D) final-normed hidden states; logits = target lm_head(hidden).
+            (b, q, D) final-normed hidden states; logits = `TargetModel.logits(hidden)`.
         """
         dtype = self.norm.weight.dtype
         context = context_features.to(dtype)
