@@ -111,6 +111,14 @@ class DrafterConfig:
     ) -> "DrafterConfig":
         """A drafter as wide as the target, with `num_layers` layers.
 
+        Whatever the target's family, the drafter is Qwen3-style: it takes the target's
+        width, heads, kv heads (1 for Falcon multi-query) and head dim; intermediate size
+        from `intermediate_size` / `ffn_hidden_size` / `n_inner`, else 4x hidden; eps from
+        `rms_norm_eps` / `layer_norm_eps` / `layer_norm_epsilon`. `target_config` keeps
+        the target's config with its rope settings replaced by the single setting of its
+        full-attention layers (see `_full_attention_rope`) in the running transformers'
+        format, and `max_position_embeddings` (GPT-2's `n_positions`).
+
         Args:
             target_hf_config: the target's `transformers` config object.
             target_layer_ids: explicit taps; else `num_target_features` taps by the
