@@ -16,7 +16,6 @@ import torch
 import dflash.decoding.engine as engine
 import dflash.eval.evaluator as evaluator
 from dflash.decoding import DFlashProposer, generate
-from dflash.decoding.verify import verify as real_verify
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
     BUG, NUMERICAL, TIE_ULPS, diagnose, hf_generate_logits, replay_logits, tie_tolerance,
@@ -25,6 +24,7 @@ from dflash.eval.results import GenerationRecord, divergences
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
+from tests.test_evaluate_accounting import lossy_verify
 
 DIVERGING_PROMPTS = ["add item def", "print print sum", "total result add"]
 
@@ -71,7 +71,7 @@ def test_an_undiagnosed_divergence_counts_as_a_bug():
 def test_replay_reproduces_the_engines_logits_bit_for_bit(bf16_target, monkeypatch):
     """The module invariant: `replay_logits` issues the engine's target forwards."""
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), bf16_target)
-    proposer = DFlashProposer(drafter, bf16_target.embed_tokens, bf16_target.lm_head)
+    proposer = DFlashProposer(drafter, bf16_target.embed, bf16_target.logits)
     input_ids = bf16_target.tokenizer("def add(a, b):", return_tensors="pt").input_ids
     prompt_len = input_ids.shape[1]
     for block_size in (1, 4):
@@ -122,18 +122,9 @@ def test_bf16_divergences_are_near_ties_and_results_json_says_so(bf16_target, tm
     assert hf["bug"] == 0 and results["hf_generate_matches"] == (hf["numerical"] == 0)
 
 
-def keeps_one_wrong_draft(target_logits, drafts, sampling, generator):
-    """Test double: greedy verification that also keeps the first rejected draft."""
-    accepted, next_token = real_verify(target_logits, drafts, sampling, generator)
-    if accepted < drafts.tokens.numel():
-        accepted += 1
-        next_token = int(target_logits[accepted].argmax())
-    return accepted, next_token
-
-
 def test_a_verifier_that_keeps_a_wrong_draft_is_a_bug(bf16_target, monkeypatch):
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), bf16_target)
-    monkeypatch.setattr(engine, "verify", keeps_one_wrong_draft)
+    monkeypatch.setattr(engine, "verify", lossy_verify)  # keeps the first rejected draft
     samples = [Sample(turns=["def add(a, b):"], index=7)]
     results = evaluate(bf16_target, drafter, samples, bf16_settings(10, hf_generate=False), progress=False)
     assert results["lossless"] is False and results["lossless_up_to_ties"] is False

@@ -362,7 +362,9 @@ def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str
 
 
 def log_evaluation(loggers: list, results_path: str, step: int) -> None:
-    """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at training step `step`."""
+    """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at
+    training step `step`; a wandb run also gets results.json itself as a run file (what
+    `dflash.tables` reads from wandb: the acceptance histogram, per-prompt numbers, lossless)."""
     with open(results_path) as f:
         results = json.load(f)
     metrics = {"eval/tau": results["tau"], "eval/tau_per_prompt_mean": results["tau_per_prompt_mean"]}
@@ -372,6 +374,10 @@ def log_evaluation(loggers: list, results_path: str, step: int) -> None:
     metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
+        if type(logger).__name__ == "WandbLogger":
+            # named RESULTS_FILE in the run (base_path), the path taken literally: Hydra run
+            # directories may hold glob characters ("drafter.target_layer_ids=[1,3]")
+            logger.experiment.save(results_path, base_path=os.path.dirname(results_path), policy="now", glob=False)
 
 
 def finish_loggers(loggers: list) -> None:
