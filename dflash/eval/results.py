@@ -5,7 +5,7 @@ the bonus token (accepted drafts + 1). Two aggregations of each headline number,
 - tau (pooled): sum of acceptance lengths / number of verify steps, over every
   generation. Long generations weigh more.
 - tau_per_prompt_mean: the mean over generations of each generation's tau, as the
-  public DFlash benchmark harness computes it (z-lab/dflash, dflash/benchmark.py,
+  public DFlash benchmark harness computes it (z-lab/dflash at 44947fb, dflash/benchmark.py,
   `_print_decode_summary`: `np.mean([np.mean(r.acceptance_lengths) ...])`; every
   turn of a multi-turn prompt is one generation there too). Generations without a
   verify step (the first token ended them) have no acceptance length and are left out.
