@@ -34,10 +34,13 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
     os.makedirs(directory, exist_ok=True)
     name = f".{os.path.basename(path)}.{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMPORARY_SUFFIX}"
     temporary = os.path.join(directory, name)
-    # Mode 0o666 goes through the umask, as for open(); `write` reopening keeps the mode.
+    # Created with 0o666, the kernel applies the umask, as for open(): that is the mode the
+    # file must end with, even if `write` replaces it (safetensors writes files as 0600).
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = os.stat(temporary).st_mode
     try:
         write(temporary)
+        os.chmod(temporary, mode)
         descriptor = os.open(temporary, os.O_RDONLY)
         try:
             os.fsync(descriptor)
