@@ -113,10 +113,11 @@ def read_holder(path: str) -> dict:
 
 
 def describe(holder: dict) -> str:
-    """E.g. "process 4242 on host node17 (since 2026-01-01T10:00:00+00:00: python -m dflash.train ...)"."""
+    """E.g. "process 4242 on host node17 (since 2026-01-01T10:00:00+00:00)"; the record's
+    `command` stays in the lock file for whoever wants to know more."""
     if not holder:
         return "another process"
-    return f"process {holder.get('pid')} on host {holder.get('host')} (since {holder.get('since')}: {holder.get('command')})"
+    return f"process {holder.get('pid')} on host {holder.get('host')} (since {holder.get('since')})"
 
 
 def _this_process() -> dict:
@@ -124,7 +125,7 @@ def _this_process() -> dict:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv])[:120],
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
 
 

@@ -301,7 +301,7 @@ def checkpoint_problem(path: str) -> str | None:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # noqa: BLE001 - whatever torch cannot read is not a checkpoint to resume from
-        return " ".join(str(err).split())[:200] or type(err).__name__
+        return " ".join(str(err).split()).split(". ")[0][:200] or type(err).__name__
     if not isinstance(checkpoint, dict) or not {"state_dict", "global_step"} <= set(checkpoint):
         return "not a Lightning training checkpoint"
     return None
@@ -321,9 +321,11 @@ def check_checkpoint_fits(path: str, module, key: str) -> None:
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     stored, current = checkpoint.get(DRAFTER_CONFIG_KEY, {}), module.drafter.config.to_hf_dict()
     differences = [f"{name} {stored.get(name)} there, {current.get(name)} here" for name in _DRAFTER_SHAPE_KEYS if stored.get(name) != current.get(name)]
-    shapes = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
-    stored_shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
-    differences += [f"{name} {stored_shapes.get(name)} there, {shapes.get(name)} here" for name in sorted(set(shapes) | set(stored_shapes)) if shapes.get(name) != stored_shapes.get(name)]
+    if not differences:  # same config, yet other weights: name the first tensors that differ
+        shapes = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+        stored_shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
+        names = sorted(set(shapes) | set(stored_shapes))
+        differences = [f"{name} {stored_shapes.get(name)} there, {shapes.get(name)} here" for name in names if shapes.get(name) != stored_shapes.get(name)]
     require(
         not differences,
         key,
