@@ -22,8 +22,6 @@ results.json schema (`build_results`):
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import sys
 from dataclasses import dataclass, field
