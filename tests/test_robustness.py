@@ -229,6 +229,11 @@ def test_unfinished_regenerated_data_is_refused_unless_allow_partial(tmp_path, c
     complete.setup("fit")
     assert len(complete.train_set) == 8
 
+    (data / "manifest.json").write_text('{"num_rows": 8, "sett')  # a manifest cut short
+    with pytest.raises(ConfigError) as err:
+        DFlashDataModule.from_spec(spec, tokenizer)
+    assert err.value.key == "data.path" and "manifest.json is not valid JSON" in str(err.value)
+
 
 # --- training: checkpoints, shapes, locks -------------------------------------------------
 
@@ -265,6 +270,7 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_one(train_inputs, 
     assert _global_step(checkpoints / "previous.ckpt") == 4 and _global_step(checkpoints / "last.ckpt") == 4
     raw = (checkpoints / "last.ckpt").read_bytes()
     (checkpoints / "last.ckpt").write_bytes(raw[: len(raw) // 2])  # a disk that filled up mid-write
+    (checkpoints / ".last.ckpt.otherhost-99-0badc0de.tmp").write_bytes(raw[:100])  # a killed atomic write
 
     with caplog.at_level(logging.WARNING, logger="dflash.training.run"):
         resumed = run_training(tiny_job(train_inputs, run_dir, max_steps=6))
@@ -272,6 +278,7 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_one(train_inputs, 
     assert f"{checkpoints / 'last.ckpt'} cannot be read" in caplog.text
     assert (checkpoints / "last.ckpt.corrupt").read_bytes() == raw[: len(raw) // 2]  # kept aside, never kept as previous
     assert _global_step(checkpoints / "last.ckpt") == 6 and _global_step(checkpoints / "previous.ckpt") == 6
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "last.ckpt.corrupt", "previous.ckpt"]
 
     again = run_training(tiny_job(train_inputs, run_dir, max_steps=8))  # the next run resumes as usual
     assert again.resumed_from == str(checkpoints / "last.ckpt") and again.global_step == 8
