@@ -13,13 +13,13 @@ from omegaconf import DictConfig
 
 from dflash.cli.common import (
     CONF_DIR,
-    check_field_types,
     exits_on_config_error,
     resolved_config,
     run_app,
     set_cpu_threads,
     to_spec,
 )
+from dflash.errors import check_field_types
 
 RESULTS_FILE = "results.json"
 
@@ -28,7 +28,7 @@ RESULTS_FILE = "results.json"
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
-    from dflash.drafter import load_drafter_config
+    from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
@@ -48,7 +48,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
     if drafter_spec.path is not None:
-        load_drafter_config(drafter_spec.path)  # a wrong drafter path fails before the target loads
+        check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
 
     target = load_target(target_spec)
     drafter = build_drafter(drafter_spec, target)

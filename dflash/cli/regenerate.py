@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app, to_spec
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, require, spec_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.data import DataSpec, RegenerateSettings, load_conversations, regenerate
-    from dflash.specs import TargetSpec, load_target, spec_from_dict
+    from dflash.specs import TargetSpec, load_target
 
     data = DataSpec.from_dict(_plain(cfg.data, "data"))
     options = _plain(cfg.regenerate, "regenerate")
@@ -67,4 +67,4 @@ def _plain(node: DictConfig, group: str) -> dict:
 
 
 def main() -> None:
-    run_app(_hydra_main, "regenerate")
+    run_app(_hydra_main, "regenerate", output_dirs=("regenerate.output_dir",))

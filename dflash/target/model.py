@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, reading, require
 
 _DTYPES = {
     "auto": "auto",
@@ -135,23 +135,26 @@ class TargetModel:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from safetensors import SafetensorError
+
         path = os.path.expanduser(path)
         # A hub id is "org/name"; anything else that is not an existing directory is a typo.
         looks_local = path.startswith((".", "/")) or path.count("/") > 1
         if looks_local and not os.path.isdir(path):
             raise ConfigError("target.path", f"directory {path!r} does not exist")
-        torch_dtype = resolve_dtype(dtype)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch_dtype, attn_implementation=attn_implementation
-            )
-        except OSError as err:
-            raise ConfigError(
+        if os.path.isdir(path):  # without config.json, transformers fails deep in its tokenizer code
+            require(
+                os.path.isfile(os.path.join(path, "config.json")),
                 "target.path",
-                f"cannot load {path!r} ({str(err).splitlines()[0]}); give a local directory or a hub id "
-                "reachable from this machine",
-            ) from None
+                f"{path!r} holds no config.json, so no model; point target.path at a directory that "
+                "save_pretrained wrote, or at a hub id",
+            )
+        torch_dtype = resolve_dtype(dtype)
+        # A damaged or foreign model directory, or an unreachable hub id, is the user's to fix.
+        fix = "give a complete model directory (save_pretrained's files) or a hub id reachable from this machine"
+        with reading("target.path", path, fix, errors=(OSError, ValueError, SafetensorError)):
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
         return cls(model.to(device), tokenizer)
 
     @property
