@@ -110,6 +110,7 @@ TRAIN_CASES = {
     "cache dir under a file": (["data.cache_dir={ws}/blocker/cache"], "data.cache_dir", "is a file"),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
     "target dir without a model": (["target.build=null", "target.path={ws}/empty_target"], "target.path", "holds no config.json"),
+    "data dir without data files": (["data.path={ws}/empty_target", "target.path={ws}/no_target_yet"], "data.path", "holds no .jsonl"),
 }
 
 
@@ -118,6 +119,7 @@ def test_train(case, ws, monkeypatch, capsys):
     overrides, key, text = TRAIN_CASES[case]
     argv = train_args(ws, "run_name=bad", *(o.format(ws=ws) for o in overrides))
     assert_one_error_line(*run_main("train", argv, monkeypatch, capsys), key, text)
+    assert not (ws / "no_target_yet").exists()  # the bad data is found before the target is built
 
 
 def test_unknown_experiment_lists_the_experiments_and_writes_nothing(ws, tmp_path):

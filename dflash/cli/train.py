@@ -165,11 +165,13 @@ def single_job_for_ddp_ranks():
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.data.sources import check_local_source
     from dflash.eval import load_benchmark
     from dflash.training.run import run_training
 
     job = job_from_config(cfg)
     set_cpu_threads(cfg.cpu_threads)
+    check_local_source(job.data.source())  # a wrong data.path fails before the target loads
     if job.evaluation is not None:
         load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training
     log.info("run directory: %s", job.output_dir)
