@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id
+from dflash.drafter.config import check_attn_implementation
 from dflash.errors import ConfigError, check_writable_dir, require
 from dflash.target import TargetModel
 from dflash.target.model import resolve_dtype
@@ -59,6 +60,9 @@ class DrafterSpec:
     dtype: str = "float32"
     seed: int = 0
     use_target_features: bool = True
+
+    def __post_init__(self):
+        check_attn_implementation(self.attn_implementation)  # now, not after the target has loaded
 
 
 def load_target(spec: TargetSpec) -> TargetModel:

@@ -138,6 +138,7 @@ EVALUATE_CASES = {
     "target weights truncated": (["target.build=null", "target.path={ws}/truncated_target"], "target.path", "SafetensorError"),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
     "unknown decoding preset": (["decoding=nope"], "decoding", "choose one of ['greedy', 'sampling']"),
+    "drafter attention": (["drafter.attn_implementation=bogus", "target.path={ws}/no_target_yet"], "drafter.attn_implementation", "'bogus'"),
 }
 
 
@@ -146,7 +147,7 @@ def test_evaluate(case, ws, tmp_path, monkeypatch, capsys):
     overrides, key, text = EVALUATE_CASES[case]
     argv = [f"paths.artifacts={ws / 'artifacts'}", f"hydra.run.dir={tmp_path / 'run'}", "benchmark.max_samples=1", *(o.format(ws=ws) for o in overrides)]
     assert_one_error_line(*run_main("evaluate", argv, monkeypatch, capsys), key, text)
-    assert not (tmp_path / "run" / "results.json").exists()
+    assert not (tmp_path / "run" / "results.json").exists() and not (ws / "no_target_yet").exists()
 
 
 EXPORT_CASES = {

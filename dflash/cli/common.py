@@ -20,7 +20,7 @@ from typing import Callable, NoReturn
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
-from dflash.errors import ConfigError, first_line, spec_from_dict
+from dflash.errors import ConfigError, check_writable_dir, first_line, spec_from_dict
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 EXIT_CONFIG_ERROR = 2
@@ -88,8 +88,6 @@ def check_output_dirs(cfg: DictConfig, keys: tuple[str, ...], multirun: bool) ->
     Hydra writes into it (`hydra.output_subdir` set; export and tables write nothing there).
     """
     from hydra.core.hydra_config import HydraConfig
-
-    from dflash.errors import check_writable_dir
 
     HydraConfig.instance().set_config(cfg)  # resolves ${hydra:...} in paths and run names
     if cfg.hydra.output_subdir is not None:

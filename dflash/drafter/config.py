@@ -85,11 +85,7 @@ class DrafterConfig:
             "drafter.num_key_value_heads",
             f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
         )
-        require(
-            self.attn_implementation in ("sdpa", "flex_attention", "flash_attention_2"),
-            "drafter.attn_implementation",
-            f"unknown {self.attn_implementation!r}; choose sdpa, flex_attention or flash_attention_2",
-        )
+        check_attn_implementation(self.attn_implementation)
 
     @property
     def num_target_features(self) -> int:
@@ -203,3 +199,15 @@ class DrafterConfig:
         data.update(head_dim=self.head_dim, hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         model_type = data.pop("model_type", "qwen3")
         return AutoConfig.for_model(model_type, **data)
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "flash_attention_2")
+
+
+def check_attn_implementation(name: str) -> None:
+    """ConfigError unless the drafter supports attention implementation `name`."""
+    require(
+        name in ATTN_IMPLEMENTATIONS,
+        "drafter.attn_implementation",
+        f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
+    )
