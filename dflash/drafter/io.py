@@ -65,15 +65,14 @@ def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> Draf
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     with torch.device("meta"):
         needed = {name: tuple(tensor.shape) for name, tensor in DFlashDrafter(config).state_dict().items()}
-    wrong = [f"{name} is {shapes[name]}, not {needed[name]}" for name in sorted(needed.keys() & shapes.keys()) if shapes[name] != needed[name]]
-    missing, unexpected = sorted(needed.keys() - shapes.keys()), sorted(shapes.keys() - needed.keys())
-    require(
-        not (wrong or missing or unexpected),
-        "drafter.path",
-        f"{WEIGHTS_NAME} does not match {CONFIG_NAME} in {directory!r}: "
-        + "; ".join(filter(None, [", ".join(wrong[:2]), missing and f"missing {missing[:3]}", unexpected and f"unexpected {unexpected[:3]}"]))
-        + f"; {_FIX}",
-    )
+    common = sorted(needed.keys() & shapes.keys())
+    problems = [f"{name} is {shapes[name]}, not {needed[name]}" for name in common if shapes[name] != needed[name]][:2]
+    if needed.keys() - shapes.keys():
+        problems.append(f"missing {sorted(needed.keys() - shapes.keys())[:3]}")
+    if shapes.keys() - needed.keys():
+        problems.append(f"unexpected {sorted(shapes.keys() - needed.keys())[:3]}")
+    mismatch = f"{WEIGHTS_NAME} does not match {CONFIG_NAME} in {directory!r}: {'; '.join(problems)}; {_FIX}"
+    require(not problems, "drafter.path", mismatch)
     return config
 
 

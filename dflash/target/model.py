@@ -133,9 +133,8 @@ class TargetModel:
             attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2", ...).
             device: torch device string.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from safetensors import SafetensorError
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = os.path.expanduser(path)
         # A hub id is "org/name"; anything else that is not an existing directory is a typo.

@@ -30,7 +30,8 @@ def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
     if not os.path.isfile(ckpt_path):
         raise ConfigError("ckpt", f"no checkpoint file at {ckpt_path!r}")
     fix = "give a checkpoints/*.ckpt file that python -m dflash.train wrote"
-    with reading("ckpt", ckpt_path, fix, errors=(OSError, EOFError, RuntimeError, pickle.UnpicklingError)), warnings.catch_warnings():
+    damaged = (OSError, EOFError, RuntimeError, pickle.UnpicklingError)  # what torch.load raises on them
+    with reading("ckpt", ckpt_path, fix, errors=damaged), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a damaged file also warns about its pickle protocol: one line is enough
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     if not isinstance(checkpoint, dict) or DRAFTER_CONFIG_KEY not in checkpoint:
