@@ -105,7 +105,7 @@ TRAIN_CASES = {
     "data type": (["data.batch_size=two"], "data.batch_size", "expected int, got 'two'"),
     "source type": (["data.sources=[{{path: a.jsonl, limit: many}}]"], "data.sources[0].limit", "expected int"),
     "block longer than sequence": (["drafter.block_size=1024", "data.max_length=256"], "drafter.block_size", "set drafter.block_size <= 255"),
-    "more anchors than positions": (["training.num_anchors=100000"], "training.num_anchors", "<= 3071"),
+    "more anchors than positions": (["training.num_anchors=100000"], "training.num_anchors", "<= 3072"),
     "artifacts under a file": (["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
     "cache dir under a file": (["data.cache_dir={ws}/blocker/cache"], "data.cache_dir", "is a file"),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
@@ -239,10 +239,10 @@ def test_writable_dir_check_creates_nothing(tmp_path):
 
 
 def test_block_and_anchor_bounds():
-    check_block_fits(block_size=255, max_length=256, num_anchors=255)
+    check_block_fits(block_size=255, max_length=256, num_anchors=256)
     with pytest.raises(ConfigError) as info:
         check_block_fits(block_size=256, max_length=256, num_anchors=8)
     assert info.value.key == "drafter.block_size"
     with pytest.raises(ConfigError) as info:
-        check_block_fits(block_size=16, max_length=256, num_anchors=256)
+        check_block_fits(block_size=16, max_length=256, num_anchors=257)
     assert info.value.key == "training.num_anchors"
