@@ -16,13 +16,13 @@ from omegaconf import DictConfig
 
 from dflash.cli.common import (
     CONF_DIR,
-    check_field_types,
     exits_on_config_error,
     resolved_config,
     run_app,
     set_cpu_threads,
     to_spec,
 )
+from dflash.errors import check_field_types
 from dflash.locks import DirectoryLock
 
 RESULTS_FILE = "results.json"
@@ -33,7 +33,7 @@ LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
-    from dflash.drafter import load_drafter_config
+    from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
@@ -53,7 +53,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
     if drafter_spec.path is not None:
-        load_drafter_config(drafter_spec.path)  # a wrong drafter path fails before the target loads
+        check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
 
     with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
         target = load_target(target_spec)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app, to_spec
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, require, spec_from_dict
 from dflash.locks import DirectoryLock
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.data import DataSpec, RegenerateSettings, load_conversations, regenerate
     from dflash.data.regenerate import LOCK_REMEDY
-    from dflash.specs import TargetSpec, load_target, spec_from_dict
+    from dflash.specs import TargetSpec, load_target
 
     data = DataSpec.from_dict(_plain(cfg.data, "data"))
     options = _plain(cfg.regenerate, "regenerate")
@@ -72,4 +72,4 @@ def _plain(node: DictConfig, group: str) -> dict:
 
 
 def main() -> None:
-    run_app(_hydra_main, "regenerate")
+    run_app(_hydra_main, "regenerate", output_dirs=("regenerate.output_dir",))

@@ -171,6 +171,14 @@ def _looks_local(path: str) -> bool:
     )
 
 
+def check_local_source(spec: SourceSpec, key: str = "data") -> None:
+    """ConfigError now, before any model loads, when a local source names no data files
+    (hub datasets are checked when they load)."""
+    path = os.path.expanduser(spec.path)
+    if _looks_local(path):
+        _local_files(path, key)
+
+
 def _local_files(path: str, key: str) -> list[str]:
     require(os.path.exists(path), f"{key}.path", f"{path!r} does not exist")
     if os.path.isfile(path):

@@ -85,11 +85,7 @@ class DrafterConfig:
             "drafter.num_key_value_heads",
             f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
         )
-        require(
-            self.attn_implementation in ("sdpa", "flex_attention", "flash_attention_2"),
-            "drafter.attn_implementation",
-            f"unknown {self.attn_implementation!r}; choose sdpa, flex_attention or flash_attention_2",
-        )
+        check_attn_implementation(self.attn_implementation)
 
     @property
     def num_target_features(self) -> int:
@@ -306,3 +302,15 @@ def _rope_config_keys(rope: dict) -> dict:
         return {"rope_parameters": dict(rope)}
     scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling if scaling["rope_type"] != "default" else None}
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "flash_attention_2")
+
+
+def check_attn_implementation(name: str) -> None:
+    """ConfigError unless the drafter supports attention implementation `name`."""
+    require(
+        name in ATTN_IMPLEMENTATIONS,
+        "drafter.attn_implementation",
+        f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
+    )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, reading, require
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,7 @@ class TargetModel:
                 "sdpa" falls back to "eager" for models that refuse it (Gemma2).
             device: torch device string.
         """
+        from safetensors import SafetensorError
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path = os.path.expanduser(path)
@@ -196,8 +197,17 @@ class TargetModel:
         looks_local = path.startswith((".", "/")) or path.count("/") > 1
         if looks_local and not os.path.isdir(path):
             raise ConfigError("target.path", f"directory {path!r} does not exist")
+        if os.path.isdir(path):  # without config.json, transformers fails deep in its tokenizer code
+            require(
+                os.path.isfile(os.path.join(path, "config.json")),
+                "target.path",
+                f"{path!r} holds no config.json, so no model; point target.path at a directory that "
+                "save_pretrained wrote, or at a hub id",
+            )
         torch_dtype = resolve_dtype(dtype)
-        try:
+        # A damaged or foreign model directory, or an unreachable hub id, is the user's to fix.
+        fix = "give a complete model directory (save_pretrained's files) or a hub id reachable from this machine"
+        with reading("target.path", path, fix, errors=(OSError, ValueError, SafetensorError)):
             tokenizer = AutoTokenizer.from_pretrained(path)
             config = AutoConfig.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(
@@ -206,12 +216,6 @@ class TargetModel:
                 dtype=torch_dtype,
                 attn_implementation=supported_attention_implementation(config, attn_implementation),
             )
-        except OSError as err:
-            raise ConfigError(
-                "target.path",
-                f"cannot load {path!r} ({str(err).splitlines()[0]}); give a local directory or a hub id "
-                "reachable from this machine",
-            ) from None
         return cls(model.to(device), tokenizer)
 
     @property
