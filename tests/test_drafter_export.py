@@ -184,6 +184,22 @@ def test_shipped_modeling_file_imports_only_torch_and_transformers(exported):
     assert {m.split(".")[0] for m in modules} == {"__future__", "torch", "transformers"}
 
 
+def test_rope_keys_from_a_transformers_4_config():
+    """Under transformers 4 (which pyproject allows) the drafter's rope config carries
+    `rope_theta` and a `rope_scaling` that may still say `type`: the same keys come out."""
+    from types import SimpleNamespace
+
+    from dflash.drafter.rope_keys import rope_config_keys
+
+    scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    keys = rope_config_keys(SimpleNamespace(rope_theta=5e5, rope_scaling=scaling, max_position_embeddings=2048))
+    expected = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    assert keys["rope_parameters"] == {**expected, "rope_theta": 5e5} and keys["rope_scaling"] == expected
+    assert (keys["rope_theta"], keys["max_position_embeddings"]) == (5e5, 2048)
+    plain = rope_config_keys(SimpleNamespace(rope_theta=1e6, rope_scaling=None, max_position_embeddings=4096))
+    assert plain["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6} and plain["rope_scaling"] is None
+
+
 # --- keys other loaders read ----------------------------------------------------------
 
 

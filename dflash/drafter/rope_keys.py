@@ -19,7 +19,8 @@ def rope_parameters_of(rope_config) -> dict:
         params = dict(params)
     else:
         params = dict(getattr(rope_config, "rope_scaling", None) or {})
-        params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
+        legacy_type = params.pop("type", None)  # transformers 4 also accepts this older spelling
+        params["rope_type"] = params.get("rope_type") or legacy_type or "default"
         params["rope_theta"] = rope_config.rope_theta
     params.setdefault("rope_type", "default")
     partial = getattr(rope_config, "partial_rotary_factor", None)
