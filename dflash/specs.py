@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, resolve_mask_token_id
+from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, place_drafter, resolve_mask_token_id
 from dflash.errors import ConfigError, require
 from dflash.target import TargetModel
 from dflash.target.model import resolve_dtype
@@ -156,7 +156,7 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     drafter = DFlashDrafter(config)
     if spec.init_from is not None:
         init_drafter_from(drafter, spec.init_from)
-    return drafter.to(device=target.device, dtype=dtype)
+    return place_drafter(drafter, target.device, dtype)
 
 
 def check_drafter_fits(config: DrafterConfig, target: TargetModel) -> None:

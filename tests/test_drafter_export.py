@@ -316,7 +316,10 @@ def test_load_drafter_reads_the_published_layout(tmp_path, variant, block_size_i
     torch.manual_seed(0)
     drafter = DFlashDrafter(DrafterConfig.from_target(config, num_layers=2, block_size=BLOCK, mask_token_id=258)).eval()
     write_published_directory(tmp_path / "published", drafter, dict(config.rope_parameters), block_size_inside)
-    assert next(load_drafter(str(tmp_path / "published")).parameters()).dtype == torch.bfloat16  # as stored
+    as_stored = load_drafter(str(tmp_path / "published"))
+    assert next(as_stored.parameters()).dtype == torch.bfloat16
+    # bf16 weights, float32 rotary frequencies: a bf16 inv_freq is off by radians at long positions
+    assert torch.equal(as_stored.rotary_emb.inv_freq, drafter.rotary_emb.inv_freq)
     loaded = load_drafter(str(tmp_path / "published"), dtype=torch.float32)
     assert (loaded.config.block_size, loaded.config.target_layer_ids) == (BLOCK, drafter.config.target_layer_ids)
     # Same frequencies as the drafter built from the target, and the same network.
