@@ -36,10 +36,13 @@ TF4 = REPO / ".tf4"
 CONTEXT, BLOCK = 6, 4
 
 # The rope settings of the targets tried: (architecture, rope_parameters or None for the
-# tiny config's own: plain rope for Qwen3, Llama-3.1's llama3 scaling for Llama).
+# tiny config's own: Llama-3.1's llama3 scaling, Gemma3's per-layer-type rope, GPT-2's
+# none at all).
 ROPE_VARIANTS = {
     "qwen3_theta_1e6": ("qwen3", {"rope_type": "default", "rope_theta": 1e6}),
     "llama31_llama3": ("llama", None),
+    "gemma3_per_layer_type": ("gemma3", None),
+    "gpt2_no_rope": ("gpt2", None),
     "yarn": ("qwen3", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 512}),
     "linear": ("qwen3", {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
     "dynamic": ("qwen3", {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),

@@ -38,6 +38,7 @@ class DataSpec(SourceSpec):
     seed: int = 0
     num_workers: int = 2
     cache_dir: str | None = None
+    allow_partial: bool = False
 
     @classmethod
     def from_dict(cls, data: dict, key: str = "data") -> "DataSpec":

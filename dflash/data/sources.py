@@ -179,12 +179,15 @@ def _local_files(path: str, key: str) -> list[str]:
             f"{key}.path",
             f"{path!r} is not a .jsonl, .json or .parquet file",
         )
+        require(os.path.getsize(path) > 0, f"{key}.path", f"{path!r} is empty; point {key}.path at a file with rows")
         return [path]
     files = sorted(
         f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in LOCAL_SUFFIXES and os.path.isfile(f)
     )
     files = [f for f in files if not os.path.basename(f).startswith(".") and os.path.basename(f) != "manifest.json"]
     require(files, f"{key}.path", f"directory {path!r} holds no .jsonl, .json or .parquet files")
+    files = [f for f in files if os.path.getsize(f) > 0]  # an empty file holds no rows (and stops `datasets`)
+    require(files, f"{key}.path", f"every data file in {path!r} is empty; point {key}.path at data with rows")
     kinds = {LOCAL_SUFFIXES[os.path.splitext(f)[1]] for f in files}
     require(len(kinds) == 1, f"{key}.path", f"directory {path!r} mixes JSON and Parquet files; keep one kind")
     return files

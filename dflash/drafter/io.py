@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -24,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from dflash.drafter.config import DrafterConfig
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError
+from dflash.fileio import atomic_write
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -133,11 +133,4 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def _atomic_write(directory: str, name: str, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, os.path.join(directory, name))
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(os.path.join(directory, name), write)

@@ -112,7 +112,7 @@ def evaluate(
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
     methods = _Methods(
         target=target,
-        proposer=DFlashProposer(drafter, target.embed_tokens, target.lm_head),
+        proposer=DFlashProposer(drafter, target.embed, target.logits),
         block_size=block_size,
         sampling=decoding.sampling,
         stop_ids=stops,

@@ -22,15 +22,14 @@ results.json schema (`build_results`):
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import torch
+
+from dflash.fileio import write_json
 
 METHOD = "dflash"
 BASELINES = ("autoregressive", "hf_generate")
@@ -188,15 +187,4 @@ def versions() -> dict:
 
 def write_results(results: dict, path: str) -> str:
     """Write `results` as JSON to `path` atomically (temp file + rename); returns `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".results.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(results, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return write_json(path, results, indent=2)

@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only: no display needed (and none on cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dflash.fileio import atomic_write  # noqa: E402
 from dflash.reports.tables import Row, Table, benchmark_label  # noqa: E402
 
 DPI = 150
@@ -191,11 +192,8 @@ def _save(fig, out_dir: str, stem: str, title: str) -> str:
     # Wrap long titles to the figure's width (about 11 characters per inch at this size).
     fig.suptitle(textwrap.fill(title, width=max(30, int(fig.get_figwidth() * 11))))
     fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    tmp = os.path.join(out_dir, f".{stem}.tmp.png")
-    fig.savefig(tmp, dpi=DPI)
+    path = atomic_write(os.path.join(out_dir, f"{stem}.png"), lambda temporary: fig.savefig(temporary, dpi=DPI, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
