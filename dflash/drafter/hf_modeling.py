@@ -184,6 +184,9 @@ class DFlashDraftModel(PreTrainedModel):
 
         Output equals the target decoding alone: greedy (temperature 0) token for token;
         with temperature > 0 a draft is kept only while it equals the target's own sample.
+        Block tokens are embedded with the target's input embedding module, as the public
+        reference does: for targets that scale embeddings inside their forward (Gemma2,
+        Granite) drafts are worse than in dflash's own loop, the output is unchanged.
         Returns (1, prompt + new) token ids, cut after the first stop token.
         """
         self.eval()
