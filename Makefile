@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.install-stamp
+# transformers 4.57 for the tests that load our drafter directories as 4.x loaders do.
+TF4       := .tf4
+TF4_STAMP := $(TF4)/.install-stamp
 # CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
@@ -15,10 +18,15 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
 	touch $(STAMP)
 
-test: install
+$(TF4_STAMP): constraints/tf4.txt | $(STAMP)
+	rm -rf $(TF4)
+	$(PY) -m pip install -q --no-deps --target $(TF4) -r constraints/tf4.txt
+	touch $(TF4_STAMP)
+
+test: install $(TF4_STAMP)
 	$(PY) -m pytest -q
 
-test-fast: install
+test-fast: install $(TF4_STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 demo: install

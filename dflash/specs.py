@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id
+from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, place_drafter, resolve_mask_token_id
 from dflash.drafter.config import check_attn_implementation
 from dflash.errors import ConfigError, check_writable_dir, require
 from dflash.target import TargetModel
@@ -41,6 +41,8 @@ class DrafterSpec:
 
     path: a drafter directory; None builds a new randomly initialised drafter from the
         fields below (for training, tests and the random-drafter floor).
+    init_from: a drafter directory (ours or a published one) whose weights start the
+        new drafter built from the fields below; its shape must match them.
     block_size: training block size of a new drafter (a loaded drafter keeps its own).
     target_layer_ids: explicit taps; None = the default rule with
         `num_target_features` taps (None = as many taps as drafter layers).
@@ -50,6 +52,7 @@ class DrafterSpec:
     """
 
     path: str | None = None
+    init_from: str | None = None
     num_layers: int = 5
     block_size: int = 16
     target_layer_ids: list[int] | None = None
@@ -120,6 +123,11 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     """Load the drafter at `spec.path`, or build a random one; check it fits `target`."""
     dtype = resolve_dtype(spec.dtype)
     dtype = target.dtype if dtype == "auto" else dtype
+    require(
+        spec.path is None or spec.init_from is None,
+        "drafter.init_from",
+        "set drafter.path (use a drafter as it is) or drafter.init_from (train a new drafter from its weights), not both",
+    )
     if spec.path is not None:
         drafter = load_drafter(spec.path, device=target.device, dtype=dtype, attn_implementation=spec.attn_implementation)
         check_drafter_fits(drafter.config, target)
@@ -139,8 +147,12 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
         attn_implementation=spec.attn_implementation,
         use_target_features=spec.use_target_features,
     )
+    config.mask_token = target.tokenizer.convert_ids_to_tokens(mask_token_id)
     torch.manual_seed(spec.seed)
-    return DFlashDrafter(config).to(device=target.device, dtype=dtype)
+    drafter = DFlashDrafter(config)
+    if spec.init_from is not None:
+        init_drafter_from(drafter, spec.init_from)
+    return place_drafter(drafter, target.device, dtype)
 
 
 def check_drafter_fits(config: DrafterConfig, target: TargetModel) -> None:

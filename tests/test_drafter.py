@@ -19,10 +19,44 @@ from dflash.target.tiny import byte_tokenizer
 
 @pytest.mark.parametrize(
     "layers, taps, expected",
-    [(36, 5, [1, 9, 17, 25, 33]), (36, 1, [18]), (28, 5, [1, 7, 13, 19, 25]), (32, 3, [1, 15, 29]), (6, 2, [1, 3])],
+    [
+        (36, 5, [1, 9, 17, 25, 33]),
+        (36, 1, [18]),
+        (28, 5, [1, 7, 13, 19, 25]),
+        (32, 3, [1, 15, 29]),
+        (6, 2, [1, 3]),
+        (94, 5, [1, 24, 46, 68, 91]),  # half-way points round to even, as published
+    ],
 )
 def test_default_target_layer_rule(layers, taps, expected):
     assert default_target_layer_ids(layers, taps) == expected
+
+
+def published_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The published rule, transcribed from `build_target_layer_ids` of the DFlash
+    reference (dflash/model.py of z-lab/dflash; the same in SGLang's dflash_utils.py)."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [int(round(start + (i * span) / (num_taps - 1))) for i in range(num_taps)]
+
+
+def test_default_target_layer_rule_equals_the_published_one_on_a_grid():
+    half_way_cases = 0  # where rounding half up would pick another layer
+    for layers in range(4, 129):
+        for taps in range(1, 9):
+            if taps > 1 and taps > layers - 4 + 1:  # fewer distinct layers than taps: the published
+                with pytest.raises(ConfigError):  # rule would repeat a layer; ours refuses
+                    default_target_layer_ids(layers, taps)
+                continue
+            assert default_target_layer_ids(layers, taps) == published_target_layer_ids(layers, taps), (layers, taps)
+            if taps > 1:
+                span = layers - 4
+                half_way_cases += any(
+                    1 + int(span * i / (taps - 1) + 0.5) != v for i, v in enumerate(published_target_layer_ids(layers, taps))
+                )
+    assert half_way_cases > 0  # the grid exercises the rounding rule
 
 
 def test_number_of_taps_is_independent_of_depth(qwen3_target):
@@ -68,7 +102,7 @@ def test_saved_directory_uses_the_public_dflash_layout(qwen3_target, tmp_path):
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["model_type"] == "qwen3"
     assert config["block_size"] == 8 and config["num_target_layers"] == qwen3_target.num_layers
-    assert config["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": 258}
+    assert config["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": 258, "block_size": 8}
     assert config["num_hidden_layers"] == 2 and config["rope_parameters"]["rope_theta"] == 10000.0
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         names = set(f.keys())

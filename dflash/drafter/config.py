@@ -10,18 +10,23 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from dflash.drafter.rope_keys import rope_config_keys
 from dflash.errors import ConfigError, require
 
-# Keys of the target's HF config that the drafter overrides or that describe per-layer
-# structure of the target; everything else (rope settings, eps, ...) is inherited.
-_PER_LAYER_KEYS = ("layer_types", "max_window_layers")
+# Keys of the target's HF config not copied into the drafter's config.json: per-layer
+# structure of the target and loading hooks that would point other programs at the
+# target's code or quantization. Rope keys (`_TARGET_ROPE_KEYS`) are rewritten.
+_TARGET_KEYS_NOT_COPIED = ("layer_types", "max_window_layers", "_name_or_path", "auto_map", "quantization_config")
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     """Target layers (0-based) whose outputs feed the drafter.
 
     One tap: the middle layer `[L // 2]`. Otherwise `num_taps` ids spread evenly from
-    layer 1 to layer L-3, rounded (L=36, 5 taps -> [1, 9, 17, 25, 33]).
+    layer 1 to layer L-3 (L=36, 5 taps -> [1, 9, 17, 25, 33]). This is the published
+    rule (`build_target_layer_ids` of the DFlash reference, also in SGLang): the
+    position 1 + i * span / (taps - 1) is rounded as a whole with Python's `round`, i.e.
+    half to even (L=94, 5 taps -> [1, 24, 46, 68, 91]).
     """
     require(num_taps >= 1, "drafter.num_target_features", f"must be >= 1, got {num_taps}")
     if num_taps == 1:
@@ -33,7 +38,7 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
         f"cannot spread {num_taps} taps over layers {first}..{last} of a {num_target_layers}-layer target",
     )
     span = last - first
-    return [int(first + round(span * i / (num_taps - 1))) for i in range(num_taps)]
+    return [int(round(first + (i * span) / (num_taps - 1))) for i in range(num_taps)]
 
 
 @dataclass
@@ -42,7 +47,9 @@ class DrafterConfig:
 
     `target_config` is the target family's HF config as a dict (model_type, rope
     settings, ...); it is written into the drafter's config.json so that engines that
-    serve DFlash drafters recognise the layout.
+    serve DFlash drafters recognise the layout. `mask_token` is the string of
+    `mask_token_id` (None when unknown); loaders that resolve the mask token through
+    the tokenizer (SGLang) read it.
     """
 
     hidden_size: int
@@ -58,6 +65,7 @@ class DrafterConfig:
     mask_token_id: int
     num_target_layers: int
     target_config: dict = field(default_factory=dict)
+    mask_token: str | None = None
     attention_bias: bool = False
     attn_implementation: str = "sdpa"
     use_target_features: bool = True
@@ -156,36 +164,58 @@ class DrafterConfig:
         )
 
     def to_hf_dict(self) -> dict:
-        """The config.json of a drafter directory (public DFlash layout)."""
-        out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in _PER_LAYER_KEYS}
-        for key in ("_name_or_path", "auto_map", "quantization_config"):
-            out.pop(key, None)
+        """The config.json of a drafter directory, in the published DFlash layout.
+
+        The target's config is the base (token ids, ...), overridden by the drafter's
+        shape. `model_type` is "qwen3" whatever the target: the drafter's layers are
+        Qwen3 layers (q/k norms, SiLU MLP), and that is how published drafters and the
+        engines that serve them (README, "Drafter directories and other loaders") read
+        it. Rope settings are written for transformers 4 and 5 alike (`rope_keys`).
+        """
+        dropped = _TARGET_KEYS_NOT_COPIED + _TARGET_ROPE_KEYS
+        out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
+        out.update(rope_config_keys(self.rope_hf_config()))
+        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id, "block_size": self.block_size}
+        if self.mask_token is not None:
+            dflash["mask_token"] = self.mask_token
+        if not self.use_target_features:
+            dflash["use_target_features"] = False
         out.update(
             architectures=["DFlashDraftModel"],
+            auto_map={"AutoModel": "dflash.DFlashDraftModel"},
+            model_type="qwen3",
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
             intermediate_size=self.intermediate_size,
+            hidden_act="silu",
             rms_norm_eps=self.rms_norm_eps,
             vocab_size=self.vocab_size,
             attention_bias=self.attention_bias,
+            # Block attention is bidirectional; vLLM makes every layer causal when is_causal
+            # is true or a layer is a sliding-window one.
+            is_causal=False,
+            layer_types=["full_attention"] * self.num_hidden_layers,
+            use_sliding_window=False,
             block_size=self.block_size,
             num_target_layers=self.num_target_layers,
-            dflash_config={"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
+            dflash_config=dflash,
         )
-        if not self.use_target_features:
-            out["dflash_config"]["use_target_features"] = False
-        if "layer_types" in self.target_config:
-            out["layer_types"] = ["full_attention"] * self.num_hidden_layers
         return out
 
     @classmethod
     def from_hf_dict(cls, data: dict, attn_implementation: str = "sdpa") -> "DrafterConfig":
-        """Parse a drafter config.json (ours or a public DFlash drafter's)."""
+        """Parse a drafter config.json: ours, or a published DFlash drafter's (transformers
+        4 rope keys only, `block_size` at the top level or in `dflash_config`)."""
         try:
             dflash = data["dflash_config"]
+            block_size = dflash.get("block_size", data.get("block_size"))
+            num_target_layers = dflash.get("num_target_layers", data.get("num_target_layers"))
+            if block_size is None or num_target_layers is None:
+                raise KeyError("block_size" if block_size is None else "num_target_layers")
+            _require_supported_layers(data)
             return cls(
                 hidden_size=data["hidden_size"],
                 num_hidden_layers=data["num_hidden_layers"],
@@ -195,11 +225,12 @@ class DrafterConfig:
                 intermediate_size=data["intermediate_size"],
                 rms_norm_eps=data.get("rms_norm_eps", 1e-6),
                 vocab_size=data["vocab_size"],
-                block_size=data["block_size"],
+                block_size=block_size,
                 target_layer_ids=list(dflash["target_layer_ids"]),
                 mask_token_id=dflash["mask_token_id"],
-                num_target_layers=data["num_target_layers"],
-                target_config=data,
+                num_target_layers=num_target_layers,
+                target_config=copy.deepcopy(data),
+                mask_token=dflash.get("mask_token"),
                 attention_bias=bool(data.get("attention_bias", False)),
                 attn_implementation=attn_implementation,
                 use_target_features=bool(dflash.get("use_target_features", True)),
@@ -314,3 +345,11 @@ def check_attn_implementation(name: str) -> None:
         "drafter.attn_implementation",
         f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
     )
+
+
+def _require_supported_layers(data: dict) -> None:
+    """ConfigError for published drafter variants that this drafter cannot compute."""
+    kinds = sorted(set(data.get("layer_types") or []) - {"full_attention"})
+    require(not kinds, "drafter.path", f"drafter layer types {kinds} are not supported; only full_attention layers are")
+    act = data.get("hidden_act", "silu")
+    require(act == "silu", "drafter.path", f"hidden_act {act!r} is not supported; DFlash drafter MLPs use silu")

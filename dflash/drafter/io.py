@@ -1,17 +1,21 @@
-"""Save and load drafters as HF-style directories (config.json + model.safetensors).
+"""Save and load drafters as HF-style directories (config.json + model.safetensors + dflash.py).
 
-The layout is the one public DFlash drafters use, so engines that serve DFlash
-drafters can read ours: config.json is the target family's config plus
-`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers` and
-`dflash_config: {target_layer_ids, mask_token_id}`; weights are named
-`layers.{i}.self_attn.{q,k,v,o}_proj`, `...{q,k}_norm`, `layers.{i}.mlp.*`, `fc`,
-`hidden_norm`, `norm`. No embedding and no LM head: those are the target's.
+The layout is the one public DFlash drafters use, so the reference, SGLang, vLLM and
+speculators read ours and we read theirs: config.json is a Qwen3 config with
+`architectures: ["DFlashDraftModel"]`, `auto_map: {"AutoModel": "dflash.DFlashDraftModel"}`,
+`block_size`, `num_target_layers`, rope keys for transformers 4 and 5, and
+`dflash_config: {target_layer_ids, mask_token_id, mask_token, block_size}`
+(`DrafterConfig.to_hf_dict`); weights are named `layers.{i}.self_attn.{q,k,v,o}_proj`,
+`...{q,k}_norm`, `layers.{i}.mlp.*`, `fc`, `hidden_norm`, `norm`. No embedding and no
+LM head: those are the target's. dflash.py is `dflash.drafter.hf_modeling`, the code
+`AutoModel.from_pretrained(dir, trust_remote_code=True)` runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -19,16 +23,34 @@ from safetensors.torch import load_file, save_file
 
 from dflash.drafter.config import DrafterConfig
 from dflash.drafter.model import DFlashDrafter
-from dflash.errors import reading, require
+from dflash.errors import ConfigError, reading, require
 from dflash.fileio import atomic_write
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 _FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
+MODELING_NAME = "dflash.py"  # the module named by config.json's auto_map
+_MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_modeling.py")
+
+# Fields a directory must share with the configured drafter for `init_drafter_from`, and
+# the config key that changes each one (None: fixed by the target).
+_INIT_FIELDS = {
+    "hidden_size": None,
+    "num_attention_heads": None,
+    "num_key_value_heads": None,
+    "head_dim": None,
+    "attention_bias": None,
+    "num_target_layers": None,
+    "num_hidden_layers": "drafter.num_layers",
+    "intermediate_size": "drafter.intermediate_size",
+    "target_layer_ids": "drafter.target_layer_ids",
+    "use_target_features": "drafter.use_target_features",
+    "mask_token_id": "drafter.mask_token",
+}
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | None = None) -> None:
-    """Write `config.json` and `model.safetensors` into `directory` (created if needed).
+    """Write `config.json`, `model.safetensors` and `dflash.py` into `directory` (created if needed).
 
     Files are written to temporary names and renamed, so a killed job never leaves a
     half-written drafter behind.
@@ -38,6 +60,7 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
     config = drafter.config.to_hf_dict()
     config["dtype"] = str(dtype or next(drafter.parameters()).dtype).removeprefix("torch.")
     _atomic_write(directory, WEIGHTS_NAME, lambda path: save_file(state, path, metadata={"format": "pt"}))
+    _atomic_write(directory, MODELING_NAME, lambda path: shutil.copyfile(_MODELING_SOURCE, path))
     _atomic_write(directory, CONFIG_NAME, lambda path: _write_json(path, config))
 
 
@@ -88,7 +111,38 @@ def load_drafter(
     with reading("drafter.path", path, _FIX, errors=(OSError, SafetensorError)):
         state = load_file(path)
     drafter.load_state_dict(state, strict=True)
-    return drafter.to(device=device, dtype=dtype or next(iter(state.values())).dtype).eval()
+    return place_drafter(drafter, device, dtype or next(iter(state.values())).dtype).eval()
+
+
+def place_drafter(drafter: DFlashDrafter, device: str | torch.device, dtype: torch.dtype) -> DFlashDrafter:
+    """Move `drafter` to `device` and cast its weights to `dtype`, keeping the rotary
+    frequencies in float32 (as HF models loaded in bf16 do): `drafter.to(torch.bfloat16)`
+    would round them too, and a bf16 `inv_freq` puts cos off by up to 0.4 at position 4000."""
+    drafter.to(device=device)
+    for parameter in drafter.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return drafter
+
+
+def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
+    """Copy the weights of the drafter directory `directory` (ours or a published one)
+    into `drafter`, the drafter configured for this run (`drafter.init_from`).
+
+    The directory must hold the same network for the same target: width, heads, depth,
+    taps and mask token id equal; a mismatch is a ConfigError naming the key to change.
+    The block size may differ: it does not shape the weights.
+    """
+    try:
+        source = load_drafter(directory)
+    except ConfigError as err:
+        raise ConfigError("drafter.init_from", str(err).removeprefix(f"{err.key}: ")) from None
+    for name, key in _INIT_FIELDS.items():
+        theirs, ours = getattr(source.config, name), getattr(drafter.config, name)
+        if theirs != ours:
+            wanted = source.config.mask_token if name == "mask_token_id" and source.config.mask_token else theirs
+            fix = f"set {key}={wanted}" if key else "it was trained for another target"
+            raise ConfigError("drafter.init_from", f"{name} is {theirs} in {directory!r} but {ours} here; {fix}")
+    drafter.load_state_dict(source.state_dict())
 
 
 def _write_json(path: str, data: dict) -> None:
