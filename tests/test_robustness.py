@@ -33,15 +33,8 @@ from dflash.locks import LOCK_FILE, DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.config import TrainingConfig
-from dflash.training.run import (
-    CheckpointSettings,
-    KeepPreviousCheckpointIO,
-    LoggerSettings,
-    TrainerSettings,
-    TrainJob,
-    resume_checkpoint,
-    run_training,
-)
+from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
+from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
 from tests.test_multiprocess import write_conversations
 
 REPO = Path(__file__).resolve().parents[1]
