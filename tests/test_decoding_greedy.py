@@ -39,12 +39,13 @@ def check_partial_acceptance(target, ids, block_size, max_new, oracle, stop=None
         target, ids, max_new_tokens=max_new, block_size=block_size, proposer=oracle, stop_token_ids=[stop] if stop else []
     )
     assert result.output_ids == expected, "speculative output differs from HF greedy"
-    planned = [accepts + 1 for accepts in oracle.planned_accepts]
     lengths = result.acceptance_lengths
-    if stop is not None:
-        assert lengths[:-1] == planned[: len(lengths) - 1] and 1 <= lengths[-1] <= planned[len(lengths) - 1]
+    assert len(lengths) - len(oracle.planned_accepts) in (0, 1)
+    planned = [accepts + 1 for accepts in oracle.planned_accepts] + [1] * (len(lengths) - len(oracle.planned_accepts))
+    if stop is None:
+        assert lengths == planned
     else:
-        assert lengths[: len(planned)] == planned and lengths[len(planned) :] in ([], [1])
+        assert lengths[:-1] == planned[:-1] and 1 <= lengths[-1] <= planned[-1]
     assert 1 + sum(lengths) == len(result.output_ids)
     return result
 

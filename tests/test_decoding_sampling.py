@@ -77,6 +77,7 @@ def check_generate_is_lossless(target: TargetModel, sampling: SamplingConfig) ->
     return lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", CASES)
 def test_sampled_outputs_follow_the_targets_distribution(two_layer_targets, rule):
     arch, sampling = CASES[rule]
@@ -85,6 +86,7 @@ def test_sampled_outputs_follow_the_targets_distribution(two_layer_targets, rule
     assert all(lengths.count(n) >= NUM_SAMPLES // 10 for n in (1, 2, 3)), lengths
 
 
+@pytest.mark.slow
 def test_the_end_to_end_check_rejects_a_flawed_verifier(two_layer_targets, monkeypatch):
     """Negative control: the same check fails when verification multiplies by T."""
     arch, sampling = CASES["rejection"]
