@@ -1,20 +1,20 @@
 """Typed specs for the target and the drafter, and the functions that build them.
 
 Entry points turn Hydra config groups `target` and `drafter` into these dataclasses
-(unknown keys are errors) and call `load_target` / `build_drafter`; library code never
-reads Hydra objects.
+(unknown keys and wrong types are errors: `dflash.errors.spec_from_dict`) and call
+`load_target` / `build_drafter`; library code never reads Hydra objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
 import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id
-from dflash.errors import ConfigError, require
+from dflash.drafter.config import check_attn_implementation
+from dflash.errors import ConfigError, check_writable_dir, require
 from dflash.target import TargetModel
 from dflash.target.model import resolve_dtype
 
@@ -61,13 +61,8 @@ class DrafterSpec:
     seed: int = 0
     use_target_features: bool = True
 
-
-def spec_from_dict(cls, data: dict, group: str):
-    """Build dataclass `cls` from a plain dict; unknown keys are a ConfigError naming them."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    require(not unknown, f"{group}.{unknown[0]}" if unknown else group, f"unknown key; valid keys: {sorted(names)}")
-    return cls(**data)
+    def __post_init__(self):
+        check_attn_implementation(self.attn_implementation)  # now, not after the target has loaded
 
 
 def load_target(spec: TargetSpec) -> TargetModel:
@@ -107,6 +102,7 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
     from dflash.target.tiny import save_tiny_target
 
     parent = os.path.dirname(os.path.abspath(path))
+    check_writable_dir("target.path", parent)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
     try:

@@ -73,7 +73,7 @@ def drafter_block(target: TargetModel, num_layers: int, num_taps: int, context: 
         target.config, num_layers=num_layers, block_size=block_size, mask_token_id=target.tokenizer.mask_token_id,
         num_target_features=num_taps,
     )  # fmt: skip
-    proposer = DFlashProposer(DFlashDrafter(config).eval(), target.embed_tokens, target.lm_head)
+    proposer = DFlashProposer(DFlashDrafter(config).eval(), target.embed, target.logits)
     feature_dim = num_taps * target.hidden_size
     committed = torch.randint(0, 256, (1, context + 2))
     proposer.propose(committed[:, : context + 1], torch.randn(1, context, feature_dim), block_size, block_size - 1)

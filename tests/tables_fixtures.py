@@ -186,3 +186,49 @@ class FakeApi:
 def wandb_config(config: dict) -> dict:
     """A config as wandb's Api returns it: nested, with top-level values wrapped in {"value": ...}."""
     return {key: {"value": value, "desc": None} for key, value in config.items()}
+
+
+class FakeWandbRun:
+    """What `wandb.init()` returns, for writers: records the config, every logged value and
+    every saved file, and hands them to readers as a `FakeRun` (as the wandb Api would).
+
+    `save` names files the way wandb does: relative to `base_path`, else the file's own
+    directory plus its name; with `glob=True` the path is a glob pattern, matched now.
+    """
+
+    class Config(dict):
+        def update(self, values, allow_val_change=False):
+            super().update(values)
+
+    def __init__(self):
+        self.init_kwargs: dict = {}
+        self.config = self.Config()
+        self.summary: dict = {}
+        self.files: dict[str, dict] = {}
+        self.finished = False
+
+    def started(self, **init_kwargs) -> "FakeWandbRun":
+        self.init_kwargs = init_kwargs
+        return self
+
+    def log(self, values: dict, step=None, commit=None):
+        self.summary.update(values)
+
+    def save(self, glob_str, base_path=None, policy="live", glob=True):
+        import glob as globbing
+
+        paths = globbing.glob(str(glob_str)) if glob else [str(glob_str)]
+        for path in paths:
+            base = base_path or os.path.dirname(os.path.dirname(path))
+            with open(path) as f:
+                self.files[os.path.relpath(path, base)] = json.load(f)
+        return paths
+
+    def finish(self, exit_code=None):
+        self.finished = True
+
+    def as_api_run(self) -> FakeRun:
+        files = [FakeFile(name, content) for name, content in self.files.items()]
+        state = "finished" if self.finished else "running"
+        return FakeRun(self.init_kwargs.get("id"), wandb_config(dict(self.config)), dict(self.summary), state,
+                       group=self.init_kwargs.get("group"), files=files)

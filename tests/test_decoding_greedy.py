@@ -16,7 +16,7 @@ def random_proposer(target, num_layers=2, block_size=16, seed=0):
     torch.manual_seed(seed)
     mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
     config = DrafterConfig.from_target(target.config, num_layers=num_layers, block_size=block_size, mask_token_id=mask_id)
-    return DFlashProposer(DFlashDrafter(config), target.embed_tokens, target.lm_head)
+    return DFlashProposer(DFlashDrafter(config), target.embed, target.logits)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

@@ -151,7 +151,7 @@ def test_standalone_drafter_without_target_features_round_trips_and_decodes_loss
     save_drafter(drafter, str(tmp_path))
     loaded = load_drafter(str(tmp_path))
     assert loaded.config.use_target_features is False
-    proposer = DFlashProposer(loaded, tiny_target.embed_tokens, tiny_target.lm_head)
+    proposer = DFlashProposer(loaded, tiny_target.embed, tiny_target.logits)
     assert proposer.target_layer_ids is None
     ids = tiny_target.tokenizer("def f(x):\n", return_tensors="pt").input_ids
     result = generate(tiny_target, ids, max_new_tokens=20, block_size=8, proposer=proposer)

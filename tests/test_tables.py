@@ -196,3 +196,36 @@ def test_cli_writes_the_report_and_rejects_a_missing_root(sweeps, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dflash.tables", f"root={tmp_path / 'nope'}", f"out_dir={out}"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: root: no such directory")
+
+
+def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkeypatch):
+    """Writer (the train app's loggers) and reader (`collect_wandb_runs`) through one fake wandb."""
+    import wandb
+
+    from dflash.decoding import SamplingConfig
+    from dflash.eval.results import GenerationRecord, build_results, write_results
+    from dflash.training.run import LoggerSettings, build_loggers, finish_loggers, log_evaluation
+    from tests.tables_fixtures import DEPTH_AXES, FakeWandbRun, train_config
+
+    experiment = FakeWandbRun()
+    monkeypatch.setattr(wandb, "init", experiment.started)
+    config = train_config("depth_cpu", "depth", DEPTH_AXES, drafter={"num_layers": 3, "block_size": 4})
+    # a Hydra run directory name with glob characters, as list-valued overrides produce
+    run_dir = tmp_path / "drafter.target_layer_ids=[1,3],seed=0"
+    loggers = build_loggers(LoggerSettings(kind="wandb", group="depth_cpu"), str(run_dir), config)
+    loggers[0].log_metrics({"val/acc_01": 0.7, "val/acc_02": 0.4, "val/acc_03": 0.2}, step=9)
+    records = [GenerationRecord(0, 0, 5, {"autoregressive": [1] * 9, "dflash": [1] * 9}, {"autoregressive": 2.0, "dflash": 1.0}, [4, 1, 3])]
+    results = build_results(
+        records, benchmark="humaneval", target="/art/targets/tiny_code", drafter=str(run_dir / "drafter"), block_size=4,
+        drafter_block_size=4, sampling=SamplingConfig(), max_new_tokens=9, stop_token_ids=[0], device="cpu", config=config,
+    )  # fmt: skip
+    log_evaluation(loggers, write_results(results, str(run_dir / "results.json")), step=10)
+    finish_loggers(loggers)
+
+    (record,) = collect_wandb_runs(FakeApi([experiment.as_api_run()]), "dflash", groups=["depth_cpu"])
+    assert record.status == "finished" and record.config == config
+    assert record.results == results  # the uploaded results.json, in full
+    assert record.acceptance_histogram == [1, 0, 1, 1] and record.tau == pytest.approx(8 / 3)
+    assert record.accuracies == {"val": [0.7, 0.4, 0.2]}
+    (table,) = build_tables([record])
+    assert table.cell(table.rows[0], "humaneval", "tau").mean == pytest.approx(8 / 3)

@@ -37,8 +37,8 @@ def _training_logits(target, drafter, input_ids, attention_mask, anchor_position
     blocks = build_blocks(input_ids, attention_mask, anchors, block_size, drafter.config.mask_token_id)
     features = target_features(target, input_ids, drafter.config.target_layer_ids)
     with torch.no_grad():
-        hidden = draft_blocks(drafter, target.embed_tokens, features, attention_mask, anchors, blocks)
-        logits = target.lm_head(hidden).float()
+        hidden = draft_blocks(drafter, target.embed, features, attention_mask, anchors, blocks)
+        logits = target.logits(hidden)
     batch, num_blocks = anchor_positions.shape
     return logits.view(batch, num_blocks, block_size, -1)[:, :, 1:]
 
@@ -58,7 +58,7 @@ def test_training_blocks_equal_proposer_blocks_fed_incrementally(arch, block_siz
     for row, length in ((0, short_len), (1, long_len)):
         ids = input_ids[row : row + 1, :length]
         features = target_features(target, ids, drafter.config.target_layer_ids)
-        proposer = DFlashProposer(drafter, target.embed_tokens, target.lm_head)
+        proposer = DFlashProposer(drafter, target.embed, target.logits)
         proposer.reset()
         seen = 0
         for j, anchor in enumerate(anchors[row]):
@@ -116,7 +116,7 @@ def test_training_blocks_equal_the_engines_drafts():
     block_size = 4
     target, drafter = _target_and_drafter("qwen3", block_size)
     prompt = torch.tensor([[5, 80, 81, 99, 3, 17, 42]])
-    recorder = RecordingProposer(DFlashProposer(drafter, target.embed_tokens, target.lm_head))
+    recorder = RecordingProposer(DFlashProposer(drafter, target.embed, target.logits))
     result = generate(target, prompt, max_new_tokens=40, block_size=block_size, proposer=recorder)
     assert len(recorder.records) >= 10
     _assert_engine_drafts_equal_training(target, drafter, prompt, result, recorder)

@@ -102,7 +102,7 @@ def test_drafter_learns_and_engine_acceptance_matches_training(tmp_path):
     heldout = trainer.validate(module, DataLoader(batches(heldout_sequences, 16), batch_size=None), verbose=False)[0]
 
     target = module.target
-    proposer = DFlashProposer(module.drafter.eval(), target.embed_tokens, target.lm_head)
+    proposer = DFlashProposer(module.drafter.eval(), target.embed, target.logits)
     engine_lengths = []
     for sequence in heldout_sequences:
         prompt, reference = sequence[:PROMPT_LEN].unsqueeze(0), sequence[PROMPT_LEN:].tolist()

@@ -137,7 +137,7 @@ def test_fit_logs_metrics_and_exports_a_drafter_that_decodes(target_spec, tmp_pa
 
     target = module.target
     prompt = torch.tensor([[3, 14, 15, 92, 65]])
-    proposer = DFlashProposer(from_ckpt, target.embed_tokens, target.lm_head)
+    proposer = DFlashProposer(from_ckpt, target.embed, target.logits)
     speculative = generate(target, prompt, max_new_tokens=20, block_size=4, proposer=proposer)
     plain = generate(target, prompt, max_new_tokens=20)
     assert speculative.output_ids == plain.output_ids

@@ -25,7 +25,7 @@ def test_standalone_training_logits_equal_decoding_logits(tmp_path):
     with torch.no_grad():
         hidden = draft_blocks(drafter, target.embed_tokens, target.embed_tokens(ids), mask, anchors, blocks)
         training = target.lm_head(hidden).view(3, 4, -1)[:, 1:]
-    proposer = DFlashProposer(drafter, target.embed_tokens, target.lm_head)
+    proposer = DFlashProposer(drafter, target.embed, target.logits)
     for j, anchor in enumerate([3, 9, 15]):
         decoding = proposer.propose(ids[:, : anchor + 1], None, 4, 3)
         torch.testing.assert_close(training[j], decoding, atol=1e-5, rtol=1e-5)

@@ -2,24 +2,25 @@
 
 Every app reports a bad config or input the same way: one line
 `error: <key>: <message>` on stderr and exit status 2, no traceback. That covers
-`ConfigError` raised by library code, missing mandatory values, and command-line
+`ConfigError` raised by library code, missing mandatory values, command-line
 overrides that Hydra rejects (an unknown key, in struct mode, or an unknown option of
-a config group): those are checked by composing the config once before Hydra runs.
+a config group) or would silently skip (an unknown option of an optional group such as
+`experiment`), and output directories that cannot be written: those are checked by
+composing the config once before Hydra runs (`run_app`). The exceptions of reading a
+damaged user file become ConfigErrors at the loader (`dflash.errors.reading`).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import types
-import typing
 from pathlib import Path
 from typing import Callable, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
-from dflash.errors import ConfigError
+from dflash.errors import ConfigError, check_writable_dir, first_line, spec_from_dict
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 EXIT_CONFIG_ERROR = 2
@@ -50,13 +51,54 @@ def exits_on_config_error(task: Callable) -> Callable:
     return wrapper
 
 
-def run_app(hydra_main: Callable[[], None], config_name: str, argv: list[str] | None = None) -> None:
-    """Check the command-line overrides, then run `hydra_main` (a `@hydra.main` function)."""
+def run_app(
+    hydra_main: Callable[[], None],
+    config_name: str,
+    argv: list[str] | None = None,
+    output_dirs: tuple[str, ...] = (),
+    check: Callable[[DictConfig], None] | None = None,
+) -> None:
+    """Check the command line, then run `hydra_main` (a `@hydra.main` function).
+
+    Checked before Hydra starts (and creates its run directory): the overrides (see
+    `check_overrides`), that the directories the app writes are writable, then `check`.
+    output_dirs: config keys of the directories the app writes, checked in this order
+        before Hydra's own (so `paths.artifacts` is named when it is the culprit, not the
+        `hydra.run.dir` made from it); null values are skipped.
+    check: the app's own check of the composed config, for what needs Hydra's compose API
+        (which cannot run inside a Hydra app), e.g. the demo's overrides for the train app.
+    """
+    args = sys.argv[1:] if argv is None else argv
     try:
-        check_overrides(config_name, sys.argv[1:] if argv is None else argv)
+        cfg = check_overrides(config_name, args)
+        if cfg is not None:
+            check_output_dirs(cfg, output_dirs, multirun=any(arg in _MULTIRUN_FLAGS for arg in args))
+            if check is not None:
+                check(cfg)
     except ConfigError as err:
         fail(err)
     hydra_main()
+
+
+def check_output_dirs(cfg: DictConfig, keys: tuple[str, ...], multirun: bool) -> None:
+    """ConfigError naming the first of `keys` (then Hydra's run or sweep dir) that cannot be
+    written. Values that cannot be resolved before Hydra runs are left to the app.
+
+    cfg: composed with `return_hydra_config=True`. Hydra's directory is checked only when
+    Hydra writes into it (`hydra.output_subdir` set; export and tables write nothing there).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)  # resolves ${hydra:...} in paths and run names
+    if cfg.hydra.output_subdir is not None:
+        keys = (*keys, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+    for key in keys:
+        try:
+            path = OmegaConf.select(cfg, key, throw_on_missing=True)
+        except OmegaConfBaseException:
+            continue
+        if path is not None:
+            check_writable_dir(key, str(path))
 
 
 def to_spec(cls, node: DictConfig, group: str):
@@ -65,9 +107,6 @@ def to_spec(cls, node: DictConfig, group: str):
         data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err, group) from None
-    from dflash.specs import spec_from_dict  # not at the top: override errors are reported before torch loads
-
-    check_field_types(cls, data, group)
     return spec_from_dict(cls, data, group)
 
 
@@ -90,31 +129,37 @@ def set_cpu_threads(threads) -> None:
     torch.set_num_threads(threads)
 
 
-def check_overrides(config_name: str, args: list[str]) -> None:
+def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
     """Compose `config_name` with the command-line overrides; ConfigError naming the bad one.
 
-    Command lines with Hydra flags other than --multirun (--cfg, --help, --config-name,
-    ...) are left to Hydra. Sweeps are checked with their first value; a sweep over a
-    config group's options is checked option by option (a bad key fails for any value,
-    a bad option only for itself).
+    Returns the composed config (hydra node included; sweeps at their first value), or
+    None for command lines left to Hydra: those with Hydra flags other than --multirun
+    (--cfg, --help, --config-name, ...) and glob or interval sweeps. A sweep over a config
+    group's options is checked option by option (a bad key fails for any value, a bad
+    option only for itself). An unknown option of an optional group (`experiment=nope`),
+    which Hydra would silently skip, is an error too.
     """
     if any(arg.startswith("-") and arg not in _MULTIRUN_FLAGS for arg in args):
-        return
+        return None
     choices = [_override_values(arg) for arg in args if arg not in _MULTIRUN_FLAGS]
     if None in choices:  # a glob or interval sweep: only Hydra can expand it
-        return
+        return None
     base = [values[0] for values in choices]
-    if _compose_error(config_name, base) is not None:
+    try:
+        cfg = _compose(config_name, base)
+    except Exception:  # noqa: BLE001 - the first override that breaks composition is named below
         for count in range(1, len(base) + 1):
             err = _compose_error(config_name, base[:count])
             if err is not None:
-                raise _override_error(config_name, base[: count - 1], base[count - 1], err)
+                raise _override_error(config_name, base[: count - 1], base[count - 1], err) from None
+        raise  # no overrides: the shipped config itself does not compose, a bug
     for i, values in enumerate(choices):
         others = base[:i] + base[i + 1 :]
         for value in values[1:]:
             err = _compose_error(config_name, [*others, value])
             if err is not None:
                 raise _override_error(config_name, others, value, err)
+    return cfg
 
 
 def _override_values(arg: str) -> list[str] | None:
@@ -126,14 +171,30 @@ def _override_values(arg: str) -> list[str] | None:
     try:
         override = OverridesParser.create().parse_override(arg)
     except HydraException as err:
-        raise ConfigError(arg.split("=", 1)[0], f"cannot parse override {arg!r}: {_first_line(err)}") from None
-    if not override.is_sweep_override():
-        return [arg]
-    try:
-        values = [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
-    except HydraException:
-        return None
-    return values if (CONF_DIR / override.key_or_group).is_dir() else values[:1]
+        raise ConfigError(arg.split("=", 1)[0], f"cannot parse override {arg!r}: {first_line(err)}") from None
+    if override.is_sweep_override():
+        try:
+            options = list(override.sweep_string_iterator())
+        except HydraException:
+            return None
+        values = [f"{override.get_key_element()}={option}" for option in options]
+    else:
+        options, values = [override.value()], [arg]
+    group_dir = CONF_DIR / override.key_or_group
+    if not group_dir.is_dir():
+        return values[:1]
+    if not override.key_or_group.startswith("hydra"):  # Hydra's own groups have options outside conf/
+        for option in options:
+            _check_group_option(override.key_or_group, group_dir, option)
+    return values
+
+
+def _check_group_option(group: str, group_dir: Path, option) -> None:
+    """ConfigError listing the options of `group` unless `option` is one of them (or null)."""
+    if option in (None, "null") or not isinstance(option, str) or (group_dir / f"{option}.yaml").is_file():
+        return
+    options = sorted(p.stem for p in group_dir.glob("*.yaml") if not p.name.startswith("_"))
+    raise ConfigError(group, f"unknown option {option!r}; choose one of {options}")
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
@@ -165,46 +226,11 @@ def _override_error(config_name: str, good: list[str], bad: str, err: Exception)
         parent = OmegaConf.select(_compose(config_name, good), parent_key) if parent_key else None
         valid = f"; valid keys here: {sorted(parent.keys())}" if isinstance(parent, DictConfig) else ""
         return ConfigError(key, f"unknown config key{valid} (to add a new key, use +{bad})")
-    return ConfigError(key, _first_line(err))
-
-
-def check_field_types(cls, data: dict, group: str | None) -> None:
-    """ConfigError for a value whose type does not fit the dataclass field (e.g. "abc" for an int).
-
-    group: the config group holding the keys (None: top-level keys).
-    """
-    hints = typing.get_type_hints(cls)
-    for name, value in data.items():
-        if name in hints and not _fits(value, hints[name]):
-            key = f"{group}.{name}" if group else name
-            raise ConfigError(key, f"expected {_type_name(hints[name])}, got {value!r}")
-
-
-def _fits(value, hint) -> bool:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return any(_fits(value, option) for option in typing.get_args(hint))
-    base = typing.get_origin(hint) or hint
-    if base is type(None):
-        return value is None
-    if base is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if base is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, base) if isinstance(base, type) else True
-
-
-def _type_name(hint) -> str:
-    name = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-    return name.replace("NoneType", "null")
+    return ConfigError(key, first_line(err))
 
 
 def _omegaconf_error(err: OmegaConfBaseException, group: str) -> ConfigError:
     key = getattr(err, "full_key", None) or group
     if isinstance(err, MissingMandatoryValue):
         return ConfigError(key, "missing mandatory value; set it on the command line")
-    return ConfigError(key, _first_line(err))
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return ConfigError(key, first_line(err))

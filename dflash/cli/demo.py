@@ -24,9 +24,10 @@ import subprocess
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.cli.common import CONF_DIR, check_overrides, exits_on_config_error, resolved_config, run_app
+from dflash.errors import ConfigError, check_field_types, require, spec_from_dict
 
 RESULTS = "results.json"
 
@@ -106,19 +107,46 @@ def report(run_dir: str) -> None:
     print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {RESULTS}, checkpoints/, logs")
 
 
+def check_train_overrides(cfg: DictConfig) -> None:
+    """ConfigError unless `train_overrides` compose with `experiment=demo` (unknown keys,
+    options, syntax); their values are checked by the train app itself at stage 3."""
+    overrides = cfg.train_overrides
+    require(
+        isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
+        "train_overrides",
+        f"must be a list of quoted train overrides like '[\"trainer.max_steps=100\"]', got {overrides!r}",
+    )
+    try:
+        check_overrides("train", ["experiment=demo", *overrides])
+    except ConfigError as err:
+        raise ConfigError("train_overrides", str(err)) from None
+
+
+def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:
+    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
+    target for minutes)."""
+    from dflash.data.regenerate import RegenerateSettings
+    from dflash.target.tiny_code import TinyCodeConfig
+    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+
+    require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
+    TinyCodeConfig.from_dict(target_cfg["build"])
+    check_field_types(stdlib_code_prompts, prompts_cfg, "prompts")
+    spec_from_dict(RegenerateSettings, regen_cfg, "regenerate").validate()
+
+
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
-    target, target_hash = build_target(resolved_config(cfg.target))
-    data_dir = regenerate_data(
-        target, target_hash, resolved_config(cfg.prompts), resolved_config(cfg.regenerate), artifacts
-    )
+    target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
+    check_settings(target_cfg, prompts_cfg, regen_cfg)
+    target, target_hash = build_target(target_cfg)
+    data_dir = regenerate_data(target, target_hash, prompts_cfg, regen_cfg, artifacts)
     del target  # the train app loads its own copy
-    train_overrides = list(OmegaConf.to_container(cfg.train_overrides))
-    run_dir = train_and_evaluate(cfg.target.path, data_dir, train_overrides, artifacts)
+    run_dir = train_and_evaluate(cfg.target.path, data_dir, list(cfg.train_overrides), artifacts)
     report(run_dir)
 
 
 def main() -> None:
-    run_app(_hydra_main, "demo")
+    run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_train_overrides)

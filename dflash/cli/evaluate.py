@@ -1,7 +1,10 @@
 """`python -m dflash.evaluate`: evaluate a drafter on a benchmark (config: conf/evaluate.yaml).
 
 Checks every setting and loads the prompts before loading any model, so a bad value
-fails in seconds, not after an 8B model has loaded.
+fails in seconds, not after an 8B model has loaded. The run directory is locked
+(`dflash.locks.DirectoryLock`) from then until results.json is written: a second
+evaluation into the same directory exits at once, naming the first, instead of silently
+replacing its results.
 """
 
 from __future__ import annotations
@@ -13,22 +16,24 @@ from omegaconf import DictConfig
 
 from dflash.cli.common import (
     CONF_DIR,
-    check_field_types,
     exits_on_config_error,
     resolved_config,
     run_app,
     set_cpu_threads,
     to_spec,
 )
+from dflash.errors import check_field_types
+from dflash.locks import DirectoryLock
 
 RESULTS_FILE = "results.json"
+LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.run.dir=DIR)"
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
-    from dflash.drafter import load_drafter_config
+    from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
@@ -48,21 +53,22 @@ def _hydra_main(cfg: DictConfig) -> None:
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
     if drafter_spec.path is not None:
-        load_drafter_config(drafter_spec.path)  # a wrong drafter path fails before the target loads
+        check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
 
-    target = load_target(target_spec)
-    drafter = build_drafter(drafter_spec, target)
-    results = evaluate(
-        target,
-        drafter,
-        samples,
-        settings,
-        benchmark=benchmark.name,
-        target_label=target_spec.path,
-        drafter_label=drafter_spec.path or "random",
-        config=config,
-    )
-    path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
+    with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
+        target = load_target(target_spec)
+        drafter = build_drafter(drafter_spec, target)
+        results = evaluate(
+            target,
+            drafter,
+            samples,
+            settings,
+            benchmark=benchmark.name,
+            target_label=target_spec.path,
+            drafter_label=drafter_spec.path or "random",
+            config=config,
+        )
+        path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
     print(format_results(results))
     print(f"results: {path}")
 

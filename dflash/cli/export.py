@@ -38,4 +38,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "export")
+    run_app(_hydra_main, "export", output_dirs=("out",))

@@ -3,8 +3,9 @@
 
 Reads the prompts of `data.sources` (or of `data.path` when there are none) and writes
 JSONL shards to `regenerate.output_dir` (by default `data.path`, where training then
-reads them). Re-running resumes: finished shards are kept. Every setting is checked and
-the prompts are loaded before the target is, so a bad value fails in seconds.
+reads them). Re-running resumes: finished shards are kept. Every setting is checked, the
+prompts are loaded and the output directory is locked before the target loads, so a bad
+value (or a second regeneration into the same directory) fails in seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app, to_spec
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, require, spec_from_dict
+from dflash.locks import DirectoryLock
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,8 @@ log = logging.getLogger(__name__)
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.data import DataSpec, RegenerateSettings, load_conversations, regenerate
-    from dflash.specs import TargetSpec, load_target, spec_from_dict
+    from dflash.data.regenerate import LOCK_REMEDY
+    from dflash.specs import TargetSpec, load_target
 
     data = DataSpec.from_dict(_plain(cfg.data, "data"))
     options = _plain(cfg.regenerate, "regenerate")
@@ -50,8 +53,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         rows += loaded
     require(bool(rows), "data.sources", "the sources hold no prompt to answer")
 
-    target = load_target(target_spec) if target_spec is not None else None
-    path = regenerate(target, rows, output_dir, settings)
+    # Locked before the target loads, so a second regeneration into this directory fails in seconds.
+    with DirectoryLock(output_dir, "regenerate.output_dir", LOCK_REMEDY):
+        target = load_target(target_spec) if target_spec is not None else None
+        path = regenerate(target, rows, output_dir, settings)
     print(f"regenerated {len(rows)} conversations: {path}")
 
 
@@ -67,4 +72,4 @@ def _plain(node: DictConfig, group: str) -> dict:
 
 
 def main() -> None:
-    run_app(_hydra_main, "regenerate")
+    run_app(_hydra_main, "regenerate", output_dirs=("regenerate.output_dir",))

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, check_field_types, exits_on_config_error, resolved_config, run_app
-from dflash.errors import require
+from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.errors import check_field_types, require
+from dflash.reports.tables import check_metric
 
 SOURCES = ("dirs", "wandb")
 
@@ -33,9 +34,11 @@ class TablesSettings:
     out_dir: str = "artifacts/tables"
     formats: list = field(default_factory=lambda: ["md", "tex"])
     plots: bool = True
+    metric: str = "pooled"
 
     def __post_init__(self):
         require(self.source in SOURCES, "source", f"unknown {self.source!r}; choose one of {list(SOURCES)}")
+        check_metric(self.metric)
         if self.source == "dirs":
             require(os.path.isdir(self.root), "root", f"no such directory: {self.root}")
 
@@ -64,7 +67,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     records = load_records(settings)
     where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
     require(bool(records), "root" if settings.source == "dirs" else "project", f"no runs found in {where}")
-    report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations)
+    found = sorted({record.ablation for record in records if record.ablation})
+    missing = [name for name in settings.ablations if name not in found]
+    require(not missing, "ablations", f"no runs of {missing[0]!r} in {where}; it holds {found}" if missing else "")
+    report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations, settings.metric)
     print(report.markdown)
     print(f"{len(records)} runs from {where}; wrote:")
     for path in report.files:
@@ -72,4 +78,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "tables")
+    run_app(_hydra_main, "tables", output_dirs=("out_dir",))

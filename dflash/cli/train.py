@@ -24,14 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from dflash.cli.common import (
     CONF_DIR,
-    check_field_types,
     exits_on_config_error,
     resolved_config,
     run_app,
     set_cpu_threads,
     to_spec,
 )
-from dflash.errors import require
+from dflash.errors import check_field_types, require, spec_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +56,9 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 def job_from_config(cfg: DictConfig):
     """The `TrainJob` described by a composed `train` config (all groups validated)."""
     from dflash.data.config import DataSpec
-    from dflash.specs import DrafterSpec, TargetSpec, spec_from_dict
-    from dflash.training.config import TrainingConfig
+    from dflash.drafter.io import check_drafter_dir
+    from dflash.specs import DrafterSpec, TargetSpec
+    from dflash.training.config import TrainingConfig, check_block_fits
     from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
 
     drafter = to_spec(DrafterSpec, cfg.drafter, "drafter")
@@ -68,16 +68,21 @@ def job_from_config(cfg: DictConfig):
             "drafter.block_size",
             f"must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {drafter.block_size}",
         )
-    training = resolved_config(cfg.training)
-    if isinstance(training.get("betas"), list):
-        training["betas"] = tuple(training["betas"])
-    check_field_types(TrainingConfig, training, "training")
+        block_size = drafter.block_size
+    else:  # a damaged or mismatched drafter directory fails now, before the target loads
+        block_size = check_drafter_dir(drafter.path).block_size
+    training_dict = resolved_config(cfg.training)
+    if isinstance(training_dict.get("betas"), list):
+        training_dict["betas"] = tuple(training_dict["betas"])
+    training = spec_from_dict(TrainingConfig, training_dict, "training")
+    data = DataSpec.from_dict(resolved_config(cfg.data))
+    check_block_fits(block_size, data.max_length, training.num_anchors)
     require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
     return TrainJob(
         target=to_spec(TargetSpec, cfg.target, "target"),
         drafter=drafter,
-        data=DataSpec.from_dict(resolved_config(cfg.data)),
-        training=spec_from_dict(TrainingConfig, training, "training"),
+        data=data,
+        training=training,
         trainer=to_spec(TrainerSettings, cfg.trainer, "trainer"),
         output_dir=cfg.paths.output_dir,
         checkpoint=to_spec(CheckpointSettings, cfg.checkpoint, "checkpoint"),
@@ -160,11 +165,13 @@ def single_job_for_ddp_ranks():
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.data.sources import check_local_source
     from dflash.eval import load_benchmark
     from dflash.training.run import run_training
 
     job = job_from_config(cfg)
     set_cpu_threads(cfg.cpu_threads)
+    check_local_source(job.data.source())  # a wrong data.path fails before the target loads
     if job.evaluation is not None:
         load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training
     log.info("run directory: %s", job.output_dir)
@@ -178,4 +185,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "train")
+    run_app(_hydra_main, "train", output_dirs=("paths.artifacts", "data.cache_dir"))

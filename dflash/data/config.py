@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from dflash.data.sources import SourceSpec
 from dflash.data.tokenize import TokenizeSettings
-from dflash.errors import require
+from dflash.errors import require, spec_from_dict
 
 _SOURCE_FIELDS = [f.name for f in dataclasses.fields(SourceSpec)]
 _TOKENIZE_FIELDS = [f.name for f in dataclasses.fields(TokenizeSettings)]
@@ -38,22 +38,24 @@ class DataSpec(SourceSpec):
     seed: int = 0
     num_workers: int = 2
     cache_dir: str | None = None
+    allow_partial: bool = False
 
     @classmethod
     def from_dict(cls, data: dict, key: str = "data") -> "DataSpec":
-        """Build from a plain dict; unknown keys (also inside `sources`) are ConfigErrors."""
+        """Build from a plain dict; unknown keys and mistyped values (also inside `sources`)
+        are ConfigErrors naming the key."""
         data = dict(data)
-        _check_keys(data, [f.name for f in dataclasses.fields(cls)], key)
         raw_sources = data.pop("sources", None) or []
         require(isinstance(raw_sources, list), f"{key}.sources", "must be a list of sources")
         sources = []
         for index, raw in enumerate(raw_sources):
             source_key = f"{key}.sources[{index}]"
             require(isinstance(raw, dict) and "path" in raw, source_key, "each source needs at least a path")
-            _check_keys(raw, _SOURCE_FIELDS, source_key)
-            sources.append(SourceSpec(**raw))
+            sources.append(spec_from_dict(SourceSpec, raw, source_key))
         require(data.get("path") is not None, f"{key}.path", "is required")
-        return cls(sources=sources, **data)
+        spec = spec_from_dict(cls, data, key)
+        spec.sources = sources
+        return spec
 
     def source(self) -> SourceSpec:
         """The training conversations as a source."""
@@ -68,7 +70,3 @@ class DataSpec(SourceSpec):
     def tokenize_settings(self) -> TokenizeSettings:
         return TokenizeSettings(**{name: getattr(self, name) for name in _TOKENIZE_FIELDS})
 
-
-def _check_keys(data: dict, valid: list[str], key: str) -> None:
-    unknown = sorted(set(data) - set(valid))
-    require(not unknown, f"{key}.{unknown[0]}" if unknown else key, f"unknown key; valid keys: {sorted(valid)}")

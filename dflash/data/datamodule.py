@@ -7,6 +7,10 @@ to the longest one, S tokens:
                     False on prompt tokens and padding
     attention_mask: BoolTensor (b, S), True on real tokens, False on padding
 
+Regenerated data (a directory with a manifest.json, see `dflash.data.regenerate`) must
+hold every row its manifest lists: a directory whose regeneration did not finish is
+refused unless `allow_partial` is set, which logs how much is missing.
+
 The train/held-out split is made over conversations (before tokenisation) with a seeded
 permutation, so it is the same on every rank and every run and does not move when
 `max_length` changes. Dataloaders are plain (shuffle for train): under DDP Lightning
@@ -28,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dflash.data.config import DataSpec
-from dflash.data.regenerate import read_manifest
+from dflash.data.regenerate import read_manifest, shard_rows
 from dflash.data.sources import SourceSpec, iter_conversations
 from dflash.data.token_ids import tokenizer_fingerprint
 from dflash.data.tokenize import TokenizedRows, TokenizeSettings, tokenize_conversations
@@ -100,6 +104,8 @@ class DFlashDataModule(L.LightningDataModule):
         cache_dir: when set, the tokenised rows are stored there (built once, by
             `prepare_data` on one process per node) and reused while the data, tokenizer
             and settings are unchanged.
+        allow_partial: train on a regenerated directory that holds fewer rows than its
+            manifest lists (a warning says how many are missing) instead of refusing it.
         key: config prefix used to name keys in errors.
     """
 
@@ -113,6 +119,7 @@ class DFlashDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         cache_dir: str | None = None,
+        allow_partial: bool = False,
         key: str = "data",
     ):
         super().__init__()
@@ -124,14 +131,14 @@ class DFlashDataModule(L.LightningDataModule):
         require(0 <= val_fraction < 1, f"{key}.val_fraction", f"must be in [0, 1), got {val_fraction}")
         require(num_workers >= 0, f"{key}.num_workers", f"must be >= 0, got {num_workers}")
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
-        self.num_workers, self.cache_dir, self.key = num_workers, cache_dir, key
+        self.num_workers, self.cache_dir, self.allow_partial, self.key = num_workers, cache_dir, allow_partial, key
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         require(pad_id is not None, "target.path", "the tokenizer has neither a pad nor an EOS token to pad with")
         self.collate = PadCollator(pad_id)
         self.rows: TokenizedRows | None = None
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
-        self._check_thinking_matches_regeneration()
+        self._check_regenerated_directory()
 
     @classmethod
     def from_spec(cls, spec: DataSpec, tokenizer, key: str = "data") -> "DFlashDataModule":
@@ -145,6 +152,7 @@ class DFlashDataModule(L.LightningDataModule):
             seed=spec.seed,
             num_workers=spec.num_workers,
             cache_dir=spec.cache_dir,
+            allow_partial=spec.allow_partial,
             key=key,
         )
 
@@ -214,8 +222,8 @@ class DFlashDataModule(L.LightningDataModule):
         if isinstance(self.source, SourceSpec):
             parts["source"] = dataclasses.asdict(self.source)
             path = os.path.expanduser(self.source.path)
-            if os.path.isdir(path):
-                files = sorted(os.path.join(path, name) for name in os.listdir(path))
+            if os.path.isdir(path):  # hidden files (locks, unfinished writes) are not data
+                files = sorted(os.path.join(path, name) for name in os.listdir(path) if not name.startswith("."))
             else:
                 files = [path] if os.path.isfile(path) else []
             parts["files"] = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
@@ -223,11 +231,13 @@ class DFlashDataModule(L.LightningDataModule):
             parts["rows"] = hashlib.sha256(json.dumps(self.source, sort_keys=True).encode()).hexdigest()
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
-    def _check_thinking_matches_regeneration(self) -> None:
-        """Regenerated data records its thinking mode; training must use the same one."""
+    def _check_regenerated_directory(self) -> None:
+        """Regenerated data must be complete (or `allow_partial`) and use the thinking mode
+        it was regenerated with."""
         if not isinstance(self.source, SourceSpec) or not os.path.isdir(os.path.expanduser(self.source.path)):
             return
-        manifest = read_manifest(os.path.expanduser(self.source.path)) or {}
+        directory = os.path.expanduser(self.source.path)
+        manifest = read_manifest(directory, f"{self.key}.path") or {}
         regenerated = manifest.get("settings", {}).get("enable_thinking", self.tokenize.enable_thinking)
         require(
             regenerated == self.tokenize.enable_thinking,
@@ -235,3 +245,15 @@ class DFlashDataModule(L.LightningDataModule):
             f"is {self.tokenize.enable_thinking} but {self.source.path!r} was regenerated with "
             f"enable_thinking={regenerated}; the template must match (DESIGN.md rule 8)",
         )
+        expected = manifest.get("num_rows")
+        present = shard_rows(directory)
+        if expected is None or present >= expected:
+            return
+        missing = f"{expected - present} of the {expected} rows its manifest.json lists are missing"
+        require(
+            self.allow_partial,
+            f"{self.key}.path",
+            f"{self.source.path!r} is unfinished regenerated data: {missing}; finish it by re-running the "
+            f"same python -m dflash.regenerate command, or set {self.key}.allow_partial=true to train on the {present} there",
+        )
+        log.warning("data: %s in %s; training on the %d there (%s.allow_partial=true)", missing, self.source.path, present, self.key)

@@ -7,8 +7,10 @@ token ids (`"token_ids"`, see `dflash.data.token_ids`), which training uses inst
 re-encoding the text; servers return text only.
 
 Output layout (resumable): `out_dir/rows-SSSSSSSS-EEEEEEEE.jsonl` holds rows [S, E) in
-input order; each shard is written to a temporary file and renamed, so a shard that
-exists is complete and is never generated again. `out_dir/manifest.json` records the
+input order; each shard is written atomically (`dflash.fileio.atomic_write`: a temporary
+file unique to its writer, then a rename), so a shard that exists is complete and is never
+generated again. One regeneration at a time writes a directory: it holds the directory's
+`dflash.locks.DirectoryLock`, and a second one exits naming the holder. `out_dir/manifest.json` records the
 target, the settings and a fingerprint of the prompts: resuming with anything else
 changed is an error rather than a silently mixed dataset. With token ids, the manifest
 also records the tokenizer's fingerprint, so a directory never mixes rows with ids and
@@ -32,10 +34,13 @@ from dflash.data.generators import Generated, Generator, HFGenerator, ServerGene
 from dflash.data.sources import split_prompt
 from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifest
 from dflash.errors import ConfigError, require
+from dflash.fileio import atomic_write, remove_partial_writes, write_json
+from dflash.locks import DirectoryLock
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+LOCK_REMEDY = "wait for it to finish, or write elsewhere (regenerate.output_dir=DIR)"
 
 
 @dataclass
@@ -132,9 +137,15 @@ def regenerate(
     tokenizer = getattr(generator, "tokenizer", None)
     manifest = _manifest(generator, prompts, settings, tokenizer)
     fingerprint = manifest["tokenizer"]["fingerprint"] if tokenizer is not None else None
-    os.makedirs(out_dir, exist_ok=True)
-    _check_manifest(out_dir, manifest)
+    with DirectoryLock(out_dir, "regenerate.output_dir", LOCK_REMEDY):
+        remove_partial_writes(out_dir)  # shards of a killed run
+        _check_manifest(out_dir, manifest)
+        _write_missing_shards(generator, prompts, out_dir, settings, fingerprint, progress)
+    return out_dir
 
+
+def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSettings, fingerprint, progress: bool) -> None:
+    """Generate and write every shard of `prompts` that `out_dir` does not hold yet."""
     size = settings.shard_size
     shards = [(start, min(start + size, len(prompts))) for start in range(0, len(prompts), size)]
     todo = [(start, stop) for start, stop in shards if not os.path.exists(_shard_path(out_dir, start, stop))]
@@ -163,7 +174,6 @@ def regenerate(
         log.warning(
             "regenerate: %d responses reached max_new_tokens=%d and are cut", unfinished, settings.max_new_tokens
         )
-    return out_dir
 
 
 def shard_paths(out_dir: str) -> list[str]:
@@ -172,13 +182,28 @@ def shard_paths(out_dir: str) -> list[str]:
     return [os.path.join(out_dir, n) for n in names]
 
 
-def read_manifest(out_dir: str) -> dict | None:
-    """The manifest of a regeneration directory, or None if it has none."""
+def shard_rows(out_dir: str) -> int:
+    """How many rows the finished shards of `out_dir` hold (read from their names)."""
+    total = 0
+    for path in shard_paths(out_dir):
+        start, stop = os.path.basename(path).removesuffix(".jsonl").split("-")[1:]
+        total += int(stop) - int(start)
+    return total
+
+
+def read_manifest(out_dir: str, key: str = "regenerate.output_dir") -> dict | None:
+    """The manifest of a regeneration directory, or None if it has none.
+
+    key: the config key naming `out_dir`, for the error when the manifest is not JSON.
+    """
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.isfile(path):
         return None
     with open(path) as handle:
-        return json.load(handle)
+        try:
+            return json.load(handle)
+        except ValueError as err:
+            raise ConfigError(key, f"{path} is not valid JSON ({err}); regenerate into a new directory") from None
 
 
 def _shard_path(out_dir: str, start: int, stop: int) -> str:
@@ -186,17 +211,20 @@ def _shard_path(out_dir: str, start: int, stop: int) -> str:
 
 
 def _write_shard(out_dir, start, stop, prompts, answers, fingerprint: str | None) -> None:
-    path = _shard_path(out_dir, start, stop)
-    temporary = os.path.join(out_dir, f".{os.path.basename(path)}.tmp")
-    with open(temporary, "w") as handle:
-        for prompt, answer in zip(prompts, answers):
-            row = {"messages": prompt + [{"role": "assistant", "content": answer.text}]}
-            if answer.response_ids is not None:
-                if fingerprint is None:
-                    raise ValueError("the generator returns token ids but has no `tokenizer` to fingerprint them with")
-                row[TOKEN_IDS] = token_ids_record(answer.prompt_ids, answer.response_ids, fingerprint)
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(temporary, path)
+    lines = []
+    for prompt, answer in zip(prompts, answers):
+        row = {"messages": prompt + [{"role": "assistant", "content": answer.text}]}
+        if answer.response_ids is not None:
+            if fingerprint is None:
+                raise ValueError("the generator returns token ids but has no `tokenizer` to fingerprint them with")
+            row[TOKEN_IDS] = token_ids_record(answer.prompt_ids, answer.response_ids, fingerprint)
+        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+
+    def write(temporary: str) -> None:
+        with open(temporary, "w") as handle:
+            handle.writelines(lines)
+
+    atomic_write(_shard_path(out_dir, start, stop), write)
 
 
 def _prompt_chars(prompt: list[dict]) -> int:
@@ -242,7 +270,4 @@ def _check_manifest(out_dir: str, manifest: dict) -> None:
             f"{out_dir!r} holds {what}; use a new output directory (or delete this one) to regenerate",
         )
     if existing is None:
-        path = os.path.join(out_dir, MANIFEST)
-        with open(f"{path}.tmp", "w") as handle:
-            json.dump(manifest, handle, indent=2)
-        os.replace(f"{path}.tmp", path)
+        write_json(os.path.join(out_dir, MANIFEST), manifest, indent=2)

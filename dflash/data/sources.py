@@ -171,6 +171,14 @@ def _looks_local(path: str) -> bool:
     )
 
 
+def check_local_source(spec: SourceSpec, key: str = "data") -> None:
+    """ConfigError now, before any model loads, when a local source names no data files
+    (hub datasets are checked when they load)."""
+    path = os.path.expanduser(spec.path)
+    if _looks_local(path):
+        _local_files(path, key)
+
+
 def _local_files(path: str, key: str) -> list[str]:
     require(os.path.exists(path), f"{key}.path", f"{path!r} does not exist")
     if os.path.isfile(path):
@@ -179,12 +187,15 @@ def _local_files(path: str, key: str) -> list[str]:
             f"{key}.path",
             f"{path!r} is not a .jsonl, .json or .parquet file",
         )
+        require(os.path.getsize(path) > 0, f"{key}.path", f"{path!r} is empty; point {key}.path at a file with rows")
         return [path]
     files = sorted(
         f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in LOCAL_SUFFIXES and os.path.isfile(f)
     )
     files = [f for f in files if not os.path.basename(f).startswith(".") and os.path.basename(f) != "manifest.json"]
     require(files, f"{key}.path", f"directory {path!r} holds no .jsonl, .json or .parquet files")
+    files = [f for f in files if os.path.getsize(f) > 0]  # an empty file holds no rows (and stops `datasets`)
+    require(files, f"{key}.path", f"every data file in {path!r} is empty; point {key}.path at data with rows")
     kinds = {LOCAL_SUFFIXES[os.path.splitext(f)[1]] for f in files}
     require(len(kinds) == 1, f"{key}.path", f"directory {path!r} mixes JSON and Parquet files; keep one kind")
     return files

@@ -7,7 +7,7 @@ engine does not care how; tests plug in doubles (e.g. an oracle that runs the ta
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -39,12 +39,24 @@ class Proposer(Protocol):
 
 
 class DFlashProposer:
-    """Drafts with a DFlash drafter and the target's frozen embedding and LM head."""
+    """Drafts with a DFlash drafter and the target's frozen embedding and LM head.
 
-    def __init__(self, drafter: DFlashDrafter, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module):
+    Args:
+        embed: token ids (1, q) -> (1, q, D) embeddings as the target's first layer sees
+            them (`TargetModel.embed`).
+        logits: hidden (..., D) -> (..., V) logits through the target's head transform
+            (`TargetModel.logits`).
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        logits: Callable[[torch.Tensor], torch.Tensor],
+    ):
         self.drafter = drafter.eval()
-        self.embed_tokens = embed_tokens
-        self.lm_head = lm_head
+        self.embed = embed
+        self.logits = logits
         self.mask_token_id = drafter.config.mask_token_id
         # A drafter without target features reads the prefix's token embeddings instead.
         self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
@@ -59,7 +71,7 @@ class DFlashProposer:
         anchor_pos = committed_ids.shape[1] - 1
         context_start = self.cache.length
         if self.target_layer_ids is None:
-            new_features = self.embed_tokens(committed_ids[:, context_start:anchor_pos])
+            new_features = self.embed(committed_ids[:, context_start:anchor_pos])
         if new_features is None:
             raise RuntimeError("the drafter needs target features of the context; the target returned none")
         if context_start + new_features.shape[1] != anchor_pos:
@@ -72,7 +84,7 @@ class DFlashProposer:
         block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
         context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
         hidden = self.drafter(
-            self.embed_tokens(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache
+            self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache
         )
         self.cache.crop(anchor_pos)
-        return self.lm_head(hidden[0, 1 : 1 + num_drafts].to(self.lm_head.weight.dtype)).float()
+        return self.logits(hidden[0, 1 : 1 + num_drafts]).float()

@@ -85,11 +85,7 @@ class DrafterConfig:
             "drafter.num_key_value_heads",
             f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
         )
-        require(
-            self.attn_implementation in ("sdpa", "flex_attention", "flash_attention_2"),
-            "drafter.attn_implementation",
-            f"unknown {self.attn_implementation!r}; choose sdpa, flex_attention or flash_attention_2",
-        )
+        check_attn_implementation(self.attn_implementation)
 
     @property
     def num_target_features(self) -> int:
@@ -111,33 +107,49 @@ class DrafterConfig:
     ) -> "DrafterConfig":
         """A drafter as wide as the target, with `num_layers` layers.
 
+        Whatever the target's family, the drafter is Qwen3-style: it takes the target's
+        width, heads, kv heads (1 for Falcon multi-query) and head dim; intermediate size
+        from `intermediate_size` / `ffn_hidden_size` / `n_inner`, else 4x hidden; eps from
+        `rms_norm_eps` / `layer_norm_eps` / `layer_norm_epsilon`. `target_config` keeps
+        the target's config with its rope settings replaced by the single setting of its
+        full-attention layers (see `_full_attention_rope`) in the running transformers'
+        format, and `max_position_embeddings` (GPT-2's `n_positions`).
+
         Args:
             target_hf_config: the target's `transformers` config object.
             target_layer_ids: explicit taps; else `num_target_features` taps by the
                 default rule (default: as many taps as drafter layers, as published).
         """
         tc = target_hf_config
-        num_target_layers = tc.num_hidden_layers
+        num_target_layers = _required(tc, "num_hidden_layers")
         if not use_target_features:
             target_layer_ids = []
         elif target_layer_ids is None:
             taps = num_target_features if num_target_features is not None else num_layers
             target_layer_ids = default_target_layer_ids(num_target_layers, taps)
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        hidden_size, num_heads = _required(tc, "hidden_size"), _required(tc, "num_attention_heads")
+        # Family spellings: Llama-style names first, then GPT-2's / Falcon's.
+        num_kv_heads = _first_set(tc, "num_key_value_heads", "num_kv_heads") or num_heads
+        if getattr(tc, "multi_query", False) and not getattr(tc, "new_decoder_architecture", False):
+            num_kv_heads = 1  # Falcon-7B style multi-query attention
+        target_intermediate = _first_set(tc, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden_size
+        target_config = {k: v for k, v in tc.to_dict().items() if k not in _TARGET_ROPE_KEYS}
+        target_config.update(_rope_config_keys(_full_attention_rope(tc.to_dict())))
+        target_config["max_position_embeddings"] = _first_set(tc, "max_position_embeddings", "n_positions")
         return cls(
-            hidden_size=tc.hidden_size,
+            hidden_size=hidden_size,
             num_hidden_layers=num_layers,
-            num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-            head_dim=head_dim,
-            intermediate_size=intermediate_size or tc.intermediate_size,
-            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
-            vocab_size=tc.vocab_size,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=getattr(tc, "head_dim", None) or hidden_size // num_heads,
+            intermediate_size=intermediate_size or target_intermediate,
+            rms_norm_eps=_first_set(tc, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon") or 1e-6,
+            vocab_size=_required(tc, "vocab_size"),
             block_size=block_size,
             target_layer_ids=list(target_layer_ids),
             mask_token_id=mask_token_id,
             num_target_layers=num_target_layers,
-            target_config=tc.to_dict(),
+            target_config=target_config,
             attention_bias=bool(getattr(tc, "attention_bias", False)),
             attn_implementation=attn_implementation,
             use_target_features=use_target_features,
@@ -196,10 +208,109 @@ class DrafterConfig:
             raise ConfigError("drafter.path", f"config.json is not a DFlash drafter config (missing {missing})") from None
 
     def rope_hf_config(self):
-        """An HF config object carrying the target's rope settings, for the rotary module."""
-        from transformers import AutoConfig
+        """A Qwen3 HF config with the drafter's rope settings, for the rotary module.
 
-        data = {k: v for k, v in self.target_config.items() if k not in ("architectures", "dflash_config")}
-        data.update(head_dim=self.head_dim, hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
-        model_type = data.pop("model_type", "qwen3")
-        return AutoConfig.for_model(model_type, **data)
+        The drafter is Qwen3-style whatever the target: its layers are full attention and
+        rotate the whole head dim, so it takes the target's full-attention rope settings
+        (or a default for targets without rope; see `_full_attention_rope`).
+        """
+        from transformers import Qwen3Config
+
+        rope = _rope_config_keys(_full_attention_rope(self.target_config))
+        return Qwen3Config(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.target_config.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS,
+            **rope,
+        )
+
+
+# Every key under which a family keeps rope settings (v4 and v5 spellings). The drafter
+# replaces them all by one full-attention setting in the running version's format.
+_TARGET_ROPE_KEYS = (
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_emb_base",
+    "rope_local_base_freq",
+)
+# Rope for targets without any (GPT-2's learned positions, Falcon's ALiBi): the original
+# RoPE paper's theta, which Llama-1/2 and GPT-NeoX also use.
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_MAX_POSITIONS = 2048
+
+
+def _required(config, name: str):
+    """`config.name`, or a ConfigError naming what the target's config lacks."""
+    value = getattr(config, name, None)
+    require(
+        value is not None,
+        "target.path",
+        f"the target's {type(config).__name__} has no {name}; dflash needs it to size the drafter",
+    )
+    return value
+
+
+def _first_set(config, *names):
+    """The first of `names` that `config` has with a value other than None (else None)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _full_attention_rope(config: dict) -> dict:
+    """One rope setting {"rope_type", "rope_theta", scaling keys...} for full-attention layers.
+
+    Reads transformers-5 `rope_parameters` (flat, or keyed by layer type as Gemma3's:
+    the "full_attention" entry) or transformers-4 `rope_theta` / `rope_scaling` (and
+    GPT-NeoX's `rotary_emb_base`). `partial_rotary_factor` is dropped: the drafter
+    rotates whole heads.
+    """
+    parameters = config.get("rope_parameters")
+    if isinstance(parameters, dict) and parameters:
+        if all(isinstance(v, dict) or v is None for v in parameters.values()):
+            if not isinstance(parameters.get("full_attention"), dict):
+                raise ConfigError(
+                    "target.path",
+                    f"rope settings keyed by layer type {sorted(parameters)} have no 'full_attention' entry for the drafter",
+                )
+            parameters = parameters["full_attention"]
+        rope = dict(parameters)
+    else:
+        rope = dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta") or config.get("rotary_emb_base")
+        if theta is not None:
+            rope.setdefault("rope_theta", theta)
+    legacy_type = rope.pop("type", None)  # transformers < 4.45 spelling
+    rope["rope_type"] = rope.get("rope_type") or legacy_type or "default"
+    rope.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+    rope.pop("partial_rotary_factor", None)
+    return rope
+
+
+def _rope_config_keys(rope: dict) -> dict:
+    """HF config keys carrying `rope` in the running transformers' format: v5
+    `rope_parameters`, v4 `rope_theta` + `rope_scaling`."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": dict(rope)}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling if scaling["rope_type"] != "default" else None}
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "flash_attention_2")
+
+
+def check_attn_implementation(name: str) -> None:
+    """ConfigError unless the drafter supports attention implementation `name`."""
+    require(
+        name in ATTN_IMPLEMENTATIONS,
+        "drafter.attn_implementation",
+        f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
+    )

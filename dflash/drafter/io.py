@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dflash.drafter.config import DrafterConfig
 from dflash.drafter.model import DFlashDrafter
-from dflash.errors import ConfigError
+from dflash.errors import reading, require
+from dflash.fileio import atomic_write
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+_FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | None = None) -> None:
@@ -40,12 +42,38 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
 
 
 def load_drafter_config(directory: str, attn_implementation: str = "sdpa") -> DrafterConfig:
-    """Read a drafter directory's config.json."""
+    """Read a drafter directory's config.json; ConfigError (drafter.path) when it is missing or damaged."""
+    require(os.path.isdir(directory), "drafter.path", f"directory {directory!r} does not exist")
     path = os.path.join(directory, CONFIG_NAME)
-    if not os.path.isfile(path):
-        raise ConfigError("drafter.path", f"{directory!r} has no {CONFIG_NAME}; is it a drafter directory?")
-    with open(path) as f:
-        return DrafterConfig.from_hf_dict(json.load(f), attn_implementation=attn_implementation)
+    require(os.path.isfile(path), "drafter.path", f"{directory!r} has no {CONFIG_NAME}; is it a drafter directory?")
+    with reading("drafter.path", path, _FIX):
+        with open(path) as f:
+            data = json.load(f)
+    require(isinstance(data, dict), "drafter.path", f"{path!r} is not a drafter config (no JSON object); {_FIX}")
+    return DrafterConfig.from_hf_dict(data, attn_implementation=attn_implementation)
+
+
+def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> DrafterConfig:
+    """The config of the drafter directory, after checking that its weights file is readable
+    and holds exactly the tensors, of the shapes, that the config needs. Reads only the
+    weights' header (cheap: meant for checking inputs before any model loads)."""
+    config = load_drafter_config(directory, attn_implementation)
+    path = os.path.join(directory, WEIGHTS_NAME)
+    require(os.path.isfile(path), "drafter.path", f"{directory!r} has no {WEIGHTS_NAME}")
+    with reading("drafter.path", path, _FIX, errors=(OSError, SafetensorError)):
+        with safe_open(path, "pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    with torch.device("meta"):
+        needed = {name: tuple(tensor.shape) for name, tensor in DFlashDrafter(config).state_dict().items()}
+    common = sorted(needed.keys() & shapes.keys())
+    problems = [f"{name} is {shapes[name]}, not {needed[name]}" for name in common if shapes[name] != needed[name]][:2]
+    if needed.keys() - shapes.keys():
+        problems.append(f"missing {sorted(needed.keys() - shapes.keys())[:3]}")
+    if shapes.keys() - needed.keys():
+        problems.append(f"unexpected {sorted(shapes.keys() - needed.keys())[:3]}")
+    mismatch = f"{WEIGHTS_NAME} does not match {CONFIG_NAME} in {directory!r}: {'; '.join(problems)}; {_FIX}"
+    require(not problems, "drafter.path", mismatch)
+    return config
 
 
 def load_drafter(
@@ -55,20 +83,11 @@ def load_drafter(
     attn_implementation: str = "sdpa",
 ) -> DFlashDrafter:
     """Load a drafter directory written by `save_drafter` (or a public DFlash drafter)."""
-    if not os.path.isdir(directory):
-        raise ConfigError("drafter.path", f"directory {directory!r} does not exist")
-    config = load_drafter_config(directory, attn_implementation)
-    weights = os.path.join(directory, WEIGHTS_NAME)
-    if not os.path.isfile(weights):
-        raise ConfigError("drafter.path", f"{directory!r} has no {WEIGHTS_NAME}")
-    drafter = DFlashDrafter(config)
-    state = load_file(weights)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(
-            "drafter.path",
-            f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}",
-        )
+    drafter = DFlashDrafter(check_drafter_dir(directory, attn_implementation))
+    path = os.path.join(directory, WEIGHTS_NAME)
+    with reading("drafter.path", path, _FIX, errors=(OSError, SafetensorError)):
+        state = load_file(path)
+    drafter.load_state_dict(state, strict=True)
     return drafter.to(device=device, dtype=dtype or next(iter(state.values())).dtype).eval()
 
 
@@ -79,11 +98,4 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def _atomic_write(directory: str, name: str, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, os.path.join(directory, name))
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(os.path.join(directory, name), write)

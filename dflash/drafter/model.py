@@ -188,7 +188,7 @@ class DFlashDrafter(nn.Module):
             cache: drafter KV cache holding earlier context; context and block keys are
                 appended to it (crop the block off afterwards).
         Returns:
-            (b, q, D) final-normed hidden states; logits = target lm_head(hidden).
+            (b, q, D) final-normed hidden states; logits = `TargetModel.logits(hidden)`.
         """
         dtype = self.norm.weight.dtype
         context = context_features.to(dtype)
@@ -202,7 +202,8 @@ class DFlashDrafter(nn.Module):
 
 
 def _build_rotary(config: DrafterConfig) -> nn.Module:
-    """The target family's rotary embedding (handles llama3/yarn scaling), from its rope settings."""
+    """Rotary embedding with the target's full-attention rope settings (llama3, yarn, linear,
+    ... scaling included) over the whole head dim; see `DrafterConfig.rope_hf_config`."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     return LlamaRotaryEmbedding(config.rope_hf_config())

@@ -7,7 +7,9 @@ and sampling settings, interleaved so that machine noise hits all methods alike:
   3. hf_generate: the target's own `model.generate()`, the baseline a user would
      otherwise run (skippable).
 A short warm-up on the first prompt runs every method once, untimed. Multi-turn
-conversations continue from DFlash's answer, as the public harness does.
+conversations continue from DFlash's answer, as the public harness does. In greedy
+runs, every output that parts from the autoregressive one is diagnosed after the timed
+runs (a near-tie within the dtype's rounding, or a bug: `dflash.eval.divergence`).
 
 No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 """
@@ -25,8 +27,9 @@ from dflash.decoding.engine import synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
+from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
-from dflash.eval.results import GenerationRecord, build_results
+from dflash.eval.results import METHOD, GenerationRecord, build_results, token_at
 from dflash.target import TargetModel
 
 
@@ -112,7 +115,7 @@ def evaluate(
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
     methods = _Methods(
         target=target,
-        proposer=DFlashProposer(drafter, target.embed_tokens, target.lm_head),
+        proposer=DFlashProposer(drafter, target.embed, target.logits),
         block_size=block_size,
         sampling=decoding.sampling,
         stop_ids=stops,
@@ -148,6 +151,7 @@ def evaluate(
         stop_token_ids=stops,
         device=target.device,
         config=config,
+        target_dtype=target.dtype,
     )
 
 
@@ -166,12 +170,46 @@ class _Methods:
         """Generate from `input_ids` (1, P) with every method; fill `record`'s outputs, times and acceptance."""
         baseline = self._generate(input_ids, max_new_tokens, seed, block_size=1, proposer=None)
         dflash = self._generate(input_ids, max_new_tokens, seed, block_size=self.block_size, proposer=self.proposer)
-        record.outputs.update(autoregressive=baseline.output_ids, dflash=dflash.output_ids)
-        record.times_s.update(autoregressive=baseline.total_time_s, dflash=dflash.total_time_s)
+        for method, result in (("autoregressive", baseline), (METHOD, dflash)):
+            record.outputs[method] = result.output_ids
+            record.times_s[method] = result.total_time_s
+            record.prefill_times_s[method] = result.prefill_time_s
+            record.decode_times_s[method] = result.decode_time_s
         record.acceptance_lengths = dflash.acceptance_lengths
         if self.hf_generate:
             tokens, seconds = self._hf_generate(input_ids, max_new_tokens, seed)
             record.outputs["hf_generate"], record.times_s["hf_generate"] = tokens, seconds
+        if self.sampling.greedy:
+            self._diagnose(input_ids, max_new_tokens, baseline, dflash, record)
+
+    def _diagnose(self, input_ids, max_new_tokens, baseline, dflash, record: GenerationRecord) -> None:
+        """Diagnose where DFlash's and HF generate's outputs part from the baseline's (greedy, untimed)."""
+
+        def replay(run, block_size):
+            return lambda position: replay_logits(
+                self.target, input_ids, run.output_ids, run.acceptance_lengths, position,
+                block_size=block_size, max_new_tokens=max_new_tokens,
+            )  # fmt: skip
+
+        baseline_logits = replay(baseline, block_size=1)
+        candidates = {METHOD: replay(dflash, self.block_size)}
+        if "hf_generate" in record.outputs:
+            candidates["hf_generate"] = lambda position: hf_generate_logits(
+                self.target, input_ids, position, self._hf_options()
+            )
+        for method, candidate_logits in candidates.items():
+            output = record.outputs[method]
+            position = first_difference(baseline.output_ids, output)
+            if position is None:
+                continue
+            expected, got = token_at(baseline.output_ids, position), token_at(output, position)
+            replayed = expected is not None and got is not None  # else one output ended: nothing to compare
+            record.divergences[method] = diagnose(
+                position, expected, got,
+                baseline_logits(position) if replayed else None,
+                candidate_logits(position) if replayed else None,
+                self.target.dtype,
+            )  # fmt: skip
 
     def _generate(self, input_ids, max_new_tokens, seed, block_size, proposer):
         return generate(
@@ -185,19 +223,26 @@ class _Methods:
             generator=None if self.sampling.greedy else torch.Generator(self.target.device).manual_seed(seed),
         )
 
+    def _hf_options(self) -> dict:
+        """Stop, pad and sampling arguments of HF `generate()`, matching our methods' settings."""
+        pad_id = self.target.tokenizer.pad_token_id
+        sampling = self.sampling
+        options = dict(
+            eos_token_id=self.stop_ids or None,
+            pad_token_id=pad_id if pad_id is not None or not self.stop_ids else self.stop_ids[0],
+        )
+        if sampling.greedy:
+            return options | dict(do_sample=False)
+        return options | dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+
     @torch.inference_mode()
     def _hf_generate(self, input_ids: torch.Tensor, max_new_tokens: int, seed: int) -> tuple[list[int], float]:
         """HF `generate` with the same length, stop ids and sampling; (new ids, seconds)."""
         model, device = self.target.model, self.target.device
         input_ids = input_ids.to(device)
-        sampling = self.sampling
-        if sampling.greedy:
-            options = dict(do_sample=False)
-        else:
+        if not self.sampling.greedy:
             # HF generate takes no generator: seed the global RNG instead
             torch.manual_seed(seed)
-            options = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-        pad_id = self.target.tokenizer.pad_token_id
         synchronize(device)
         start = time.perf_counter()
         output = model.generate(
@@ -205,9 +250,7 @@ class _Methods:
             # explicit: HF would otherwise mask prompt positions that hold the pad id
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
-            eos_token_id=self.stop_ids or None,
-            pad_token_id=pad_id if pad_id is not None or not self.stop_ids else self.stop_ids[0],
-            **options,
+            **self._hf_options(),
         )
         synchronize(device)
         return output[0, input_ids.shape[1] :].tolist(), time.perf_counter() - start

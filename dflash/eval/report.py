@@ -31,16 +31,52 @@ def format_results(results: dict) -> str:
         tokens_per_s = results["tokens_per_s"][method]
         lines.append(f"{method:<16}{tokens:>10}{seconds:>11.3f}{tokens_per_s:>11.1f}{speedup_text:>24}")
     histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results["acceptance_histogram"], start=1))
+    decode_only = results["speedup_decode_only"]["vs_autoregressive"]
     lines += [
         "",
-        f"tau (mean acceptance length per verify step, bonus token counted): {results['tau']:.3f}",
+        "tau (acceptance length per verify step, bonus token counted):",
+        f"  pooled over all verify steps: {results['tau']:.3f}",
+        f"  mean of per-generation means (the DFlash paper's harness): {results['tau_per_prompt_mean']:.3f}",
+        "speedup over autoregressive:",
+        f"  end to end (summed time per output token, prefill included): {_times(results['speedup']['vs_autoregressive'])}",
+        f"  decode only (mean per-generation time per output token, prefill excluded; the paper's): {_times(decode_only)}",
         f"acceptance histogram (tokens emitted per step: steps): {histogram}",
-        "lossless (DFlash == autoregressive, token for token): "
+        f"lossless (DFlash == autoregressive, token for token; target dtype {results['target_dtype']}): "
         + _agreement(results["lossless"], results["first_mismatch"]),
-        "HF generate matches autoregressive: "
-        + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"]),
     ]
+    lines += _divergence_lines(results["divergences"])
+    lines.append(
+        "HF generate matches autoregressive: "
+        + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"])
+    )
+    lines += _divergence_lines(results["hf_generate_divergences"])
     return "\n".join(lines)
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _divergence_lines(divergences: dict | None) -> list[str]:
+    """A count of near-ties and bugs, and one line per bug, when outputs diverged."""
+    if not divergences or not divergences["details"]:
+        return []
+    verdict = "identical up to near-ties" if divergences["bug"] == 0 else "NOT explained by rounding"
+    lines = [
+        f"  divergences: {divergences['numerical']} numerical (near-ties within the dtype's rounding), "
+        f"{divergences['bug']} bug{'' if divergences['bug'] == 1 else 's'}: {verdict}"
+    ]
+    for detail in divergences["details"]:
+        if detail["kind"] != "numerical":
+            gaps = ""
+            if detail["baseline"] is not None:
+                gaps = (f", logit gap {detail['baseline']['gap']:.4g} (baseline) / {detail['candidate']['gap']:.4g} "
+                        f"(candidate) > tolerance {detail['tolerance']:.4g}")  # fmt: skip
+            lines.append(
+                f"  bug at prompt {detail['prompt_index']} turn {detail['turn']} position {detail['position']}: "
+                f"expected {detail['expected']}, got {detail['got']}{gaps}"
+            )
+    return lines
 
 
 def _agreement(flag: bool | None, mismatch: dict | None) -> str:

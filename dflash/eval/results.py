@@ -1,39 +1,70 @@
 """The results of an evaluation: per-generation records, aggregates, results.json.
 
-Aggregation sums first and divides last (DESIGN.md, "Getting it right" 6):
-- tau = sum of acceptance lengths / number of verify steps, over every generation;
-  an acceptance length counts the bonus token (accepted drafts + 1).
-- tokens/s of a method = its output tokens / its seconds (prefill included), summed.
-- speedup vs a baseline = baseline's time per output token / DFlash's, both summed.
+Aggregation (DESIGN.md, "Getting it right" 6, 7 and 14). Every acceptance length counts
+the bonus token (accepted drafts + 1). Two aggregations of each headline number, labelled:
+- tau (pooled): sum of acceptance lengths / number of verify steps, over every
+  generation. Long generations weigh more.
+- tau_per_prompt_mean: the mean over generations of each generation's tau, as the
+  public DFlash benchmark harness computes it (z-lab/dflash at 44947fb, dflash/benchmark.py,
+  `_print_decode_summary`: `np.mean([np.mean(r.acceptance_lengths) ...])`; every
+  turn of a multi-turn prompt is one generation there too). Generations without a
+  verify step (the first token ended them) have no acceptance length and are left out.
+- speedup (end to end): the baseline's time per output token / DFlash's, each summed
+  over all generations, prefill included (tokens_per_s is the same pooled ratio).
+- speedup_decode_only: the harness's "Decoding speedup", which the DFlash paper
+  reports: the mean over generations of the baseline's decode time per output token,
+  divided by the same mean for DFlash. Decode time excludes the target's prefill and is
+  divided by every output token, the prefill's first one included (z-lab/dflash,
+  dflash/model.py, `dflash_generate`: `time_per_output_token = total_decode_time /
+  num_output_tokens`). One difference: the harness also leaves the drafter's first
+  forward (over the prompt's features) out of the decode time; ours counts it, so our
+  figure is the more conservative by that one forward. HF generate is timed whole
+  (no prefill/decode split), so it has no decode-only speedup.
+
+Losslessness (greedy only; see `dflash.eval.divergence`): `lossless` is strict, every
+DFlash output equals the autoregressive one token for token; `lossless_up_to_ties` is
+true when every divergence is a near-tie within the target dtype's rounding
+(`numerical`), false when any is a `bug` (a divergence that was not diagnosed counts as
+a bug).
 
 results.json schema (`build_results`):
-  benchmark, method ("dflash"), target, drafter (path or "random"), block_size,
-  drafter_block_size (trained), temperature, top_p, top_k, verify_rule, max_new_tokens,
-  num_prompts, num_generations (one per turn), tau, acceptance_histogram (list: entry k-1
-  counts verify steps that emitted k tokens, k = 1..block_size), tokens_per_s {dflash,
-  autoregressive, hf_generate}, speedup {vs_autoregressive, vs_hf_generate}, lossless
-  (greedy: every DFlash output equals the autoregressive one; null when sampling),
-  first_mismatch, hf_generate_matches (greedy: HF generate equals the autoregressive
-  baseline; null when sampling or skipped), hf_generate_first_mismatch, stop_token_ids,
-  per_prompt (one entry per generation: prompt_index, turn, num_prompt_tokens, tau,
-  num_tokens {method: n}, time_s {method: seconds}), device, versions {dflash, torch,
-  transformers, python}, timestamp (UTC ISO 8601), config (the resolved config or null).
+  benchmark, method ("dflash"), target, target_dtype (e.g. "bfloat16"), drafter (path or
+  "random"), block_size, drafter_block_size (trained), temperature, top_p, top_k,
+  verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
+  tau (pooled), tau_per_prompt_mean, acceptance_histogram (list: entry k-1 counts verify
+  steps that emitted k tokens, k = 1..block_size), tokens_per_s {dflash, autoregressive,
+  hf_generate}, speedup {vs_autoregressive, vs_hf_generate} (end to end),
+  speedup_decode_only {vs_autoregressive}, lossless (greedy: every DFlash output equals
+  the autoregressive one; null when sampling), first_mismatch, lossless_up_to_ties
+  (greedy: every divergence numerical; null when sampling), divergences (greedy:
+  {numerical: n, bug: m, details: [one per diverging generation: prompt_index, turn,
+  position, expected (baseline's token), got (DFlash's), baseline and candidate
+  {expected_logit, got_logit, top_logit, gap} (null when not replayed), tolerance,
+  kind]}; null when sampling), hf_generate_matches (greedy: HF generate equals the
+  autoregressive baseline; null when sampling or skipped), hf_generate_first_mismatch,
+  hf_generate_divergences (as divergences, HF generate as the candidate; null when
+  sampling or skipped), stop_token_ids, per_prompt (one entry per generation:
+  prompt_index, turn, num_prompt_tokens, tau, num_tokens {method: n}, time_s {method:
+  seconds, prefill included}, prefill_time_s and decode_time_s {dflash, autoregressive:
+  seconds}), device, versions {dflash, torch, transformers, python}, timestamp (UTC ISO
+  8601), config (the resolved config or null).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import torch
 
+from dflash.eval.divergence import BUG, NUMERICAL, diagnose, first_difference
+from dflash.fileio import write_json
+
 METHOD = "dflash"
-BASELINES = ("autoregressive", "hf_generate")
+BASELINE = "autoregressive"
+BASELINES = (BASELINE, "hf_generate")
 METHODS = (METHOD, *BASELINES)
 
 
@@ -43,6 +74,10 @@ class GenerationRecord:
 
     outputs: method -> new token ids; times_s: method -> seconds (prefill + decode).
     acceptance_lengths: DFlash tokens emitted per verify step (bonus token counted).
+    prefill_times_s / decode_times_s: method -> seconds, for the methods timed in two
+        parts (dflash, autoregressive; HF generate is timed whole).
+    divergences: method -> diagnosis of where its output first parts from the
+        autoregressive one (`dflash.eval.divergence.diagnose`), for greedy runs.
     """
 
     prompt_index: int
@@ -51,6 +86,9 @@ class GenerationRecord:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     times_s: dict[str, float] = field(default_factory=dict)
     acceptance_lengths: list[int] = field(default_factory=list)
+    prefill_times_s: dict[str, float] = field(default_factory=dict)
+    decode_times_s: dict[str, float] = field(default_factory=dict)
+    divergences: dict[str, dict] = field(default_factory=dict)
 
 
 def acceptance_histogram(records: list[GenerationRecord], block_size: int) -> list[int]:
@@ -63,9 +101,18 @@ def acceptance_histogram(records: list[GenerationRecord], block_size: int) -> li
 
 
 def mean_acceptance_length(records: list[GenerationRecord]) -> float:
-    """tau: emitted tokens per verify step over all generations, bonus token counted."""
+    """tau, pooled: emitted tokens per verify step over all generations, bonus token counted."""
     steps = sum(len(r.acceptance_lengths) for r in records)
     return sum(sum(r.acceptance_lengths) for r in records) / steps if steps else 0.0
+
+
+def tau_per_prompt_mean(records: list[GenerationRecord]) -> float:
+    """tau as the public harness averages it: the mean over generations of their own tau.
+
+    Generations without a verify step are left out; 0.0 when none has one.
+    """
+    taus = [sum(r.acceptance_lengths) / len(r.acceptance_lengths) for r in records if r.acceptance_lengths]
+    return sum(taus) / len(taus) if taus else 0.0
 
 
 def tokens_per_second(records: list[GenerationRecord], method: str) -> float | None:
@@ -76,9 +123,22 @@ def tokens_per_second(records: list[GenerationRecord], method: str) -> float | N
 
 
 def speedup(records: list[GenerationRecord], baseline: str) -> float | None:
-    """Baseline's mean time per output token divided by DFlash's."""
+    """End to end: the baseline's mean time per output token divided by DFlash's (summed, prefill included)."""
     ours, theirs = tokens_per_second(records, METHOD), tokens_per_second(records, baseline)
     return ours / theirs if ours and theirs else None
+
+
+def decode_time_per_token(records: list[GenerationRecord], method: str) -> float | None:
+    """The harness's time per output token: the mean over generations of decode seconds / output tokens."""
+    if not records or not all(method in r.decode_times_s for r in records):
+        return None
+    return sum(r.decode_times_s[method] / len(r.outputs[method]) for r in records) / len(records)
+
+
+def speedup_decode_only(records: list[GenerationRecord], baseline: str = BASELINE) -> float | None:
+    """The paper's speedup: the baseline's `decode_time_per_token` divided by DFlash's."""
+    ours, theirs = decode_time_per_token(records, METHOD), decode_time_per_token(records, baseline)
+    return theirs / ours if ours and theirs else None
 
 
 def first_mismatch(records: list[GenerationRecord], reference: str, candidate: str) -> dict | None:
@@ -89,17 +149,40 @@ def first_mismatch(records: list[GenerationRecord], reference: str, candidate: s
     """
     for record in records:
         expected, got = record.outputs[reference], record.outputs[candidate]
-        if expected == got:
+        position = first_difference(expected, got)
+        if position is None:
             continue
-        position = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
         return {
             "prompt_index": record.prompt_index,
             "turn": record.turn,
             "position": position,
-            "expected": expected[position] if position < len(expected) else None,
-            "got": got[position] if position < len(got) else None,
+            "expected": token_at(expected, position),
+            "got": token_at(got, position),
         }
     return None
+
+
+def token_at(tokens: list[int], position: int) -> int | None:
+    return tokens[position] if position < len(tokens) else None
+
+
+def divergences(records: list[GenerationRecord], candidate: str) -> dict:
+    """{numerical: n, bug: m, details: [...]}: every generation where `candidate` parts from the baseline.
+
+    A divergence without a diagnosis in its record counts as a bug: nothing shows it is a tie.
+    """
+    details = []
+    for record in records:
+        expected, got = record.outputs[BASELINE], record.outputs[candidate]
+        position = first_difference(expected, got)
+        if position is None:
+            continue
+        found = record.divergences.get(candidate)
+        if found is None:
+            found = diagnose(position, token_at(expected, position), token_at(got, position), None, None, None)
+        details.append({"prompt_index": record.prompt_index, "turn": record.turn, **found})
+    counts = {kind: sum(d["kind"] == kind for d in details) for kind in (NUMERICAL, BUG)}
+    return {**counts, "details": details}
 
 
 def build_results(
@@ -115,16 +198,19 @@ def build_results(
     stop_token_ids: list[int],
     device: torch.device | str,
     config: dict | None = None,
+    target_dtype: torch.dtype | None = None,
 ) -> dict:
     """The results.json dictionary (schema in the module docstring)."""
     greedy = sampling.temperature == 0
     ran_hf = all("hf_generate" in r.outputs for r in records)
-    mismatch = first_mismatch(records, "autoregressive", METHOD) if greedy else None
-    hf_mismatch = first_mismatch(records, "autoregressive", "hf_generate") if greedy and ran_hf else None
+    mismatch = first_mismatch(records, BASELINE, METHOD) if greedy else None
+    hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
+    diverged = divergences(records, METHOD) if greedy else None
     return {
         "benchmark": benchmark,
         "method": METHOD,
         "target": target,
+        "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
         "drafter": drafter,
         "block_size": block_size,
         "drafter_block_size": drafter_block_size,
@@ -136,13 +222,18 @@ def build_results(
         "num_prompts": len({r.prompt_index for r in records}),
         "num_generations": len(records),
         "tau": mean_acceptance_length(records),
+        "tau_per_prompt_mean": tau_per_prompt_mean(records),
         "acceptance_histogram": acceptance_histogram(records, block_size),
         "tokens_per_s": {method: tokens_per_second(records, method) for method in METHODS},
         "speedup": {f"vs_{baseline}": speedup(records, baseline) for baseline in BASELINES},
+        "speedup_decode_only": {f"vs_{BASELINE}": speedup_decode_only(records)},
         "lossless": (mismatch is None) if greedy else None,
         "first_mismatch": mismatch,
+        "lossless_up_to_ties": (diverged["bug"] == 0) if greedy else None,
+        "divergences": diverged,
         "hf_generate_matches": (hf_mismatch is None) if greedy and ran_hf else None,
         "hf_generate_first_mismatch": hf_mismatch,
+        "hf_generate_divergences": divergences(records, "hf_generate") if greedy and ran_hf else None,
         "stop_token_ids": list(stop_token_ids),
         "per_prompt": [_per_prompt(r) for r in records],
         "device": describe_device(device),
@@ -161,6 +252,8 @@ def _per_prompt(record: GenerationRecord) -> dict:
         "tau": sum(record.acceptance_lengths) / steps if steps else 0.0,
         "num_tokens": {method: len(tokens) for method, tokens in record.outputs.items()},
         "time_s": dict(record.times_s),
+        "prefill_time_s": dict(record.prefill_times_s),
+        "decode_time_s": dict(record.decode_times_s),
     }
 
 
@@ -188,15 +281,4 @@ def versions() -> dict:
 
 def write_results(results: dict, path: str) -> str:
     """Write `results` as JSON to `path` atomically (temp file + rename); returns `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".results.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(results, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return write_json(path, results, indent=2)

@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only: no display needed (and none on cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dflash.fileio import atomic_write  # noqa: E402
 from dflash.reports.tables import Row, Table, benchmark_label  # noqa: E402
 
 DPI = 150
@@ -49,7 +50,7 @@ def tau_vs_block_size(table: Table, out_dir: str) -> str | None:
             ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=f"{table.key_headers[0]} {label}")
         ax.set_title(benchmark_label(benchmark))
         ax.set_xlabel(table.key_headers[1])
-        ax.set_ylabel("τ (tokens per step, bonus incl.)")
+        ax.set_ylabel(table.axis_label("tau"))
         _integer_ticks(ax, [p[0] for pts in series.get(benchmark, {}).values() for p in pts])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -63,7 +64,7 @@ def speedup_vs_depth(table: Table, out_dir: str) -> str | None:
     if not speedups and not taus:
         return None
     fig, (left, right) = _panels(2, width=4.6, height=3.4)
-    for ax, series, ylabel in ((left, speedups, "speedup over autoregressive (×)"), (right, taus, "τ (tokens per step, bonus incl.)")):
+    for ax, series, ylabel in ((left, speedups, table.axis_label("speedup")), (right, taus, table.axis_label("tau"))):
         for benchmark in table.benchmarks:
             points = series.get(benchmark, {}).get(None)
             if points:
@@ -191,11 +192,8 @@ def _save(fig, out_dir: str, stem: str, title: str) -> str:
     # Wrap long titles to the figure's width (about 11 characters per inch at this size).
     fig.suptitle(textwrap.fill(title, width=max(30, int(fig.get_figwidth() * 11))))
     fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    tmp = os.path.join(out_dir, f".{stem}.tmp.png")
-    fig.savefig(tmp, dpi=DPI)
+    path = atomic_write(os.path.join(out_dir, f"{stem}.png"), lambda temporary: fig.savefig(temporary, dpi=DPI, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

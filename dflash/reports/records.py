@@ -82,6 +82,16 @@ class RunRecord:
         return _number((self.results.get("speedup") or {}).get("vs_autoregressive"))
 
     @property
+    def tau_per_prompt_mean(self) -> float | None:
+        """tau averaged per generation, then over generations (the DFlash paper's harness)."""
+        return _number(self.results.get("tau_per_prompt_mean"))
+
+    @property
+    def speedup_decode_only(self) -> float | None:
+        """Decode-only speedup over autoregressive decoding (time per output token without prefill)."""
+        return _number((self.results.get("speedup_decode_only") or {}).get("vs_autoregressive"))
+
+    @property
     def acceptance_histogram(self) -> list[int] | None:
         histogram = self.results.get("acceptance_histogram")
         return list(histogram) if histogram else None

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from dflash.errors import require
+from dflash.fileio import write_text
 from dflash.reports.records import RunRecord
 from dflash.reports.render import to_latex, to_markdown
 from dflash.reports.tables import Table, build_tables
@@ -24,15 +25,16 @@ class Report:
 
 
 def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots: bool = True,
-                 ablations: list[str] | tuple = ()) -> Report:
+                 ablations: list[str] | tuple = (), metric: str = "pooled") -> Report:
     """Build the tables of `records` and write `tables.md` / `tables.tex` and `plots/*.png`.
 
     ablations: only these tables (e.g. ["main", "depth"]); empty: every table.
+    metric: the aggregation of tau and speedup, "pooled" or "paper" (`build_tables`).
     The Markdown file links each table's figures below it.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     require(not unknown, "formats", f"unknown format {unknown[0]!r}; choose from {list(FORMATS)}" if unknown else "")
-    tables = build_tables(records)
+    tables = build_tables(records, metric)
     if ablations:
         tables = [t for t in tables if t.ablation in ablations]
     os.makedirs(out_dir, exist_ok=True)
@@ -48,16 +50,9 @@ def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots:
     markdown = "\n".join(sections)
     files = [p for paths in figures.values() for p in paths]
     if "md" in formats:
-        files.append(_write_text(os.path.join(out_dir, "tables.md"), markdown))
+        files.append(write_text(os.path.join(out_dir, "tables.md"), markdown))
     if "tex" in formats:
         latex = "% Needs \\usepackage{booktabs}.\n" + "\n".join(to_latex(t) for t in tables)
-        files.append(_write_text(os.path.join(out_dir, "tables.tex"), latex))
+        files.append(write_text(os.path.join(out_dir, "tables.tex"), latex))
     return Report(tables, markdown, files)
 
-
-def _write_text(path: str, text: str) -> str:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path

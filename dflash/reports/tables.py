@@ -5,6 +5,12 @@
 - Ablation tables: one per (ablation, target); rows = the sweep's axes (e.g. drafter
   layers), plus T when several temperatures were run; columns as above.
 
+Which aggregation the tau and speedup columns show (`metric`, see
+`dflash.eval.results`): "pooled" (default): tau pooled over all verify steps and the
+end-to-end speedup, prefill included; "paper": the DFlash paper's harness, tau as the
+mean of per-generation means and the decode-only speedup (time per output token
+without prefill). Runs whose results.json predates a field get a footnote naming it.
+
 Aggregation: replicates of a cell are its finished runs with different training seeds
 (mean and sample std over them); several runs of one seed count once (the latest). A
 cell without a finished run is a dash with a numbered footnote saying why (not run,
@@ -17,9 +23,21 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from dflash.errors import require
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, axis_value
 
 METRICS = (("speedup", "Speedup"), ("tau", "τ"))
+# metric -> column -> (the RunRecord property it shows, the results.json field that holds it, axis label)
+METRIC_SOURCES = {
+    "pooled": {
+        "speedup": ("speedup", "speedup.vs_autoregressive", "speedup over autoregressive, end to end (×)"),
+        "tau": ("tau", "tau", "τ pooled (tokens per step, bonus incl.)"),
+    },
+    "paper": {
+        "speedup": ("speedup_decode_only", "speedup_decode_only.vs_autoregressive", "decode-only speedup over autoregressive (×)"),
+        "tau": ("tau_per_prompt_mean", "tau_per_prompt_mean", "τ per-generation mean (tokens per step, bonus incl.)"),
+    },
+}
 BENCHMARK_NAMES = {
     "gsm8k": "GSM8K", "math500": "MATH-500", "aime24": "AIME24", "aime25": "AIME25",
     "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
@@ -34,7 +52,13 @@ ABLATION_TITLES = {
     "anchors": "Anchor sampling",
     "target_context": "Target context features",
 }
-TAU_NOTE = "τ: mean acceptance length per verify step, counting the bonus token. Speedup: over autoregressive decoding in the same run."
+METRIC_NOTES = {
+    "pooled": "τ: acceptance length per verify step, counting the bonus token, pooled over all verify steps. "
+    "Speedup: end to end (prefill included) over autoregressive decoding in the same run.",
+    "paper": "τ: acceptance length per verify step, counting the bonus token, averaged per generation, then over "
+    "generations (as the DFlash paper's harness). Speedup: decode only (mean time per output token without "
+    "prefill, as the paper reports it) over autoregressive decoding in the same run.",
+}
 
 
 @dataclass(frozen=True)
@@ -68,11 +92,11 @@ class Cell:
 
 @dataclass
 class Table:
-    """A table ready to render. cells[(row, benchmark, metric)]; footnotes numbered from 1.
+    """A table ready to render. cells[(row, benchmark, column)]; footnotes numbered from 1.
 
     runs: the finished runs of each (row, benchmark) the values come from (one per seed);
     trained: every finished run there (a drafter evaluated twice appears twice), whose
-    training metrics the accuracy plot reads.
+    training metrics the accuracy plot reads. metric: the aggregation shown, "pooled" or "paper".
     """
 
     name: str
@@ -87,17 +111,26 @@ class Table:
     notes: list[str]
     runs: dict[tuple[Row, str], list[RunRecord]]
     trained: dict[tuple[Row, str], list[RunRecord]]
+    metric: str
 
     def cell(self, row: Row, benchmark: str, metric: str) -> Cell:
         return self.cells[(row, benchmark, metric)]
 
+    def axis_label(self, column: str) -> str:
+        """How a figure labels the values of `column` ("tau" or "speedup") under this table's metric."""
+        return METRIC_SOURCES[self.metric][column][2]
 
-def build_tables(records: list[RunRecord]) -> list[Table]:
-    """The main table (if any main runs), then one table per ablation and target."""
+
+def build_tables(records: list[RunRecord], metric: str = "pooled") -> list[Table]:
+    """The main table (if any main runs), then one table per ablation and target.
+
+    metric: "pooled" or "paper", the aggregation of tau and speedup (module docstring).
+    """
+    check_metric(metric)
     tables = []
     main = [r for r in records if r.ablation == "main"]
     if main:
-        tables.append(_build(main, "main", "all targets", ["Target", "Method"], _main_row, "main"))
+        tables.append(_build(main, "main", "all targets", ["Target", "Method"], _main_row, "main", metric))
     ablations = sorted({r.ablation for r in records if r.ablation and r.ablation != "main"})
     for ablation in ablations:
         mine = [r for r in records if r.ablation == ablation]
@@ -114,15 +147,19 @@ def build_tables(records: list[RunRecord]) -> list[Table]:
                 values = tuple(axis_value(record, axis) for axis in axes) or (str(record.sweep.get("name", "?")),)
                 return Row(None, values + ((_temperature(record),) if several else ()))
 
-            tables.append(_build(runs, ablation, target, headers, row_of, f"{ablation}_{_slug(target)}"))
+            tables.append(_build(runs, ablation, target, headers, row_of, f"{ablation}_{_slug(target)}", metric))
     return tables
+
+
+def check_metric(metric: str) -> None:
+    require(metric in METRIC_SOURCES, "metric", f"unknown {metric!r}; choose one of {list(METRIC_SOURCES)}")
 
 
 def benchmark_label(name: str) -> str:
     return BENCHMARK_NAMES.get(name, name)
 
 
-def _build(records, ablation, target, headers, row_of, name) -> Table:
+def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
     by_cell: dict[tuple[Row, str], list[RunRecord]] = {}
     for record in records:
         by_cell.setdefault((row_of(record), record.benchmark), []).append(record)
@@ -141,24 +178,27 @@ def _build(records, ablation, target, headers, row_of, name) -> Table:
                 # Seeds that failed and never finished: the value stands, with a footnote.
                 done = {str(r.seed) for r in finished}
                 failed = [r for r in group if r.status == FAILED and str(r.seed) not in done]
-                partial = _note(footnotes, _missing_reason(failed)) if failed else None
-                for metric, _ in METRICS:
-                    values = [getattr(r, metric) for r in finished if getattr(r, metric) is not None]
-                    note = partial if values else _note(footnotes, "not measured (no value in the results)")
-                    cells[(row, benchmark, metric)] = Cell(values, note)
+                for column, _ in METRICS:
+                    prop, results_field, _ = METRIC_SOURCES[metric][column]
+                    values = [getattr(r, prop) for r in finished if getattr(r, prop) is not None]
+                    if not values:
+                        note = _note(footnotes, f"not measured: the results have no {results_field}")
+                    else:
+                        note = _note(footnotes, _missing_reason(failed)) if failed else None
+                    cells[(row, benchmark, column)] = Cell(values, note)
                 continue
             note = _note(footnotes, _missing_reason(group))
-            for metric, _ in METRICS:
-                cells[(row, benchmark, metric)] = Cell([], note)
+            for column, _ in METRICS:
+                cells[(row, benchmark, column)] = Cell([], note)
     replicates = {len(v) for v in runs.values() if v}
-    notes = [TAU_NOTE]
+    notes = [METRIC_NOTES[metric]]
     if replicates - {1}:
         notes.append(f"Mean ± sample std over training seeds ({', '.join(str(n) for n in sorted(replicates))} per cell).")
     title = f"{ABLATION_TITLES.get(ablation, ablation)}: {target}"
     temperatures = sorted({t for t in (r.temperature for r in records) if t is not None})
     if ablation != "main" and len(temperatures) == 1:
         title += f", T = {temperatures[0]:g}"
-    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained)
+    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric)
 
 
 def _main_row(record: RunRecord) -> Row:

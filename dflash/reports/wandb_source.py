@@ -2,11 +2,13 @@
 
 A training run logs its resolved config (with the `sweep` node) as the wandb run config,
 per-position accuracies as `val/acc_01`.. and `train/acc_01`.., and after its evaluation
-`eval/tau`, `eval/speedup_vs_autoregressive`, `eval/speedup_vs_hf_generate` and
-`eval/tokens_per_s_*` (dflash.training.run.log_evaluation); the summary keeps the last
-value of each. The other results fields (benchmark, block sizes, temperature) follow
-from the config. A run that uploaded its results.json as a file contributes the full
-results (acceptance histogram included).
+(dflash.training.run.log_evaluation) uploads results.json as a run file and logs
+`eval/tau`, `eval/tau_per_prompt_mean`, `eval/speedup_vs_autoregressive`,
+`eval/speedup_vs_hf_generate`, `eval/speedup_decode_only_vs_autoregressive` and
+`eval/tokens_per_s_*`; the summary keeps the last value of each. The uploaded
+results.json gives the full results (acceptance histogram, per-prompt numbers). A run
+without it (its file not synced yet) gives tau and speedups from the summary, the other
+results fields (benchmark, block sizes, temperature) from the config, and no histogram.
 
 Only `wandb.Api()`-shaped objects are used: `api.runs(path, filters=...)` yielding runs
 with `.config`, `.summary`, `.state`, `.path`, `.created_at`, and `.files()` / `.file(name)`
@@ -51,12 +53,13 @@ def record_from_wandb_run(run) -> RunRecord:
 def _results_from_summary(config: dict, summary: dict, run) -> dict:
     results = results_from_config(config)
     results["tau"] = summary.get("eval/tau")
+    results["tau_per_prompt_mean"] = summary.get("eval/tau_per_prompt_mean")
     results["speedup"] = {
         "vs_autoregressive": summary.get("eval/speedup_vs_autoregressive"),
         "vs_hf_generate": summary.get("eval/speedup_vs_hf_generate"),
     }
-    histogram = summary.get("eval/acceptance_histogram")
-    results["acceptance_histogram"] = list(histogram) if isinstance(histogram, (list, tuple)) else None
+    results["speedup_decode_only"] = {"vs_autoregressive": summary.get("eval/speedup_decode_only_vs_autoregressive")}
+    results["acceptance_histogram"] = None  # only in the uploaded results.json
     results["timestamp"] = str(getattr(run, "created_at", "") or "")
     return results
 

@@ -45,6 +45,8 @@ def stage_commands(plan: SweepPlan, overrides: list[str], gpus: str | None, seed
 
 def sweep_commands(name: str, overrides: list[str], gpus: str | None = None, seeds: str | None = None) -> list[list[list[str]]]:
     """The commands of every stage of sweep `name` (one list of argv lists per stage)."""
+    require(gpus is None or gpus == "auto" or _is_int_list(gpus), "--gpus", f"give a count (8), ids (0,2,5) or auto, not {gpus!r}")
+    require(seeds is None or _is_int_list(seeds), "--seeds", f"give integer seeds like 0,1,2, not {seeds!r}")
     plans = [sweep_plan(name)]
     while plans[-1].next is not None:
         plans.append(sweep_plan(plans[-1].next))
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _is_hydra_override(override: str) -> bool:
     return override.lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
+def _is_int_list(text: str) -> bool:
+    return all(part.strip().isdigit() for part in text.split(","))
 
 
 def _gpu_value(gpus: str) -> str:

@@ -17,6 +17,7 @@ import os
 import sys
 
 from dflash.errors import ConfigError
+from dflash.fileio import write_text
 from dflash.sweep.jobs import write_json_atomic
 
 
@@ -36,12 +37,7 @@ def write_tiny_code_prompts(path: str, count: int, seed: int = 0) -> bool:
             if json.load(f) == stamp:
                 return False
     prompts = stdlib_code_prompts(count, seed=seed, doctest_first=stamp["doctest_first"])
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        for prompt in prompts:
-            f.write(json.dumps({"prompt": prompt}) + "\n")
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps({"prompt": prompt}) + "\n" for prompt in prompts))
     write_json_atomic(stamp_path, stamp)
     return True
 

@@ -4,6 +4,10 @@ transformers 4.x: `DynamicCache.crop(max_length)`; a negative value removes that
 tokens, and `crop(0)` empties the cache. transformers 5.x: `crop(tokens_to_remove)`
 accepts only negative counts. A negative count means the same thing in both, so that
 is what we pass, and a zero-length crop is skipped (it would empty a v4 cache).
+
+Only full-history layers can be cropped back: a sliding-window layer has dropped what
+lies before its window (v4 refuses the crop, v5 raises unless it records the past).
+`TargetModel.new_cache` therefore builds full layers everywhere.
 """
 
 from __future__ import annotations

@@ -5,17 +5,35 @@ Invariants (DESIGN.md, "Getting it right"):
   `hidden_states[i + 1]`.
 - The target never trains: parameters have `requires_grad=False` and the model is in
   eval mode.
+- The drafter sees tokens and produces logits exactly as the target does: `embed(ids)`
+  is what the target feeds its first layer (Gemma's sqrt(hidden) and Granite's
+  embedding multiplier included; a learned absolute position embedding, as GPT-2's, is
+  left out: the drafter has rope), and `logits(hidden)` is the target's own head
+  transform (lm_head, then Cohere's logit scale, Granite's logit divisor or Gemma's
+  final softcapping). Training and decoding both go through these two methods.
+- The KV cache keeps every position in every layer, sliding-window layers included:
+  verification rewinds the cache after a rejected draft, and a window-sized cache
+  cannot be rewound (DESIGN.md rule 12). The attention mask still slides (transformers
+  builds it from the config), so outputs equal the target's own.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError, reading, require
+
+log = logging.getLogger(__name__)
+
+# Families whose model forward (not the embedding module) multiplies the embeddings by
+# sqrt(hidden_size): Gemma and Gemma2 under transformers 4.x. transformers 5 moved the
+# scaling into the embedding module (`*ScaledWordEmbedding`), which `embed` then calls.
+_SCALED_IN_FORWARD = ("gemma", "gemma2")
 
 _DTYPES = {
     "auto": "auto",
@@ -35,11 +53,8 @@ def resolve_dtype(name: str):
 
 
 def find_embed_tokens(model: nn.Module) -> nn.Embedding:
-    """The input embedding of an HF causal LM (Qwen3, Llama and most decoder-only families)."""
-    for path in ("model.embed_tokens", "model.language_model.embed_tokens", "transformer.wte"):
-        module = _get_path(model, path)
-        if isinstance(module, nn.Embedding):
-            return module
+    """The token embedding of an HF causal LM (`model.embed_tokens`, GPT-2/Falcon's
+    `transformer.wte`/`word_embeddings`, GPT-NeoX's `gpt_neox.embed_in`, ...)."""
     try:
         module = model.get_input_embeddings()
     except (AttributeError, NotImplementedError):
@@ -48,35 +63,68 @@ def find_embed_tokens(model: nn.Module) -> nn.Embedding:
         return module
     raise ConfigError(
         "target.path",
-        f"cannot find the token embedding of {type(model).__name__}; dflash supports "
-        "Qwen3/Llama-style models with `model.embed_tokens`",
+        f"cannot find the token embedding of {type(model).__name__}: get_input_embeddings() "
+        f"gives {type(module).__name__}, not an nn.Embedding",
     )
 
 
 def find_lm_head(model: nn.Module) -> nn.Linear:
-    """The output projection (LM head) of an HF causal LM."""
-    module = _get_path(model, "lm_head")
-    if not isinstance(module, nn.Linear):
-        try:
-            module = model.get_output_embeddings()
-        except (AttributeError, NotImplementedError):
-            module = None
+    """The output projection (LM head) of an HF causal LM (`lm_head`, GPT-NeoX's `embed_out`)."""
+    try:
+        module = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        module = None
     if isinstance(module, nn.Linear):
         return module
     raise ConfigError(
         "target.path",
-        f"cannot find the LM head of {type(model).__name__}; dflash supports "
-        "Qwen3/Llama-style models with `lm_head`",
+        f"cannot find the LM head of {type(model).__name__}: get_output_embeddings() "
+        f"gives {type(module).__name__}, not an nn.Linear",
     )
+
+
+# Where HF causal LMs keep their transformer blocks; `_only_layer_list` covers the rest.
+_DECODER_LAYER_PATHS = ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers")
 
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The list of transformer blocks of an HF causal LM."""
-    for path in ("model.layers", "model.language_model.layers", "transformer.h"):
+    for path in _DECODER_LAYER_PATHS:
         module = _get_path(model, path)
         if isinstance(module, nn.ModuleList):
             return module
-    raise ConfigError("target.path", f"cannot find the decoder layers of {type(model).__name__}")
+    module = _only_layer_list(model)
+    if module is not None:
+        return module
+    raise ConfigError(
+        "target.path",
+        f"cannot find the decoder layers of {type(model).__name__}: none of {', '.join(_DECODER_LAYER_PATHS)}, "
+        "and no single ModuleList of num_hidden_layers blocks in its base model",
+    )
+
+
+def _only_layer_list(model: nn.Module) -> nn.ModuleList | None:
+    """The base model's one ModuleList as long as `config.num_hidden_layers`, if there is exactly one."""
+    num_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    base = getattr(model, "base_model", model)
+    if num_layers is None or not isinstance(base, nn.Module):
+        return None
+    lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
+    return lists[0] if len(lists) == 1 else None
+
+
+def supported_attention_implementation(config, requested: str | None) -> str | None:
+    """`requested`, unless it is "sdpa" and the model class refuses SDPA (Gemma2: SDPA has
+    no attention softcapping); then "eager", with a log line saying so."""
+    from transformers import AutoModelForCausalLM
+
+    if requested != "sdpa":
+        return requested
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if model_class is None or getattr(model_class, "_supports_sdpa", True):
+        return requested
+    log.info("%s does not support sdpa attention; loading it with eager attention", model_class.__name__)
+    return "eager"
 
 
 def _get_path(root: nn.Module, dotted: str):
@@ -116,6 +164,13 @@ class TargetModel:
         self.embed_tokens = find_embed_tokens(model)
         self.lm_head = find_lm_head(model)
         self.num_layers = len(find_decoder_layers(model))
+        scaled_in_forward = self.config.model_type in _SCALED_IN_FORWARD and not hasattr(self.embed_tokens, "embed_scale")
+        self._embedding_scale = self.hidden_size**0.5 if scaled_in_forward else None
+        # Config-driven transforms that the families apply in their forward, outside the modules.
+        self._embedding_multiplier = getattr(self.config, "embedding_multiplier", None)
+        self._logit_scale = getattr(self.config, "logit_scale", None)
+        self._logits_divisor = getattr(self.config, "logits_scaling", None)
+        self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
 
     @classmethod
     def load(
@@ -130,28 +185,37 @@ class TargetModel:
         Args:
             path: hub id (e.g. "Qwen/Qwen3-8B") or local directory.
             dtype: "auto", "bfloat16", "float16" or "float32".
-            attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2", ...).
+            attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2", ...);
+                "sdpa" falls back to "eager" for models that refuse it (Gemma2).
             device: torch device string.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from safetensors import SafetensorError
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path = os.path.expanduser(path)
         # A hub id is "org/name"; anything else that is not an existing directory is a typo.
         looks_local = path.startswith((".", "/")) or path.count("/") > 1
         if looks_local and not os.path.isdir(path):
             raise ConfigError("target.path", f"directory {path!r} does not exist")
-        torch_dtype = resolve_dtype(dtype)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch_dtype, attn_implementation=attn_implementation
-            )
-        except OSError as err:
-            raise ConfigError(
+        if os.path.isdir(path):  # without config.json, transformers fails deep in its tokenizer code
+            require(
+                os.path.isfile(os.path.join(path, "config.json")),
                 "target.path",
-                f"cannot load {path!r} ({str(err).splitlines()[0]}); give a local directory or a hub id "
-                "reachable from this machine",
-            ) from None
+                f"{path!r} holds no config.json, so no model; point target.path at a directory that "
+                "save_pretrained wrote, or at a hub id",
+            )
+        torch_dtype = resolve_dtype(dtype)
+        # A damaged or foreign model directory, or an unreachable hub id, is the user's to fix.
+        fix = "give a complete model directory (save_pretrained's files) or a hub id reachable from this machine"
+        with reading("target.path", path, fix, errors=(OSError, ValueError, SafetensorError)):
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                config=config,
+                dtype=torch_dtype,
+                attn_implementation=supported_attention_implementation(config, attn_implementation),
+            )
         return cls(model.to(device), tokenizer)
 
     @property
@@ -171,13 +235,36 @@ class TargetModel:
         return self.embed_tokens.num_embeddings
 
     def new_cache(self):
-        """An empty HF KV cache for this model."""
+        """An empty HF KV cache that keeps every position in every layer (see the module
+        invariants): built without the config, so sliding-window layers get full layers."""
         from transformers import DynamicCache
 
-        try:
-            return DynamicCache(config=self.config)
-        except TypeError:  # transformers < 4.56 takes no config
-            return DynamicCache()
+        return DynamicCache()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """What the target's first layer receives for `input_ids` (b, q): (b, q, D) in the
+        target's dtype."""
+        embeds = self.embed_tokens(input_ids)
+        if self._embedding_scale is not None:
+            # The same rounding as the family's forward: the scale is cast to the dtype first.
+            embeds = embeds * torch.tensor(self._embedding_scale, dtype=embeds.dtype, device=embeds.device)
+        if self._embedding_multiplier is not None:
+            embeds = embeds * self._embedding_multiplier
+        return embeds
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits for final-normed hidden states (..., D), as float32 (..., V).
+
+        Computed in the head's dtype, like the target's own forward, then upcast.
+        """
+        logits = self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        if self._logit_scale is not None:
+            logits = logits * self._logit_scale
+        if self._logits_divisor is not None:
+            logits = logits / self._logits_divisor
+        if self._logit_softcap is not None:
+            logits = torch.tanh(logits / self._logit_softcap) * self._logit_softcap
+        return logits.float()
 
     @torch.no_grad()
     def forward(

@@ -2,8 +2,9 @@
 anything that must run with no hub access.
 
 The tokenizer is byte-level (256 byte tokens + special tokens, no merges), so it needs
-no training data and encodes any text. Models are Qwen3 or Llama architectures with
-random weights from a seed; they are saved as ordinary HF directories that
+no training data and encodes any text. Models are small configs of the families in
+`TINY_ARCHS` (Qwen3, Llama-3.1, Mistral, Gemma2/3, GPT-2, ...) with random weights from
+a seed; they are saved as ordinary HF directories that
 `AutoModelForCausalLM` / `AutoTokenizer` load.
 """
 
@@ -14,6 +15,7 @@ import os
 import torch
 
 from dflash.errors import require
+from dflash.target.model import find_lm_head, supported_attention_implementation
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
 
@@ -60,11 +62,22 @@ def tiny_config(
     max_positions: int = 2048,
     eos_token_id: int = 256,
     pad_token_id: int = 257,
+    sliding_window: int | None = None,
 ):
-    """A small `Qwen3Config` or `LlamaConfig` (Llama with llama3 rope scaling, as 3.1 uses)."""
-    from transformers import LlamaConfig, Qwen3Config
+    """A small HF config of the family `arch` (one of `TINY_ARCHS`).
 
-    common = dict(
+    "llama" has llama3 rope scaling, as Llama-3.1 uses. `sliding_window` turns on
+    sliding-window attention in the families that have it (mistral, qwen2, qwen3, phi3;
+    gemma2 and gemma3 always alternate sliding and full layers, window 8 by default).
+    """
+    require(arch in _FAMILIES, "target.arch", f"unknown tiny architecture {arch!r}; choose one of {sorted(_FAMILIES)}")
+    if sliding_window is not None:
+        require(
+            arch in _SLIDING_FAMILIES,
+            "target.sliding_window",
+            f"{arch} has no sliding window; windowed tiny families: {sorted(_SLIDING_FAMILIES)}",
+        )
+    sizes = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -77,9 +90,22 @@ def tiny_config(
         bos_token_id=None,
         tie_word_embeddings=False,
     )
-    require(arch in ("qwen3", "llama"), "target.arch", f"unknown tiny architecture {arch!r}; choose qwen3 or llama")
-    if arch == "qwen3":
-        return Qwen3Config(head_dim=hidden_size // num_heads, rope_theta=10000.0, **common)
+    config_cls, kwargs = _FAMILIES[arch](sizes, sliding_window)
+    return config_cls(**kwargs)
+
+
+# Each family: (config class, constructor kwargs) from Llama-named sizes and the window.
+def _qwen3(sizes, window):
+    from transformers import Qwen3Config
+
+    sliding = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
+    head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+    return Qwen3Config, dict(sizes, head_dim=head_dim, rope_theta=10000.0, **sliding)
+
+
+def _llama(sizes, window):
+    from transformers import LlamaConfig
+
     rope = {
         "rope_type": "llama3",
         "rope_theta": 500000.0,
@@ -88,7 +114,132 @@ def tiny_config(
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 256,
     }
-    return LlamaConfig(rope_scaling=rope, **common)
+    return LlamaConfig, dict(sizes, rope_scaling=rope)
+
+
+def _qwen2(sizes, window):
+    from transformers import Qwen2Config
+
+    sliding = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
+    return Qwen2Config, dict(sizes, **sliding)
+
+
+def _qwen3_moe(sizes, window):
+    from transformers import Qwen3MoeConfig
+
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=sizes["intermediate_size"] // 2)
+    return Qwen3MoeConfig, dict(sizes, head_dim=sizes["hidden_size"] // sizes["num_attention_heads"], **experts)
+
+
+def _mistral(sizes, window):
+    from transformers import MistralConfig
+
+    return MistralConfig, dict(sizes, sliding_window=window)
+
+
+def _phi3(sizes, window):
+    from transformers import Phi3Config
+
+    return Phi3Config, dict(sizes, sliding_window=window)
+
+
+def _olmo2(sizes, window):
+    from transformers import Olmo2Config
+
+    return Olmo2Config, sizes
+
+
+def _stablelm(sizes, window):
+    from transformers import StableLmConfig
+
+    return StableLmConfig, sizes  # partial rotary (25%) by default
+
+
+def _gemma2(sizes, window):
+    from transformers import Gemma2Config
+
+    head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+    return Gemma2Config, dict(sizes, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=window or 8)
+
+
+def _gemma3(sizes, window):
+    from transformers import Gemma3TextConfig
+
+    head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+    # Different rope settings per layer type; the drafter must take the full-attention ones.
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    return Gemma3TextConfig, dict(
+        sizes,
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        sliding_window=window or 8,
+        final_logit_softcapping=30.0,
+        rope_parameters=rope,
+    )
+
+
+def _gpt2(sizes, window):
+    from transformers import GPT2Config
+
+    # No intermediate size (n_inner=None means 4x hidden) and learned absolute positions, no rope.
+    return GPT2Config, dict(
+        vocab_size=sizes["vocab_size"],
+        n_embd=sizes["hidden_size"],
+        n_layer=sizes["num_hidden_layers"],
+        n_head=sizes["num_attention_heads"],
+        n_positions=sizes["max_position_embeddings"],
+        **{k: sizes[k] for k in ("eos_token_id", "pad_token_id", "bos_token_id", "tie_word_embeddings")},
+    )
+
+
+def _gpt_neox(sizes, window):
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig, {k: v for k, v in sizes.items() if k != "num_key_value_heads"}  # partial rotary by default
+
+
+def _falcon(sizes, window):
+    from transformers import FalconConfig
+
+    falcon = {k: v for k, v in sizes.items() if k not in ("num_key_value_heads", "intermediate_size")}
+    return FalconConfig, dict(falcon, new_decoder_architecture=True, num_kv_heads=sizes["num_key_value_heads"])
+
+
+def _granite(sizes, window):
+    from transformers import GraniteConfig
+
+    # Multipliers the family applies in its forward, away from the embedding and head modules.
+    return GraniteConfig, dict(sizes, embedding_multiplier=6.0, logits_scaling=4.0)
+
+
+def _cohere(sizes, window):
+    from transformers import CohereConfig
+
+    return CohereConfig, dict(sizes, logit_scale=0.5)
+
+
+_FAMILIES = {
+    "qwen3": _qwen3,
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "qwen3_moe": _qwen3_moe,
+    "mistral": _mistral,
+    "phi3": _phi3,
+    "olmo2": _olmo2,
+    "stablelm": _stablelm,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "falcon": _falcon,
+    "granite": _granite,
+    "cohere": _cohere,
+}
+_SLIDING_FAMILIES = {"qwen3", "qwen2", "mistral", "phi3", "gemma2", "gemma3"}
+TINY_ARCHS = tuple(_FAMILIES)
 
 
 def build_tiny_target(arch: str = "qwen3", seed: int = 0, chat_template: bool = False, **config_overrides):
@@ -105,7 +256,8 @@ def build_tiny_target(arch: str = "qwen3", seed: int = 0, chat_template: bool = 
     config_overrides.setdefault("vocab_size", max(272, len(tokenizer)))
     config = tiny_config(arch, **config_overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    implementation = supported_attention_implementation(config, "sdpa")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=implementation)
     _sharpen(model)
     return model.eval(), tokenizer
 
@@ -118,7 +270,7 @@ def _sharpen(model) -> None:
     between two mathematically equal computations meaningful.
     """
     with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
+        find_lm_head(model).weight.mul_(20.0)
 
 
 def save_tiny_target(directory: str, arch: str = "qwen3", seed: int = 0, chat_template: bool = False, **overrides) -> str:

@@ -37,7 +37,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 
-from dflash.errors import require
+from dflash.errors import require, spec_from_dict
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
 BUILD_INFO = "build_info.json"
@@ -114,11 +114,7 @@ class TinyCodeConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TinyCodeConfig":
         """Build from a plain dict (a `target.build` config block; `kind` is ignored)."""
-        data = {k: v for k, v in data.items() if k != "kind"}
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        require(not unknown, f"target.build.{unknown[0]}" if unknown else "target.build", f"unknown key; valid keys: {sorted(names)}")
-        return cls(**data)
+        return spec_from_dict(cls, {k: v for k, v in data.items() if k != "kind"}, "target.build")
 
     def build_hash(self) -> str:
         """Hash of everything that determines the weights: this config, the build

@@ -59,3 +59,35 @@ class TrainingConfig:
         self.betas = tuple(float(b) for b in self.betas)
         require(0.0 <= self.warmup_ratio < 1.0, "training.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         require(0.0 <= self.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+
+
+def check_block_fits(block_size: int, max_length: int, num_anchors: int) -> None:
+    """Config-time shape checks across groups (drafter.block_size, data.max_length,
+    training.num_anchors); ConfigError naming the key to change.
+
+    - A block (the anchor and B-1 masked slots) must fit in a sequence behind at least
+      one context token, since context is strictly before the anchor:
+      B + 1 <= max_length. A longer block could never be trained whole, while its
+      attention mask still grows with B times the anchors (issue 11: a 1024 block with
+      max_length 256 ran for minutes without finishing 4 steps).
+    - training.num_anchors may not exceed data.max_length: a sequence cannot host more
+      anchors than it has tokens (at most max_length - 1 can have a target after them;
+      num_anchors = max_length is the natural way to say "every position"). A larger
+      value is refused, not clamped: no sequence can ever reach it, so it is a typo or a
+      misread of max_length, and clamping it would train the same thing under another
+      run name (the run name hashes the overrides). Up to that bound num_anchors stays a
+      budget per sequence: fewer are used when a sequence has fewer valid anchors, and
+      stride sampling takes every B-th one (the anchors ablation relies on that).
+    """
+    require(
+        block_size + 1 <= max_length,
+        "drafter.block_size",
+        f"a block of {block_size} does not fit in a sequence of data.max_length={max_length} tokens with "
+        f"context before its anchor; set drafter.block_size <= {max_length - 1} or data.max_length >= {block_size + 1}",
+    )
+    require(
+        num_anchors <= max_length,
+        "training.num_anchors",
+        f"{num_anchors} anchors cannot fit in a sequence of data.max_length={max_length} tokens; "
+        f"set training.num_anchors <= {max_length} (= every position)",
+    )

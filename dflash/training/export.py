@@ -4,11 +4,13 @@ from a live training module or from a Lightning checkpoint without loading the t
 from __future__ import annotations
 
 import os
+import pickle
+import warnings
 
 import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
-from dflash.errors import ConfigError
+from dflash.errors import ConfigError, reading
 from dflash.training.module import DRAFTER_CONFIG_KEY, DFlashTrainingModule
 
 _DRAFTER_PREFIX = "drafter."
@@ -26,10 +28,14 @@ def export_drafter(module: DFlashTrainingModule, out_dir: str, dtype: torch.dtyp
 def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
     """Rebuild the drafter stored in a `DFlashTrainingModule` checkpoint (CPU, eval mode)."""
     if not os.path.isfile(ckpt_path):
-        raise ConfigError("checkpoint", f"no checkpoint file at {ckpt_path!r}")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    if DRAFTER_CONFIG_KEY not in checkpoint:
-        raise ConfigError("checkpoint", f"{ckpt_path!r} is not a dflash training checkpoint (no drafter config)")
+        raise ConfigError("ckpt", f"no checkpoint file at {ckpt_path!r}")
+    fix = "give a checkpoints/*.ckpt file that python -m dflash.train wrote"
+    damaged = (OSError, EOFError, RuntimeError, pickle.UnpicklingError)  # what torch.load raises on them
+    with reading("ckpt", ckpt_path, fix, errors=damaged), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a damaged file also warns about its pickle protocol: one line is enough
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or DRAFTER_CONFIG_KEY not in checkpoint:
+        raise ConfigError("ckpt", f"{ckpt_path!r} is not a dflash training checkpoint (no drafter config); {fix}")
     config = DrafterConfig.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY])
     state = {
         name.removeprefix(_DRAFTER_PREFIX): tensor

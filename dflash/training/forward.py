@@ -8,6 +8,8 @@ holds the two together.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from dflash.drafter.model import DFlashDrafter, DrafterAttention
@@ -56,7 +58,7 @@ def set_attention_implementation(drafter: DFlashDrafter, implementation: str) ->
 
 def draft_blocks(
     drafter: DFlashDrafter,
-    embed_tokens: torch.nn.Module,
+    embed: Callable[[torch.Tensor], torch.Tensor],
     context_features: torch.Tensor,
     key_is_real: torch.Tensor,
     anchors: Anchors,
@@ -68,12 +70,13 @@ def draft_blocks(
     `FactoredBlockMask` for sdpa, a BlockMask for flex_attention).
 
     Args:
+        embed: token ids -> embeddings as the target's first layer sees them (`TargetModel.embed`).
         context_features: (b, S, n_taps * D) target features of every position.
         key_is_real: (b, S) bool, True on real tokens.
         anchors: (b, N) positions of the blocks' anchors.
         blocks: token_ids/positions of shape (b, N*B).
     Returns:
-        (b, N*B, D) hidden states; logits = target lm_head(hidden).
+        (b, N*B, D) hidden states; logits = `TargetModel.logits(hidden)`.
     """
     block_size = drafter.block_size
     if drafter.config.attn_implementation == "flex_attention":
@@ -82,4 +85,4 @@ def draft_blocks(
         mask = factored_block_mask(anchors.positions, key_is_real, block_size)
     batch, seq_len = key_is_real.shape
     context_positions = torch.arange(seq_len, device=key_is_real.device).expand(batch, seq_len)
-    return drafter(embed_tokens(blocks.token_ids), blocks.positions, context_features, context_positions, mask=mask)
+    return drafter(embed(blocks.token_ids), blocks.positions, context_features, context_positions, mask=mask)

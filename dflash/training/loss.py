@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from dflash.training.blocks import Blocks
 
@@ -62,18 +62,20 @@ class BlockLoss:
     weights: torch.Tensor
 
 
-def block_loss(hidden: torch.Tensor, lm_head: nn.Module, blocks: Blocks, slot_weights: torch.Tensor) -> BlockLoss:
+def block_loss(
+    hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor], blocks: Blocks, slot_weights: torch.Tensor
+) -> BlockLoss:
     """Weighted cross-entropy of the drafter's block predictions.
 
     Args:
         hidden: (b, N*B, D) drafter hidden states of the blocks.
-        lm_head: the target's frozen LM head (D -> V).
+        to_logits: the target's frozen head transform, (n, D) -> (n, V) (`TargetModel.logits`).
         blocks: labels/label_valid/slots of shape (b, N*B) / (N*B,).
         slot_weights: (B,) from `position_weights`.
     """
     valid = blocks.label_valid
     rows = hidden[valid]
-    logits = lm_head(rows.to(lm_head.weight.dtype)).float()
+    logits = to_logits(rows).float()
     labels = blocks.labels[valid]
     slots = blocks.slots.expand_as(valid)[valid]
     weights = slot_weights.to(hidden.device)[slots]

@@ -94,13 +94,13 @@ class DFlashTrainingModule(L.LightningModule):
         if config.use_target_features:
             features = target_features(self.target, input_ids, config.target_layer_ids)
         else:  # standalone-drafter ablation: the context is the prefix's own token embeddings
-            features = self.target.embed_tokens(input_ids)
+            features = self.target.embed(input_ids)
         anchors = sample_anchors(
             loss_mask, config.block_size, self.training_config.num_anchors, self.training_config.anchor_sampling, generator
         )
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
-        hidden = draft_blocks(self.drafter, self.target.embed_tokens, features, attention_mask, anchors, blocks)
-        return block_loss(hidden, self.target.lm_head, blocks, self.slot_weights)
+        hidden = draft_blocks(self.drafter, self.target.embed, features, attention_mask, anchors, blocks)
+        return block_loss(hidden, self.target.logits, blocks, self.slot_weights)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         result = self.compute_loss(batch)

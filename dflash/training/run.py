@@ -7,10 +7,19 @@ run the same code with dataclasses.
 
 Invariants:
 - Run directory layout (`output_dir`): `checkpoints/last.ckpt` (refreshed every
-  `checkpoint.every_n_train_steps` optimizer steps and at the end), `drafter/` (the
-  exported drafter directory), `results.json` (evaluation after training), logger files.
-- `resume="auto"`: when `checkpoints/last.ckpt` exists, training continues from it with
-  its global step, optimizer and scheduler state; so re-running a killed command resumes.
+  `checkpoint.every_n_train_steps` optimizer steps and at the end), `checkpoints/previous.ckpt`
+  (the last.ckpt it replaced), `drafter/` (the exported drafter directory), `results.json`
+  (evaluation after training), logger files.
+- One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
+  on it for the whole run (a second job exits 2 naming the holder; a killed holder's lock
+  is taken over).
+- Checkpoints are written atomically (`dflash.fileio.atomic_write`); before last.ckpt is
+  replaced it becomes previous.ckpt, so the last two are kept.
+- `resume="auto"`: training continues from `checkpoints/last.ckpt` with its global step,
+  optimizer and scheduler state; so re-running a killed command resumes. An unreadable
+  last.ckpt (truncated by a full disk, say) is renamed `last.ckpt.corrupt` and training
+  resumes from previous.ckpt, with a warning. A checkpoint of a drafter of another shape
+  is an error naming the run directory, never a state_dict traceback.
 - The frozen target is loaded by every rank on that rank's own device
   (`trainer.strategy.root_device`, known once the Trainer exists), never on cuda:0 by all.
 - Export and evaluation run on global rank 0 only; export reads the final checkpoint,
@@ -19,7 +28,9 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -28,12 +39,15 @@ from dataclasses import dataclass, field
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dflash.data.config import DataSpec
 from dflash.errors import ConfigError, require
+from dflash.fileio import atomic_write, remove_partial_writes, write_text
+from dflash.locks import DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingConfig
 
@@ -41,6 +55,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
+PREVIOUS_CHECKPOINT = "previous.ckpt"
+CORRUPT_SUFFIX = ".corrupt"
 DRAFTER_DIR = "drafter"
 RESULTS_FILE = "results.json"
 WANDB_ID_FILE = "wandb_run_id.txt"
@@ -167,10 +183,19 @@ def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> Train
 
     callbacks: extra Lightning callbacks (tests use them to observe ranks).
     """
+    output_dir = os.path.abspath(job.output_dir)
+    if not _is_first_process():
+        return _train(job, output_dir, callbacks)
+    with DirectoryLock(output_dir, "run_name", "wait for that run to finish, or train under another run_name=NAME"):
+        with contextlib.suppress(FileNotFoundError):
+            remove_partial_writes(os.path.join(output_dir, CHECKPOINT_DIR))  # killed checkpoint writes
+        return _train(job, output_dir, callbacks)
+
+
+def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) -> TrainOutcome:
     from dflash.data.datamodule import DFlashDataModule
     from dflash.training.module import DFlashTrainingModule
 
-    output_dir = os.path.abspath(job.output_dir)
     checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
     resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
     L.seed_everything(job.seed, workers=True, verbose=False)
@@ -188,6 +213,9 @@ def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> Train
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
     module = DFlashTrainingModule(target, job.drafter, job.training)
+    if resume_path is not None:
+        key = "run_name" if job.checkpoint.resume == "auto" else "checkpoint.resume"
+        check_checkpoint_fits(resume_path, module, key)
     datamodule = DFlashDataModule.from_spec(job.data, module.target.tokenizer)
     cluster = getattr(trainer.strategy, "cluster_environment", None)
     if cluster is None or not cluster.creates_processes_externally:
@@ -217,15 +245,120 @@ def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> Train
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
 
 
+def _is_first_process() -> bool:
+    """Rank 0 of node 0, known from the launcher's environment before any Trainer exists."""
+    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
 def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
-    """The checkpoint to resume from: None (fresh start) or an existing .ckpt path."""
+    """The checkpoint to resume from: None (fresh start) or a readable .ckpt path.
+
+    With "auto": last.ckpt, or previous.ckpt (with a warning) when last.ckpt is missing or
+    unreadable; an unreadable last.ckpt is renamed `last.ckpt.corrupt` by the first process
+    so that the next checkpoint does not keep it as previous.ckpt.
+    """
     if resume == "never":
         return None
-    if resume == "auto":
-        last = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
-        return last if os.path.isfile(last) else None
-    require(os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these")
-    return os.path.abspath(resume)
+    if resume != "auto":
+        require(os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these")
+        problem = checkpoint_problem(resume)
+        require(problem is None, "checkpoint.resume", f"cannot read {resume!r} ({problem}); pass another checkpoint, or auto or never")
+        return os.path.abspath(resume)
+    last = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
+    previous = os.path.join(checkpoint_dir, PREVIOUS_CHECKPOINT)
+    last_problem = checkpoint_problem(last) if os.path.isfile(last) else "missing"
+    if last_problem is None:
+        return last
+    if not os.path.isfile(previous):
+        require(
+            last_problem == "missing",
+            "checkpoint.resume",
+            f"{last} cannot be read ({last_problem}) and there is no {PREVIOUS_CHECKPOINT} to fall back to; "
+            f"delete {last} to train this run from the start (or pass checkpoint.resume=never)",
+        )
+        return None
+    previous_problem = checkpoint_problem(previous)
+    require(
+        previous_problem is None,
+        "checkpoint.resume",
+        f"neither {last} ({last_problem}) nor {previous} ({previous_problem}) can be read; "
+        f"delete both to train this run from the start (or pass checkpoint.resume=never)",
+    )
+    if last_problem == "missing":
+        log.warning("%s is missing (a run killed while replacing it?); resuming from %s", last, previous)
+    else:
+        if _is_first_process():
+            os.replace(last, last + CORRUPT_SUFFIX)
+        log.warning("%s cannot be read (%s); it is kept as %s and training resumes from %s", last, last_problem, last + CORRUPT_SUFFIX, previous)
+    return previous
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why `path` cannot be resumed from (truncated, not a checkpoint, ...), or None if it can.
+
+    Reads the file's structure only (tensors stay memory-mapped), so it is cheap.
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - whatever torch cannot read is not a checkpoint to resume from
+        return " ".join(str(err).split()).split(". ")[0][:200] or type(err).__name__
+    if not isinstance(checkpoint, dict) or not {"state_dict", "global_step"} <= set(checkpoint):
+        return "not a Lightning training checkpoint"
+    return None
+
+
+# Drafter config.json keys that must agree for a checkpoint to continue this run.
+_DRAFTER_SHAPE_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "block_size", "num_target_layers", "dflash_config",
+)
+
+
+def check_checkpoint_fits(path: str, module, key: str) -> None:
+    """ConfigError(key) unless checkpoint `path` holds a drafter of the module's shape."""
+    from dflash.training.module import DRAFTER_CONFIG_KEY
+
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    stored, current = checkpoint.get(DRAFTER_CONFIG_KEY, {}), module.drafter.config.to_hf_dict()
+    differences = [f"{name} {stored.get(name)} there, {current.get(name)} here" for name in _DRAFTER_SHAPE_KEYS if stored.get(name) != current.get(name)]
+    if not differences:  # same config, yet other weights: name the first tensors that differ
+        shapes = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+        stored_shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
+        names = sorted(set(shapes) | set(stored_shapes))
+        differences = [f"{name} {stored_shapes.get(name)} there, {shapes.get(name)} here" for name in names if shapes.get(name) != stored_shapes.get(name)]
+    require(
+        not differences,
+        key,
+        f"{path} holds a checkpoint of another drafter ({'; '.join(differences[:3])}); train under a new "
+        "run_name=NAME, or pass checkpoint.resume=never to start this run over (its checkpoints get replaced)",
+    )
+
+
+class KeepPreviousCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic, keeping the replaced last.ckpt.
+
+    Lightning writes through a temporary file in the system temp dir and moves it: across
+    filesystems that move is a copy, and a kill or a full disk during it leaves a
+    truncated last.ckpt. Here the file is written beside its destination and renamed
+    (`dflash.fileio.atomic_write`); an existing last.ckpt first becomes previous.ckpt.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = str(path)
+        if os.path.basename(path) == LAST_CHECKPOINT and os.path.isfile(path):
+            os.replace(path, os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT))
+        try:
+            atomic_write(path, lambda temporary: torch.save(checkpoint, temporary))
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise ConfigError(
+                "paths.artifacts",
+                f"no space left to write {path} ({err.strerror}); free some space or move paths.artifacts to a "
+                "bigger disk, then re-run the same command: it resumes from the last complete checkpoint",
+            ) from None
 
 
 def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, callbacks: list[Callback]) -> L.Trainer:
@@ -250,6 +383,7 @@ def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, cal
             default_root_dir=output_dir,
             logger=loggers or False,
             callbacks=callbacks,
+            plugins=[KeepPreviousCheckpointIO()],
             use_distributed_sampler=True,
         )
     except (ValueError, TypeError, RuntimeError, MisconfigurationException) as err:  # Lightning's checks of devices etc.
@@ -301,7 +435,7 @@ def _wandb_logger(settings: LoggerSettings, output_dir: str):
     else:
         run_id = uuid.uuid4().hex[:12]
         if rank_zero_only.rank == 0:
-            _write_text_atomic(id_path, run_id)
+            write_text(id_path, run_id)
     return WandbLogger(
         project=settings.project,
         entity=settings.entity,
@@ -362,14 +496,22 @@ def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str
 
 
 def log_evaluation(loggers: list, results_path: str, step: int) -> None:
-    """Log tau and speedups of results.json as `eval/...` scalars at training step `step`."""
+    """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at
+    training step `step`; a wandb run also gets results.json itself as a run file (what
+    `dflash.tables` reads from wandb: the acceptance histogram, per-prompt numbers, lossless)."""
     with open(results_path) as f:
         results = json.load(f)
-    metrics = {"eval/tau": results["tau"]}
+    metrics = {"eval/tau": results["tau"], "eval/tau_per_prompt_mean": results["tau_per_prompt_mean"]}
     metrics.update({f"eval/speedup_{name}": value for name, value in results["speedup"].items() if value is not None})
+    speedups = results["speedup_decode_only"].items()
+    metrics.update({f"eval/speedup_decode_only_{name}": value for name, value in speedups if value is not None})
     metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
+        if type(logger).__name__ == "WandbLogger":
+            # named RESULTS_FILE in the run (base_path), the path taken literally: Hydra run
+            # directories may hold glob characters ("drafter.target_layer_ids=[1,3]")
+            logger.experiment.save(results_path, base_path=os.path.dirname(results_path), policy="now", glob=False)
 
 
 def finish_loggers(loggers: list) -> None:
@@ -378,12 +520,4 @@ def finish_loggers(loggers: list) -> None:
         logger.save()
         if type(logger).__name__ == "WandbLogger" and rank_zero_only.rank == 0:
             logger.experiment.finish()
-
-
-def _write_text_atomic(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
