@@ -9,7 +9,6 @@ import torch
 from scipy.stats import chisquare
 
 from dflash.decoding.sampling import probabilities, sample
-from dflash.decoding.verify import verify
 from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
@@ -134,16 +133,6 @@ class PartialOracleProposer(OracleProposer):
             logits[wrong_slot] = -1e4
             logits[wrong_slot, wrong] = 0.0
         return logits
-
-
-def verify_keeping_one_wrong_draft(target_logits, drafts, sampling, generator):
-    """Test double, lossy on purpose: greedy verification that also keeps the first
-    rejected draft and continues with the target's choice after it. Negative control
-    for the greedy equality checks (patched over the engine's `verify`)."""
-    accepted, next_token = verify(target_logits, drafts, sampling, generator)
-    if accepted == drafts.tokens.numel():
-        return accepted, next_token
-    return accepted + 1, int(target_logits[accepted + 1].argmax())
 
 
 def chi_square_p_value(samples, probs: dict) -> float:

@@ -6,7 +6,8 @@ import torch
 import dflash.decoding.engine
 from dflash.decoding import DFlashProposer, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
-from tests.conftest import OracleProposer, PartialOracleProposer, hf_greedy, verify_keeping_one_wrong_draft
+from tests.conftest import OracleProposer, PartialOracleProposer, hf_greedy
+from tests.test_evaluate_accounting import lossy_verify
 
 PROMPTS = ["def add(a, b):\n    return", "import os\n", "x", "class Stack:\n    def push(self, item):\n"]
 BLOCK_SIZES = [1, 2, 4, 8, 16]
@@ -74,7 +75,7 @@ def test_partial_acceptance_with_random_slots_and_a_stop_token(tiny_target):
 
 def test_greedy_check_catches_a_verify_that_keeps_one_wrong_draft(tiny_target, monkeypatch):
     """Negative control: the equality check above fails for a lossy engine."""
-    monkeypatch.setattr(dflash.decoding.engine, "verify", verify_keeping_one_wrong_draft)
+    monkeypatch.setattr(dflash.decoding.engine, "verify", lossy_verify)  # keeps the first rejected draft
     ids = tiny_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     with pytest.raises(AssertionError, match="differs from HF greedy"):
         check_partial_acceptance(tiny_target, ids, 4, 20, PartialOracleProposer(tiny_target))

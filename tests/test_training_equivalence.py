@@ -131,7 +131,7 @@ def test_training_blocks_equal_the_engines_drafts_under_partial_acceptance(arch,
     prompt = torch.tensor([[5, 80, 81, 99, 3, 17, 42]])
     slots = torch.randperm(block_size, generator=torch.Generator().manual_seed(0)).tolist()
     oracle = PartialOracleProposer(target, wrong_slots=slots)
-    recorder = RecordingProposer(DFlashProposer(drafter, target.embed_tokens, target.lm_head), drafts_from=oracle)
+    recorder = RecordingProposer(DFlashProposer(drafter, target.embed, target.logits), drafts_from=oracle)
     max_new = 2 + sum(slot + 1 for slot in slots)
     result = generate(target, prompt, max_new_tokens=max_new, block_size=block_size, proposer=recorder)
     assert set(range(1, block_size + 1)) <= set(result.acceptance_lengths)
