@@ -3,9 +3,11 @@
 import pytest
 import torch
 
+import dflash.decoding.engine
 from dflash.decoding import DFlashProposer, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
-from tests.conftest import OracleProposer, hf_greedy
+from tests.conftest import OracleProposer, PartialOracleProposer, hf_greedy
+from tests.test_evaluate_accounting import lossy_verify
 
 PROMPTS = ["def add(a, b):\n    return", "import os\n", "x", "class Stack:\n    def push(self, item):\n"]
 BLOCK_SIZES = [1, 2, 4, 8, 16]
@@ -27,6 +29,56 @@ def test_random_drafter_output_equals_hf_greedy(tiny_target, block_size):
         result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=block_size, proposer=proposer)
         assert result.output_ids == expected, (prompt, block_size)
         assert sum(result.acceptance_lengths) + 1 == len(result.output_ids)
+
+
+def check_partial_acceptance(target, ids, block_size, max_new, oracle, stop=None):
+    """Speculative output equals HF greedy and every verify step accepts what the oracle
+    planned. Steps the oracle never saw are the engine's draft-less last steps (one token
+    left to emit); a stop token cuts the last step short."""
+    expected = hf_greedy(target, ids, max_new, eos=stop)
+    result = generate(
+        target, ids, max_new_tokens=max_new, block_size=block_size, proposer=oracle, stop_token_ids=[stop] if stop else []
+    )
+    assert result.output_ids == expected, "speculative output differs from HF greedy"
+    lengths = result.acceptance_lengths
+    assert len(lengths) - len(oracle.planned_accepts) in (0, 1)
+    planned = [accepts + 1 for accepts in oracle.planned_accepts] + [1] * (len(lengths) - len(oracle.planned_accepts))
+    if stop is None:
+        assert lengths == planned
+    else:
+        assert lengths[:-1] == planned[:-1] and 1 <= lengths[-1] <= planned[-1]
+    assert 1 + sum(lengths) == len(result.output_ids)
+    return result
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+def test_partial_acceptance_hits_every_accept_length_and_stays_lossless(tiny_target, block_size):
+    """One wrong draft per block at a slot from a seeded permutation: every accept length
+    0..B-1 occurs, the engine reports exactly the planned lengths (+1 for the bonus
+    token), and max_new_tokens cuts the second round of the schedule mid-block."""
+    slots = torch.randperm(block_size, generator=torch.Generator().manual_seed(block_size)).tolist()
+    ids = tiny_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    max_new = 1 + sum(slot + 1 for slot in slots) + block_size // 2 + 1
+    result = check_partial_acceptance(tiny_target, ids, block_size, max_new, PartialOracleProposer(tiny_target, wrong_slots=slots))
+    assert set(range(1, block_size + 1)) <= set(result.acceptance_lengths)
+
+
+def test_partial_acceptance_with_random_slots_and_a_stop_token(tiny_target):
+    """The oracle's own random slots, and a stop token that ends the output inside a block."""
+    ids = tiny_target.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
+    reference = hf_greedy(tiny_target, ids, 60)
+    stop_index = next(i for i in range(10, 60) if reference[i] not in reference[:i])
+    result = check_partial_acceptance(tiny_target, ids, 8, 60, PartialOracleProposer(tiny_target, seed=1), stop=reference[stop_index])
+    assert len(result.output_ids) == stop_index + 1
+    assert len(set(result.acceptance_lengths)) >= 4
+
+
+def test_greedy_check_catches_a_verify_that_keeps_one_wrong_draft(tiny_target, monkeypatch):
+    """Negative control: the equality check above fails for a lossy engine."""
+    monkeypatch.setattr(dflash.decoding.engine, "verify", lossy_verify)  # keeps the first rejected draft
+    ids = tiny_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    with pytest.raises(AssertionError, match="differs from HF greedy"):
+        check_partial_acceptance(tiny_target, ids, 4, 20, PartialOracleProposer(tiny_target))
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

@@ -16,6 +16,7 @@ from dflash.target.tiny import build_tiny_target
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
+from tests.conftest import PartialOracleProposer
 
 
 def _target_and_drafter(arch: str, block_size: int):
@@ -72,20 +73,41 @@ def test_training_blocks_equal_proposer_blocks_fed_incrementally(arch, block_siz
 
 
 class RecordingProposer:
-    """A DFlashProposer that records each block's anchor position and logits."""
+    """A DFlashProposer that records each block's anchor position and logits.
 
-    def __init__(self, inner: DFlashProposer):
+    With `drafts_from`, the engine verifies that proposer's drafts instead (the
+    DFlashProposer still drafts every block, and is fed and cropped by the engine as
+    usual), so verify steps accept as many drafts as `drafts_from` plans.
+    """
+
+    def __init__(self, inner: DFlashProposer, drafts_from=None):
         self.inner = inner
+        self.drafts_from = drafts_from
         self.target_layer_ids = inner.target_layer_ids
         self.records: list[tuple[int, torch.Tensor]] = []
 
     def reset(self):
         self.inner.reset()
+        if self.drafts_from is not None:
+            self.drafts_from.reset()
 
     def propose(self, committed_ids, new_features, block_size, num_drafts):
         logits = self.inner.propose(committed_ids, new_features, block_size, num_drafts)
         self.records.append((committed_ids.shape[1] - 1, logits.clone()))
+        if self.drafts_from is not None:
+            return self.drafts_from.propose(committed_ids, None, block_size, num_drafts)
         return logits
+
+
+def _assert_engine_drafts_equal_training(target, drafter, prompt, result, recorder):
+    sequence = torch.cat([prompt, torch.tensor([result.output_ids])], dim=1)
+    positions = torch.tensor([[anchor for anchor, _ in recorder.records]])
+    training = _training_logits(
+        target, drafter, sequence, torch.ones_like(sequence, dtype=torch.bool), positions, torch.ones_like(positions, dtype=torch.bool)
+    )
+    for j, (_, decoding) in enumerate(recorder.records):
+        # Cached (engine) and full-sequence target features differ only by float rounding.
+        torch.testing.assert_close(training[0, j, : decoding.shape[0]], decoding, atol=1e-5, rtol=1e-5)
 
 
 def test_training_blocks_equal_the_engines_drafts():
@@ -96,12 +118,21 @@ def test_training_blocks_equal_the_engines_drafts():
     prompt = torch.tensor([[5, 80, 81, 99, 3, 17, 42]])
     recorder = RecordingProposer(DFlashProposer(drafter, target.embed, target.logits))
     result = generate(target, prompt, max_new_tokens=40, block_size=block_size, proposer=recorder)
-    sequence = torch.cat([prompt, torch.tensor([result.output_ids])], dim=1)
-    positions = torch.tensor([[anchor for anchor, _ in recorder.records]])
-    training = _training_logits(
-        target, drafter, sequence, torch.ones_like(sequence, dtype=torch.bool), positions, torch.ones_like(positions, dtype=torch.bool)
-    )
     assert len(recorder.records) >= 10
-    for j, (_, decoding) in enumerate(recorder.records):
-        # Cached (engine) and full-sequence target features differ only by float rounding.
-        torch.testing.assert_close(training[0, j, : decoding.shape[0]], decoding, atol=1e-5, rtol=1e-5)
+    _assert_engine_drafts_equal_training(target, drafter, prompt, result, recorder)
+
+
+@pytest.mark.parametrize("arch,block_size", [("qwen3", 8), ("llama", 4)])
+def test_training_blocks_equal_the_engines_drafts_under_partial_acceptance(arch, block_size):
+    """As above, with verify steps that accept 0..B-1 drafts: the drafter gets the
+    features of several accepted positions at once and its cache is cropped back to
+    the new anchor after each block."""
+    target, drafter = _target_and_drafter(arch, block_size)
+    prompt = torch.tensor([[5, 80, 81, 99, 3, 17, 42]])
+    slots = torch.randperm(block_size, generator=torch.Generator().manual_seed(0)).tolist()
+    oracle = PartialOracleProposer(target, wrong_slots=slots)
+    recorder = RecordingProposer(DFlashProposer(drafter, target.embed, target.logits), drafts_from=oracle)
+    max_new = 2 + sum(slot + 1 for slot in slots)
+    result = generate(target, prompt, max_new_tokens=max_new, block_size=block_size, proposer=recorder)
+    assert set(range(1, block_size + 1)) <= set(result.acceptance_lengths)
+    _assert_engine_drafts_equal_training(target, drafter, prompt, result, recorder)
