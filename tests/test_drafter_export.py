@@ -195,11 +195,13 @@ def test_rope_keys_from_a_transformers_4_config():
     from dflash.drafter.rope_keys import rope_config_keys
 
     scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
-    keys = rope_config_keys(SimpleNamespace(rope_theta=5e5, rope_scaling=scaling, max_position_embeddings=2048))
+    v4_config = {"rope_theta": 5e5, "rope_scaling": scaling}
+    keys = rope_config_keys(SimpleNamespace(to_dict=lambda: v4_config, max_position_embeddings=2048))
     expected = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
     assert keys["rope_parameters"] == {**expected, "rope_theta": 5e5} and keys["rope_scaling"] == expected
     assert (keys["rope_theta"], keys["max_position_embeddings"]) == (5e5, 2048)
-    plain = rope_config_keys(SimpleNamespace(rope_theta=1e6, rope_scaling=None, max_position_embeddings=4096))
+    plain_config = {"rope_theta": 1e6, "rope_scaling": None}
+    plain = rope_config_keys(SimpleNamespace(to_dict=lambda: plain_config, max_position_embeddings=4096))
     assert plain["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6} and plain["rope_scaling"] is None
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from dflash.drafter.rope_keys import rope_config_keys
+from dflash.drafter.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
 from dflash.errors import ConfigError, require
 
 # Keys of the target's HF config not copied into the drafter's config.json: per-layer
 # structure of the target and loading hooks that would point other programs at the
-# target's code or quantization. Rope keys (`_TARGET_ROPE_KEYS`) are rewritten.
+# target's code or quantization. Rope keys (`TARGET_ROPE_KEYS`) are rewritten.
 _TARGET_KEYS_NOT_COPIED = ("layer_types", "max_window_layers", "_name_or_path", "auto_map", "quantization_config")
 
 
@@ -120,7 +120,7 @@ class DrafterConfig:
         from `intermediate_size` / `ffn_hidden_size` / `n_inner`, else 4x hidden; eps from
         `rms_norm_eps` / `layer_norm_eps` / `layer_norm_epsilon`. `target_config` keeps
         the target's config with its rope settings replaced by the single setting of its
-        full-attention layers (see `_full_attention_rope`) in the running transformers'
+        full-attention layers (see `rope_keys.full_attention_rope`) in the running transformers'
         format, and `max_position_embeddings` (GPT-2's `n_positions`).
 
         Args:
@@ -141,8 +141,8 @@ class DrafterConfig:
         if getattr(tc, "multi_query", False) and not getattr(tc, "new_decoder_architecture", False):
             num_kv_heads = 1  # Falcon-7B style multi-query attention
         target_intermediate = _first_set(tc, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden_size
-        target_config = {k: v for k, v in tc.to_dict().items() if k not in _TARGET_ROPE_KEYS}
-        target_config.update(_rope_config_keys(_full_attention_rope(tc.to_dict())))
+        target_config = {k: v for k, v in tc.to_dict().items() if k not in TARGET_ROPE_KEYS}
+        target_config.update(running_version_keys(full_attention_rope(tc.to_dict())))
         target_config["max_position_embeddings"] = _first_set(tc, "max_position_embeddings", "n_positions")
         return cls(
             hidden_size=hidden_size,
@@ -172,7 +172,7 @@ class DrafterConfig:
         engines that serve them (README, "Drafter directories and other loaders") read
         it. Rope settings are written for transformers 4 and 5 alike (`rope_keys`).
         """
-        dropped = _TARGET_KEYS_NOT_COPIED + _TARGET_ROPE_KEYS
+        dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
         out.update(rope_config_keys(self.rope_hf_config()))
         dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id, "block_size": self.block_size}
@@ -243,11 +243,11 @@ class DrafterConfig:
 
         The drafter is Qwen3-style whatever the target: its layers are full attention and
         rotate the whole head dim, so it takes the target's full-attention rope settings
-        (or a default for targets without rope; see `_full_attention_rope`).
+        (or a default for targets without rope; see `rope_keys.full_attention_rope`).
         """
         from transformers import Qwen3Config
 
-        rope = _rope_config_keys(_full_attention_rope(self.target_config))
+        rope = running_version_keys(full_attention_rope(self.target_config))
         return Qwen3Config(
             hidden_size=self.hidden_size,
             num_attention_heads=self.num_attention_heads,
@@ -257,20 +257,6 @@ class DrafterConfig:
         )
 
 
-# Every key under which a family keeps rope settings (v4 and v5 spellings). The drafter
-# replaces them all by one full-attention setting in the running version's format.
-_TARGET_ROPE_KEYS = (
-    "rope_parameters",
-    "rope_theta",
-    "rope_scaling",
-    "partial_rotary_factor",
-    "rotary_pct",
-    "rotary_emb_base",
-    "rope_local_base_freq",
-)
-# Rope for targets without any (GPT-2's learned positions, Falcon's ALiBi): the original
-# RoPE paper's theta, which Llama-1/2 and GPT-NeoX also use.
-DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_MAX_POSITIONS = 2048
 
 
@@ -292,47 +278,6 @@ def _first_set(config, *names):
         if value is not None:
             return value
     return None
-
-
-def _full_attention_rope(config: dict) -> dict:
-    """One rope setting {"rope_type", "rope_theta", scaling keys...} for full-attention layers.
-
-    Reads transformers-5 `rope_parameters` (flat, or keyed by layer type as Gemma3's:
-    the "full_attention" entry) or transformers-4 `rope_theta` / `rope_scaling` (and
-    GPT-NeoX's `rotary_emb_base`). `partial_rotary_factor` is dropped: the drafter
-    rotates whole heads.
-    """
-    parameters = config.get("rope_parameters")
-    if isinstance(parameters, dict) and parameters:
-        if all(isinstance(v, dict) or v is None for v in parameters.values()):
-            if not isinstance(parameters.get("full_attention"), dict):
-                raise ConfigError(
-                    "target.path",
-                    f"rope settings keyed by layer type {sorted(parameters)} have no 'full_attention' entry for the drafter",
-                )
-            parameters = parameters["full_attention"]
-        rope = dict(parameters)
-    else:
-        rope = dict(config.get("rope_scaling") or {})
-        theta = config.get("rope_theta") or config.get("rotary_emb_base")
-        if theta is not None:
-            rope.setdefault("rope_theta", theta)
-    legacy_type = rope.pop("type", None)  # transformers < 4.45 spelling
-    rope["rope_type"] = rope.get("rope_type") or legacy_type or "default"
-    rope.setdefault("rope_theta", DEFAULT_ROPE_THETA)
-    rope.pop("partial_rotary_factor", None)
-    return rope
-
-
-def _rope_config_keys(rope: dict) -> dict:
-    """HF config keys carrying `rope` in the running transformers' format: v5
-    `rope_parameters`, v4 `rope_theta` + `rope_scaling`."""
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        return {"rope_parameters": dict(rope)}
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling if scaling["rope_type"] != "default" else None}
 
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "flash_attention_2")

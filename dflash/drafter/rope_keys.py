@@ -1,59 +1,108 @@
-"""Rope settings in config.json that transformers 4.x and 5.x read the same way.
+"""Rope settings: one full-attention setting read from any target config, written so that
+transformers 4.x and 5.x compute the same frequencies.
 
-transformers 5 keeps every rope setting in one flat dict, `rope_parameters`
-({rope_type, rope_theta, factor, ...}); transformers 4 reads `rope_theta` and
-`rope_scaling` (the same dict without the theta, or null for plain rope) and ignores
-`rope_parameters`. A config.json with only one generation's keys is read by the other
-as plain rope with theta 10000: different frequencies, no error. So a drafter's
-config.json carries both, derived from the one rope config the drafter itself uses.
+Reading (`full_attention_rope`): families keep rope settings under transformers-5
+`rope_parameters` (flat, or keyed by layer type as Gemma3's), transformers-4
+`rope_theta` / `rope_scaling` (with `rope_type` or the older `type`), or their own names
+(GPT-NeoX's `rotary_emb_base`); targets without rope (GPT-2's learned positions,
+Falcon's ALiBi) get theta 10000. The drafter's layers are full attention and rotate
+whole heads, so it takes one flat setting {rope_type, rope_theta, scaling keys...}.
+
+Writing: transformers 5 reads `rope_parameters`; transformers 4 reads `rope_theta` and
+`rope_scaling` and ignores `rope_parameters`. A config.json with only one generation's
+keys is read by the other as plain rope with theta 10000: different frequencies, no
+error. So a drafter's config.json carries both (`rope_config_keys`); the rope config
+the drafter builds in memory uses the running version's (`running_version_keys`).
 """
 
 from __future__ import annotations
 
+from dflash.errors import ConfigError
 
-def rope_parameters_of(rope_config) -> dict:
-    """The flat rope dict {rope_type, rope_theta, ...} of an HF config object, built under
-    either transformers generation (v5: `rope_parameters`; v4: `rope_theta` + `rope_scaling`)."""
-    params = getattr(rope_config, "rope_parameters", None)
-    if params and "rope_theta" in params:
-        params = dict(params)
+# Every key under which a family keeps rope settings (v4 and v5 spellings). The drafter
+# replaces them all by one full-attention setting.
+TARGET_ROPE_KEYS = (
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_emb_base",
+    "rope_local_base_freq",
+)
+# Rope for targets without any: the original RoPE paper's theta, which Llama-1/2 and
+# GPT-NeoX also use.
+DEFAULT_ROPE_THETA = 10000.0
+
+
+def full_attention_rope(config: dict) -> dict:
+    """One rope setting {"rope_type", "rope_theta", scaling keys...} for full-attention layers.
+
+    Args:
+        config: an HF config as a dict (`config.to_dict()`), of either transformers
+            generation. `partial_rotary_factor` is dropped: the drafter rotates whole heads.
+    """
+    parameters = config.get("rope_parameters")
+    if isinstance(parameters, dict) and parameters:
+        if all(isinstance(v, dict) or v is None for v in parameters.values()):
+            if not isinstance(parameters.get("full_attention"), dict):
+                raise ConfigError(
+                    "target.path",
+                    f"rope settings keyed by layer type {sorted(parameters)} have no 'full_attention' entry for the drafter",
+                )
+            parameters = parameters["full_attention"]
+        rope = dict(parameters)
     else:
-        params = dict(getattr(rope_config, "rope_scaling", None) or {})
-        legacy_type = params.pop("type", None)  # transformers 4 also accepts this older spelling
-        params["rope_type"] = params.get("rope_type") or legacy_type or "default"
-        params["rope_theta"] = rope_config.rope_theta
-    params.setdefault("rope_type", "default")
-    partial = getattr(rope_config, "partial_rotary_factor", None)
-    if partial is not None:
-        params.setdefault("partial_rotary_factor", partial)
-    return params
+        rope = dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta") or config.get("rotary_emb_base")
+        if theta is not None:
+            rope.setdefault("rope_theta", theta)
+    legacy_type = rope.pop("type", None)  # transformers < 4.45 spelling
+    rope["rope_type"] = rope.get("rope_type") or legacy_type or "default"
+    rope.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+    rope.pop("partial_rotary_factor", None)
+    return rope
+
+
+def running_version_keys(rope: dict) -> dict:
+    """HF config keys carrying `rope` (a `full_attention_rope` dict) in the running
+    transformers' format: v5 `rope_parameters`, v4 `rope_theta` + `rope_scaling`."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": dict(rope)}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": _scaling(rope)}
 
 
 def rope_config_keys(rope_config) -> dict:
     """config.json keys giving `rope_config`'s rotary embedding under transformers 4 and 5.
 
-    Returns `rope_parameters` (v5), `rope_theta` and `rope_scaling` (v4),
-    `max_position_embeddings` (dynamic and yarn scaling read it) and, when set,
-    `partial_rotary_factor` (v4 reads it at the top level); for longrope also the
+    Args:
+        rope_config: the HF config the drafter's rotary module is built from (either
+            transformers generation; anything with `to_dict()` and `max_position_embeddings`).
+    Returns `rope_parameters` (v5), `rope_theta` and `rope_scaling` (v4) and
+    `max_position_embeddings` (dynamic and yarn scaling read it); for longrope also the
     top-level `original_max_position_embeddings` and an explicit `attention_factor`.
     """
-    params = rope_parameters_of(rope_config)
+    params = full_attention_rope(rope_config.to_dict())
     top_level = {}
     if params["rope_type"] == "longrope":
         # transformers 4 takes longrope's pretraining length from the top level and derives
         # its attention factor from it; transformers 5 reads both from the rope dict. Pin them.
         top_level["original_max_position_embeddings"] = params["original_max_position_embeddings"]
         params.setdefault("attention_factor", _attention_scaling(rope_config))
-    scaling = None if params["rope_type"] == "default" else {k: v for k, v in params.items() if k != "rope_theta"}
     keys = {
         "rope_parameters": params,
         "rope_theta": params["rope_theta"],
-        "rope_scaling": scaling,
+        "rope_scaling": _scaling(params),
         "max_position_embeddings": rope_config.max_position_embeddings,
     }
-    if "partial_rotary_factor" in params:
-        keys["partial_rotary_factor"] = params["partial_rotary_factor"]
     return {**keys, **top_level}
+
+
+def _scaling(rope: dict) -> dict | None:
+    """transformers 4's `rope_scaling`: the rope dict without the theta; None for plain rope."""
+    return None if rope["rope_type"] == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
 
 
 def _attention_scaling(rope_config) -> float:
