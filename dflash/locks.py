@@ -65,7 +65,14 @@ class DirectoryLock:
             return
         os.makedirs(self.directory, exist_ok=True)
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError as err:  # a lock file left by another user's killed job
+                raise ConfigError(
+                    self.key,
+                    f"cannot open the lock file {self.path} ({err.strerror}), left by {describe(read_holder(self.path))}; "
+                    f"if that job has ended, delete the file, or {self.remedy}",
+                ) from None
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

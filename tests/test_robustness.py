@@ -68,6 +68,24 @@ def holder_named(process) -> str:
 # --- locks -------------------------------------------------------------------------------
 
 
+def test_a_lock_file_this_user_cannot_open_is_one_line(tmp_path, monkeypatch):
+    """Another user's killed job leaves its lock file (mode 0644): opening it is refused. Tests
+    run as root, where modes do not bite, so the refusal is injected at `os.open`."""
+    import dflash.locks
+
+    (tmp_path / dflash.locks.LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "node17", "since": "then"}))
+
+    def refuse(path, *args):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(dflash.locks.os, "open", refuse)
+    with pytest.raises(ConfigError) as caught:
+        DirectoryLock(str(tmp_path), "run_name", "pick another run_name=NAME").acquire()
+    message = str(caught.value)
+    assert message.startswith("run_name: cannot open the lock file") and "process 4242 on host node17" in message
+    assert "delete the file, or pick another run_name=NAME" in message
+
+
 def test_a_locked_directory_names_its_holder_and_a_killed_holder_is_taken_over(tmp_path, caplog):
     with held_by_another_process(tmp_path) as holder:
         with pytest.raises(ConfigError) as err:
