@@ -1,0 +1,607 @@
+"""One-command check of the GPU paths (`make gpu-check`): writes a Markdown report.
+
+Randomly initialised targets from the Qwen3-8B and Llama-3.1-8B configs (full width,
+`--layers` decoder layers, no download), in bf16 on CUDA:
+
+a. one drafter training step (target features, blocks, drafter forward + backward, loss)
+   under three attention paths of the training block mask: SDPA with the dense mask (the
+   reference), SDPA with the factored mask (CPU training) and flex_attention with a
+   BlockMask (CUDA training; compiled there): loss and gradient norms within a stated
+   tolerance, step time and peak memory, at sequence 3072, 512 anchors, block 16;
+b. decode-loop efficiency through `dflash.decoding.engine.generate`: a proposer double
+   whose draft slots are right with probability p (it runs the real drafter for the cost
+   and then drafts from the target's own greedy output), measured speedup against the
+   bound tau * t(1) / (t(B) + t_draft) for B in {4, 8, 16};
+c. greedy losslessness against HF `generate()` on small random targets (float32 exact;
+   bf16 divergences classified by `dflash.eval.divergence.diagnose`);
+d. flex_attention compiled by torch.compile against the factored SDPA path on the
+   training mask, and flash-attn if installed.
+
+Every section catches its own failure and writes it as one line. Without CUDA the same
+script runs tiny float32 shapes in seconds (tests/test_gpu_check.py).
+
+    PYTHONPATH=$PWD python3 scripts/gpu_check.py --out docs/results/gpu-check.md   # a few minutes on an H100
+    PYTHONPATH=$PWD python3 scripts/gpu_check.py --quick                            # fewer repeats and tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.util
+import math
+import platform
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+# Hub config values (Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct config.json); depth is cut by --layers.
+FAMILIES = {
+    "qwen3-8b": dict(
+        arch="qwen3", hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1000000.0,
+        tie_word_embeddings=False, num_hidden_layers=36,
+    ),
+    "llama-3.1-8b": dict(
+        arch="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        num_hidden_layers=32,
+    ),
+}  # fmt: skip
+# CPU stand-ins: the same families at toy width.
+TINY_WIDTH = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
+
+# Relative tolerances of the training-path comparison (section a), per compute dtype.
+TOLERANCE = {torch.bfloat16: {"loss": 2e-2, "grad": 5e-2}, torch.float32: {"loss": 1e-4, "grad": 1e-3}}
+BLOCK_SIZES = (4, 8, 16)
+
+
+@dataclass
+class Sizes:
+    layers: int
+    drafter_layers: int
+    seq_len: int
+    num_anchors: int
+    block_size: int
+    repeats: int
+    prompt_len: int
+    new_tokens: int
+    lossless_tokens: int
+    lossless_prompts: int
+
+
+def sizes_for(device: torch.device, quick: bool, layers: int | None) -> Sizes:
+    if device.type == "cuda":
+        sizes = Sizes(4, 5, 3072, 512, 16, 1 if quick else 3, 256, 64 if quick else 192, 48 if quick else 96, 2 if quick else 4)
+    else:
+        sizes = Sizes(2, 1, 96, 8, 16, 1, 16, 24, 16, 1)
+    if layers is not None:
+        sizes.layers = layers
+    return sizes
+
+
+# ---------------------------------------------------------------------------- comparison helpers
+
+
+def relative_difference(reference: float, value: float) -> float:
+    """|value - reference| / max(|reference|, tiny); inf when either is not finite."""
+    if not (math.isfinite(reference) and math.isfinite(value)):
+        return math.inf
+    return abs(value - reference) / max(abs(reference), 1e-12)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def compare_training(reference: dict, candidate: dict, tolerance: dict) -> tuple[bool, str]:
+    """PASS/FAIL of one training path against the reference: loss and every gradient norm
+    within their relative tolerance. Dicts: {"loss": float, "grads": {name: norm}} (grads
+    may be absent: forward only)."""
+    worst_loss = relative_difference(reference["loss"], candidate["loss"])
+    ok = worst_loss <= tolerance["loss"]
+    text = f"loss rel diff {worst_loss:.2e} (tol {tolerance['loss']:.0e})"
+    if candidate.get("grads") and reference.get("grads"):
+        worst_grad = max(relative_difference(reference["grads"][n], candidate["grads"][n]) for n in reference["grads"])
+        ok = ok and worst_grad <= tolerance["grad"]
+        text += f", worst grad-norm rel diff {worst_grad:.2e} (tol {tolerance['grad']:.0e})"
+    else:
+        text += ", no gradients (forward only)"
+    return ok, text
+
+
+def lossless_verdict(dtype: torch.dtype, kinds: list[str]) -> bool:
+    """float32 must match HF generate token for token; lower precision may part only at near-ties."""
+    if dtype == torch.float32:
+        return not kinds
+    return all(kind == "numerical" for kind in kinds)
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def build_target(family: str, layers: int, device: torch.device, dtype: torch.dtype, tiny: bool):
+    """A random `TargetModel` of `family` cut to `layers` decoder layers (built directly on `device`)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    from dflash.target import TargetModel
+
+    values = dict(FAMILIES[family], num_hidden_layers=layers)
+    arch = values.pop("arch")
+    if tiny:
+        values.update(TINY_WIDTH)
+    values.setdefault("eos_token_id", values["vocab_size"] - 2)
+    config = (Qwen3Config if arch == "qwen3" else LlamaConfig)(**values)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return TargetModel(model)
+
+
+def build_drafter(target, layers: int, block_size: int, dtype: torch.dtype):
+    """A random DFlash drafter as wide as `target` tapping 5 layers spread over its (cut) depth."""
+    from dflash.drafter.config import DrafterConfig
+    from dflash.drafter.model import DFlashDrafter
+
+    depth = target.num_layers
+    taps = [round(i * (depth - 1) / 4) for i in range(5)]
+    config = DrafterConfig.from_target(
+        target.config, num_layers=layers, block_size=block_size, mask_token_id=target.config.vocab_size - 1,
+        target_layer_ids=taps,
+    )
+    torch.manual_seed(1)
+    with torch.device(target.device):
+        drafter = DFlashDrafter(config)
+    return drafter.to(dtype)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn):
+    sync(device)
+    start = time.perf_counter()
+    value = fn()
+    sync(device)
+    return value, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------- a. training step
+
+
+def training_step(target, drafter, batch: dict, path: str, backward: bool) -> dict:
+    """One step's loss and gradient norms under attention `path` ("dense", "factored", "flex")."""
+    from dflash.training.anchors import sample_anchors
+    from dflash.training.blocks import build_blocks
+    from dflash.training.forward import set_attention_implementation, target_features
+    from dflash.training.loss import block_loss, default_gamma, position_weights
+    from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
+
+    config = drafter.config
+    set_attention_implementation(drafter, "flex_attention" if path == "flex" else "sdpa")
+    drafter.zero_grad(set_to_none=True)
+    input_ids, loss_mask, real = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
+    features = target_features(target, input_ids, config.target_layer_ids)
+    generator = torch.Generator(device=input_ids.device).manual_seed(0)
+    anchors = sample_anchors(loss_mask, config.block_size, batch["num_anchors"], "random", generator)
+    blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
+    build = {"dense": dense_block_mask, "factored": factored_block_mask, "flex": flex_block_mask}[path]
+    mask = build(anchors.positions, real, config.block_size)
+    seq = input_ids.shape[1]
+    context_positions = torch.arange(seq, device=input_ids.device).expand(input_ids.shape[0], seq)
+    with torch.set_grad_enabled(backward):
+        hidden = drafter(target.embed(blocks.token_ids), blocks.positions, features, context_positions, mask=mask)
+        weights = position_weights(config.block_size, default_gamma(config.block_size))
+        loss = block_loss(hidden, target.logits, blocks, weights).loss
+    grads = {}
+    if backward:
+        loss.backward()
+        named = {"fc": drafter.fc.weight, "layer0.q_proj": drafter.layers[0].self_attn.q_proj.weight,
+                 "last.down_proj": drafter.layers[-1].mlp.down_proj.weight}  # fmt: skip
+        grads = {name: float(p.grad.float().norm()) for name, p in named.items()}
+        grads["all"] = float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in drafter.parameters()])))
+    return {"loss": float(loss.detach()), "grads": grads}
+
+
+def training_batch(sizes: Sizes, vocab: int, device: torch.device) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, vocab - 2, (1, sizes.seq_len), generator=generator).to(device)
+    loss_mask = torch.zeros_like(input_ids, dtype=torch.bool)
+    loss_mask[:, sizes.seq_len // 8 :] = True  # a prompt, then the response the anchors live in
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask),
+            "num_anchors": sizes.num_anchors}  # fmt: skip
+
+
+def section_training(family: str, target, drafter, sizes: Sizes, device: torch.device, dtype: torch.dtype) -> list[str]:
+    batch = training_batch(sizes, target.config.vocab_size, device)
+    cuda = device.type == "cuda"
+    lines = [
+        f"Sequence {sizes.seq_len}, {sizes.num_anchors} anchors x block {sizes.block_size}, batch 1, "
+        f"drafter {sizes.drafter_layers} layers, {dtype}; time = median of {sizes.repeats} steps after one warm-up "
+        "(target forward + drafter forward + backward); peak = torch.cuda.max_memory_allocated during the step (in brackets: above the resident weights).",
+        "",
+        "| path | loss | grad norm (all) | step ms | peak GiB | vs dense |",
+        "|---|---|---|---|---|---|",
+    ]
+    results, checks = {}, []
+    for path in ("dense", "factored", "flex"):
+        backward = cuda or path != "flex"  # flex_attention has no CPU backward
+        try:
+            training_step(target, drafter, batch, path, backward)  # warm-up (and compile)
+            times, peak, resident = [], 0.0, 0.0
+            for _ in range(sizes.repeats):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
+                    resident = torch.cuda.memory_allocated(device) / 2**30
+                result, seconds = timed(device, lambda: training_step(target, drafter, batch, path, backward))
+                times.append(seconds)
+                if cuda:
+                    peak = max(peak, torch.cuda.max_memory_allocated(device) / 2**30)
+            results[path] = result
+            comparison = "reference"
+            if path != "dense" and "dense" in results:
+                ok, text = compare_training(results["dense"], result, TOLERANCE[dtype])
+                comparison = f"{verdict(ok)}: {text}"
+                checks.append(f"- {path} vs dense: {comparison}")
+            grad = f"{result['grads']['all']:.4g}" if result["grads"] else "forward only"
+            peak_text = f"{peak:.2f} ({peak - resident:.2f})" if cuda else "n/a (CPU)"
+            lines.append(f"| {path} | {result['loss']:.6g} | {grad} | {statistics.median(times) * 1e3:.1f} | {peak_text} | {comparison.split(':')[0]} |")
+        except Exception as error:  # one path failing must not lose the others
+            lines.append(f"| {path} | FAILED: {one_line(error)} | | | | |")
+        drafter.zero_grad(set_to_none=True)
+        free_memory()  # after the except block, which kept the failed step's tensors alive
+    return lines + [""] + checks
+
+
+# ---------------------------------------------------------------------------- b. decode efficiency
+
+
+class ControlledAcceptanceProposer:
+    """Proposer double with controlled acceptance: each draft slot is the target's greedy
+    token with probability `p` (else a wrong one), independently per slot, so greedy
+    verification accepts the leading run of right slots: E[tau] = 1 + sum_k p^k.
+
+    It reads the greedy tokens from `reference`, the target's own greedy output of the
+    prompt (`generate`, block 1). When the committed output parts from it (in bf16 a
+    verify forward can break a near-tie the other way), it regenerates the reference from
+    the committed tokens; `resync_seconds` is that time, for callers to subtract from the
+    loop's. With `drafter_proposer` it first runs that real drafter on the block, so the
+    drafting cost is real; `draft_seconds` sums it.
+    """
+
+    def __init__(self, target, reference: list[int], prompt_len: int, max_new_tokens: int, p: float,
+                 drafter_proposer=None, seed: int = 0):  # fmt: skip
+        self.target, self.reference, self.prompt_len, self.p = target, reference, prompt_len, p
+        self.max_new_tokens = max_new_tokens
+        self.vocab = target.lm_head.out_features
+        self.drafter_proposer = drafter_proposer
+        self.target_layer_ids = drafter_proposer.target_layer_ids if drafter_proposer is not None else None
+        self.generator = torch.Generator().manual_seed(seed)
+        self.draft_seconds = self.resync_seconds = 0.0
+        self.calls = self.resyncs = 0
+
+    def reset(self) -> None:
+        if self.drafter_proposer is not None:
+            self.drafter_proposer.reset()
+
+    def propose(self, committed_ids, new_features, block_size, num_drafts):
+        from dflash.decoding.engine import generate
+
+        device = committed_ids.device
+        if self.drafter_proposer is not None:
+            _, seconds = timed(device, lambda: self.drafter_proposer.propose(committed_ids, new_features, block_size, num_drafts))
+            self.draft_seconds += seconds
+        self.calls += 1
+        emitted = committed_ids[0, self.prompt_len :].tolist()
+        if emitted != self.reference[: len(emitted)]:
+            rest = self.max_new_tokens - len(emitted)
+            continuation, seconds = timed(device, lambda: generate(self.target, committed_ids, max_new_tokens=rest).output_ids)
+            self.reference = emitted + continuation
+            self.resync_seconds += seconds
+            self.resyncs += 1
+        logits = torch.full((num_drafts, self.vocab), -1e4, device=device)
+        for slot in range(num_drafts):
+            index = len(emitted) + slot
+            right = self.reference[index] if index < len(self.reference) else 0
+            keep = index < len(self.reference) and float(torch.rand(1, generator=self.generator)) < self.p
+            logits[slot, right if keep else (right + 1) % self.vocab] = 0.0
+        return logits
+
+
+def verify_forward_seconds(target, prompt: torch.Tensor, length: int, layer_ids, repeats: int) -> float:
+    """Median seconds of one target forward of `length` new tokens after the prompt's cache."""
+    from dflash.target import crop_cache
+
+    device = target.device
+    prompt_len = prompt.shape[1]
+    cache = target.new_cache()
+    target.forward(prompt, torch.arange(prompt_len, device=device).unsqueeze(0), cache, logits_to_keep=1)
+    ids = prompt[:, -length:]
+    positions = torch.arange(prompt_len, prompt_len + length, device=device).unsqueeze(0)
+    times = []
+    for _ in range(repeats + 1):
+        _, seconds = timed(device, lambda: target.forward(ids, positions, cache, layer_ids))
+        crop_cache(cache, prompt_len)
+        times.append(seconds)
+    return statistics.median(times[1:])
+
+
+def section_decoding(target, drafter, sizes: Sizes, p: float) -> list[str]:
+    from dflash.decoding.engine import generate
+    from dflash.decoding.proposer import DFlashProposer
+    from dflash.training.forward import set_attention_implementation
+
+    set_attention_implementation(drafter, "sdpa")  # decoding: one block, unmasked
+    device = target.device
+    vocab = target.lm_head.out_features
+    prompt = torch.randint(0, vocab - 2, (1, sizes.prompt_len), generator=torch.Generator().manual_seed(2)).to(device)
+    generate(target, prompt, max_new_tokens=8)  # warm-up
+    baseline = generate(target, prompt, max_new_tokens=sizes.new_tokens)
+    per_token_ar = baseline.decode_time_s / max(1, len(baseline.output_ids) - 1)
+    t1 = verify_forward_seconds(target, prompt, 1, None, 5)
+    lines = [
+        f"Prompt {sizes.prompt_len} random tokens, {sizes.new_tokens} new tokens, greedy, batch 1; draft slots right with "
+        f"p = {p} each; the double runs the real {sizes.drafter_layers}-layer drafter for the cost. "
+        "tau counts the bonus token. Speedup = autoregressive decode time per token / speculative one (prefill excluded). "
+        "Bound = tau x t(1) / (t(B) + t_draft), t = median target forward (B tokens, features tapped) after the prompt. "
+        "The double's own bookkeeping (a host sync, B small writes) counts in the measured time; a resync (the output "
+        "parted from the double's reference at a bf16 near-tie; the reference is regenerated) does not.",
+        "",
+        f"Autoregressive: {per_token_ar * 1e3:.2f} ms/token; t(1) = {t1 * 1e3:.2f} ms.",
+        "",
+        "| B | expected tau | tau | t(B) ms | t_draft ms | bound | measured speedup | measured / bound | resyncs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for block_size in BLOCK_SIZES:
+        try:
+            proposer = DFlashProposer(drafter, target.embed, target.logits)
+            double = ControlledAcceptanceProposer(target, baseline.output_ids, sizes.prompt_len, 8, p, proposer)
+            generate(target, prompt, max_new_tokens=8, block_size=block_size, proposer=double)  # warm-up
+            double = ControlledAcceptanceProposer(target, baseline.output_ids, sizes.prompt_len, sizes.new_tokens, p, proposer)
+            result = generate(target, prompt, max_new_tokens=sizes.new_tokens, block_size=block_size, proposer=double)
+            t_block = verify_forward_seconds(target, prompt, block_size, double.target_layer_ids, 5)
+            t_draft = double.draft_seconds / max(1, double.calls)
+            expected = 1 + sum(p**k for k in range(1, block_size))
+            bound = result.tau * t1 / (t_block + t_draft)
+            decode_seconds = result.decode_time_s - double.resync_seconds
+            speedup = per_token_ar / (decode_seconds / max(1, len(result.output_ids) - 1))
+            lines.append(f"| {block_size} | {expected:.2f} | {result.tau:.2f} | {t_block * 1e3:.2f} | {t_draft * 1e3:.2f} | "
+                         f"{bound:.2f}x | {speedup:.2f}x | {speedup / bound:.2f} | {double.resyncs} |")  # fmt: skip
+        except Exception as error:
+            lines.append(f"| {block_size} | FAILED: {one_line(error)} | | | | | | | |")
+    return lines
+
+
+# ---------------------------------------------------------------------------- c. losslessness
+
+
+def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
+    from dflash.decoding.engine import generate
+    from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
+    from dflash.target import TargetModel
+    from dflash.target.tiny import build_tiny_target
+
+    dtypes = [torch.float32, torch.bfloat16]
+    lines = [
+        f"Tiny random targets (dflash.target.tiny, sharpened head), {sizes.lossless_prompts} random prompts x "
+        f"{sizes.lossless_tokens} tokens, greedy. Candidates: the engine's autoregressive loop and speculative decoding "
+        f"with the controlled double (p = 0.7) at B in {list(BLOCK_SIZES)}, each against HF generate(). float32 must be "
+        "exact; in bf16 a divergence is allowed only at a near-tie (dflash.eval.divergence.diagnose: 'numerical').",
+        "",
+    ]
+    for arch in ("qwen3", "llama"):
+        model, tokenizer = build_tiny_target(arch, seed=0)
+        for dtype in dtypes:
+            try:
+                target = TargetModel(model.to(device=device, dtype=dtype), tokenizer)
+                eos = tokenizer.eos_token_id
+                options = dict(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=False)
+                kinds, runs, gaps = [], 0, []
+                for index in range(sizes.lossless_prompts):
+                    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(index)).to(device)
+                    expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=sizes.lossless_tokens, **options)
+                    expected = expected[0, ids.shape[1] :].tolist()
+                    baseline = generate(target, ids, max_new_tokens=sizes.lossless_tokens, stop_token_ids=[eos])
+                    for block_size in (1,) + BLOCK_SIZES:
+                        double = ControlledAcceptanceProposer(target, baseline.output_ids, ids.shape[1], sizes.lossless_tokens, 0.7)
+                        run = baseline if block_size == 1 else generate(
+                            target, ids, max_new_tokens=sizes.lossless_tokens, block_size=block_size, proposer=double,
+                            stop_token_ids=[eos])  # fmt: skip
+                        runs += 1
+                        position = first_difference(expected, run.output_ids)
+                        if position is None:
+                            continue
+                        inside = position < min(len(expected), len(run.output_ids))
+                        hf_logits = hf_generate_logits(target, ids, position, options) if inside else None
+                        our_logits = replay_logits(target, ids, run.output_ids, run.acceptance_lengths, position,
+                                                   block_size=block_size, max_new_tokens=sizes.lossless_tokens) if inside else None  # fmt: skip
+                        entry = diagnose(position, expected[position] if position < len(expected) else None,
+                                         run.output_ids[position] if position < len(run.output_ids) else None,
+                                         hf_logits, our_logits, dtype)  # fmt: skip
+                        kinds.append(entry["kind"])
+                        if entry["candidate"] is not None:
+                            gaps.append(f"B={block_size} pos {position}: gap {entry['candidate']['gap']:.3g} (tol {entry['tolerance']:.3g}, {entry['kind']})")
+                ok = lossless_verdict(dtype, kinds)
+                detail = "; ".join(gaps[:4]) if gaps else ""
+                lines.append(f"- {arch} {str(dtype).removeprefix('torch.')}: {verdict(ok)}: {runs} outputs, "
+                             f"{len(kinds)} diverged ({kinds.count('numerical')} near-tie, {kinds.count('bug')} bug) {detail}".rstrip())  # fmt: skip
+            except Exception as error:
+                lines.append(f"- {arch} {dtype}: FAILED: {one_line(error)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------- d. kernels
+
+
+def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, compile_on_cpu: bool) -> list[str]:
+    from dflash.drafter.attention import FactoredBlockMask, attend
+    from dflash.drafter.attention import _compiled_flex as compiled_flex  # the kernel CUDA training uses
+    from dflash.training.anchors import sample_anchors
+    from dflash.training.masks import factored_block_mask, flex_block_mask
+
+    heads, kv_heads, head_dim = (32, 8, 128) if device.type == "cuda" else (4, 2, 16)
+    lines = []
+    batch = training_batch(sizes, 1000, device)
+    anchors = sample_anchors(batch["loss_mask"], sizes.block_size, sizes.num_anchors, "random", torch.Generator(device=device).manual_seed(0))
+    queries = anchors.positions.shape[1] * sizes.block_size
+    generator = torch.Generator(device=device).manual_seed(3)
+
+    def tensor(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=generator).requires_grad_()
+
+    q = tensor(1, heads, queries, head_dim)
+    k, v = tensor(1, kv_heads, sizes.seq_len + queries, head_dim), tensor(1, kv_heads, sizes.seq_len + queries, head_dim)
+    try:
+        if device.type != "cuda" and not compile_on_cpu:
+            lines.append("- compiled flex_attention: skipped on CPU (pass --compile-on-cpu to try inductor's CPU backend)")
+        else:
+            factored: FactoredBlockMask = factored_block_mask(anchors.positions, batch["attention_mask"], sizes.block_size)
+            block_mask = flex_block_mask(anchors.positions, batch["attention_mask"], sizes.block_size)
+            kernel = compiled_flex()
+            scale = head_dim**-0.5
+
+            def run(fn):
+                out = fn()
+                out.float().square().mean().backward()
+                return out.detach()
+
+            ref = run(lambda: attend(q, k, v, factored, "sdpa"))
+            _, compile_seconds = timed(device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)))
+            out, flex_seconds = timed(device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)))
+            _, sdpa_seconds = timed(device, lambda: run(lambda: attend(q, k, v, factored, "sdpa")))
+            diff = float((out.float() - ref.float()).abs().max())
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+            lines.append(f"- compiled flex_attention vs factored SDPA on the training mask ({heads} heads, {queries} queries, "
+                         f"{sizes.seq_len} context; forward + backward): {verdict(diff <= tol)}: max abs diff {diff:.2e} (tol {tol:.0e}); "
+                         f"first call (compile) {compile_seconds:.1f} s, then {flex_seconds * 1e3:.1f} ms vs SDPA {sdpa_seconds * 1e3:.1f} ms")  # fmt: skip
+    except Exception as error:
+        lines.append(f"- compiled flex_attention: FAILED: {one_line(error)}")
+    try:
+        if importlib.util.find_spec("flash_attn") is None:
+            lines.append("- flash-attn: not installed")
+        elif device.type != "cuda":
+            lines.append("- flash-attn: installed, skipped without CUDA")
+        else:
+            with torch.no_grad():
+                qd, kd, vd = q[:, :, : sizes.block_size].detach(), k.detach(), v.detach()
+                ref = attend(qd, kd, vd, None, "sdpa")
+                out, seconds = timed(device, lambda: attend(qd, kd, vd, None, "flash_attention_2"))
+                out, seconds = timed(device, lambda: attend(qd, kd, vd, None, "flash_attention_2"))
+                diff = float((out.float() - ref.float()).abs().max())
+            lines.append(f"- flash-attn (decoding: one block of {sizes.block_size} over {kd.shape[2]} keys): "
+                         f"{verdict(diff <= 2e-2)}: max abs diff vs SDPA {diff:.2e}; {seconds * 1e3:.2f} ms")  # fmt: skip
+    except Exception as error:
+        lines.append(f"- flash-attn: FAILED: {one_line(error)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def one_line(error: BaseException) -> str:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message[:300]}"
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def progress(message: str) -> None:
+    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def machine_lines(device: torch.device) -> list[str]:
+    import transformers
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"none (CPU: {platform.processor() or platform.machine()})"
+    return [
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- GPU: {gpu}",
+        f"- torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}",
+        f"- command: {' '.join(sys.argv)}",
+    ]
+
+
+def run_section(report: list[str], title: str, body) -> None:
+    progress(title)
+    report += [f"### {title}", ""]
+    start = time.perf_counter()
+    try:
+        report += body()
+    except Exception as error:
+        report.append(f"FAILED: {one_line(error)}")
+    free_memory()
+    report += ["", f"_({time.perf_counter() - start:.1f} s)_", ""]
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="report path (default docs/results/gpu-check-<date>.md)")
+    parser.add_argument("--quick", action="store_true", help="one timed repeat, fewer decoded tokens")
+    parser.add_argument("--layers", type=int, help="target decoder layers kept (default 4 on CUDA, 2 on CPU)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {list(FAMILIES)}")
+    parser.add_argument("--sections", default="abcd", help="which of a b c d to run")
+    parser.add_argument("--p", type=float, default=0.8, help="probability that a draft slot is right (section b)")
+    parser.add_argument("--compile-on-cpu", action="store_true", help="try torch.compile of flex_attention on CPU")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cpu":
+        # A smoke test with toy shapes: one thread avoids oversubscribing shared CI cores
+        # (8x faster here at load 10), and eager flex's "not compiled" warning is expected.
+        torch.set_num_threads(1)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    sizes = sizes_for(device, args.quick, args.layers)
+    out = args.out or f"docs/results/gpu-check-{datetime.date.today():%Y-%m-%d}.md"
+    report = ["# dflash GPU check", "", *machine_lines(device), ""]
+    report.append(f"Targets: random {', '.join(args.families.split(','))} configs, {'full width' if device.type == 'cuda' else 'toy width'}, "
+                  f"{sizes.layers} decoder layers, {dtype}. Re-run: `make gpu-check` or `python scripts/gpu_check.py`.")  # fmt: skip
+    report.append("")
+    start = time.perf_counter()
+    for family in args.families.split(","):
+        if not set(args.sections) & set("ab"):
+            break
+        report += [f"## {family}", ""]
+        progress(f"building {family} ({sizes.layers} layers)")
+        try:
+            target = build_target(family, sizes.layers, device, dtype, tiny=device.type != "cuda")
+            drafter = build_drafter(target, sizes.drafter_layers, sizes.block_size, dtype)
+        except Exception as error:
+            report += [f"FAILED to build: {one_line(error)}", ""]
+            continue
+        if "a" in args.sections:
+            run_section(report, f"a. training step, {family}", lambda: section_training(family, target, drafter, sizes, device, dtype))
+        if "b" in args.sections:
+            run_section(report, f"b. decode-loop efficiency, {family}", lambda: section_decoding(target, drafter, sizes, args.p))
+        del target, drafter
+        free_memory()
+    report += ["## Shared checks", ""]
+    if "c" in args.sections:
+        run_section(report, "c. greedy losslessness vs HF generate()", lambda: section_lossless(sizes, device))
+    if "d" in args.sections:
+        run_section(report, "d. kernels", lambda: section_kernels(sizes, device, dtype, args.compile_on_cpu))
+    report.append(f"Total {time.perf_counter() - start:.0f} s.")
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as handle:
+        handle.write("\n".join(report) + "\n")
+    progress(f"report written to {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
