@@ -9,7 +9,7 @@ TF4_STAMP := $(TF4)/.install-stamp
 # CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install test test-fast demo bench tables clean
+.PHONY: install test test-fast demo bench gpu-check tables clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ demo: install
 
 bench: install
 	$(PY) scripts/bench_forward.py
+
+# Checks the GPU paths on random 8B-width targets and writes docs/results/gpu-check-<date>.md
+# (ARGS='--quick', '--out PATH'; without CUDA: a tiny float32 smoke run).
+gpu-check: install
+	$(PY) scripts/gpu_check.py $(ARGS)
 
 # Ablation sweeps (sweeps/NAME.yaml): make sweep-depth_cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
 sweep-%: install

@@ -59,7 +59,10 @@ FAMILIES = {
 TINY_WIDTH = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
 
 # Relative tolerances of the training-path comparison (section a), per compute dtype.
-TOLERANCE = {torch.bfloat16: {"loss": 2e-2, "grad": 5e-2}, torch.float32: {"loss": 1e-4, "grad": 1e-3}}
+TOLERANCE = {
+    torch.bfloat16: {"hidden": 2e-2, "loss": 2e-2, "grad": 5e-2},
+    torch.float32: {"hidden": 1e-5, "loss": 1e-5, "grad": 1e-4},
+}
 BLOCK_SIZES = (4, 8, 16)
 
 
@@ -102,12 +105,16 @@ def verdict(ok: bool) -> str:
 
 
 def compare_training(reference: dict, candidate: dict, tolerance: dict) -> tuple[bool, str]:
-    """PASS/FAIL of one training path against the reference: loss and every gradient norm
-    within their relative tolerance. Dicts: {"loss": float, "grads": {name: norm}} (grads
-    may be absent: forward only)."""
+    """PASS/FAIL of one training path against the reference: the drafter's hidden states
+    (relative Frobenius distance), the loss and every gradient norm within their relative
+    tolerance. Dicts: {"loss": float, "grads": {name: norm} (empty: forward only),
+    "hidden": (b, N*B, D) tensor}."""
+    reference_hidden, hidden = reference["hidden"].float(), candidate["hidden"].float()
+    hidden_diff = float((hidden - reference_hidden).norm() / reference_hidden.norm().clamp_min(1e-12))
+    hidden_diff = hidden_diff if math.isfinite(hidden_diff) else math.inf
     worst_loss = relative_difference(reference["loss"], candidate["loss"])
-    ok = worst_loss <= tolerance["loss"]
-    text = f"loss rel diff {worst_loss:.2e} (tol {tolerance['loss']:.0e})"
+    ok = worst_loss <= tolerance["loss"] and hidden_diff <= tolerance["hidden"]
+    text = f"hidden rel diff {hidden_diff:.2e} (tol {tolerance['hidden']:.0e}), loss rel diff {worst_loss:.2e} (tol {tolerance['loss']:.0e})"
     if candidate.get("grads") and reference.get("grads"):
         worst_grad = max(relative_difference(reference["grads"][n], candidate["grads"][n]) for n in reference["grads"])
         ok = ok and worst_grad <= tolerance["grad"]
@@ -209,7 +216,7 @@ def training_step(target, drafter, batch: dict, path: str, backward: bool) -> di
                  "last.down_proj": drafter.layers[-1].mlp.down_proj.weight}  # fmt: skip
         grads = {name: float(p.grad.float().norm()) for name, p in named.items()}
         grads["all"] = float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in drafter.parameters()])))
-    return {"loss": float(loss.detach()), "grads": grads}
+    return {"loss": float(loss.detach()), "grads": grads, "hidden": hidden.detach()}
 
 
 def training_batch(sizes: Sizes, vocab: int, device: torch.device) -> dict:
