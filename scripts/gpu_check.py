@@ -69,6 +69,9 @@ BLOCK_SIZES = (4, 8, 16)
 
 @dataclass
 class Sizes:
+    """Shapes of one run: target/drafter depth; training sequence, anchors, block size and
+    timed repeats (a); decode prompt and new tokens (b); losslessness tokens and prompts (c)."""
+
     layers: int
     drafter_layers: int
     seq_len: int
@@ -82,6 +85,7 @@ class Sizes:
 
 
 def sizes_for(device: torch.device, quick: bool, layers: int | None) -> Sizes:
+    """The paper's training shapes on CUDA (`quick`: one repeat, fewer tokens); toy shapes on CPU."""
     if device.type == "cuda":
         sizes = Sizes(4, 5, 3072, 512, 16, 1 if quick else 3, 256, 64 if quick else 192, 48 if quick else 96, 2 if quick else 4)
     else:
