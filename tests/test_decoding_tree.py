@@ -20,8 +20,9 @@ from dflash.decoding.tree import generate_tree
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
-from tests.conftest import PartialOracleProposer, hf_greedy
+from tests.conftest import OracleProposer, PartialOracleProposer, chi_square_p_value, hf_greedy
 from tests.test_decoding_greedy import PROMPTS, random_proposer
+from tests.test_decoding_sampling import ALPHA, NUM_SAMPLES, OUTPUT_LENGTH, exact_joint
 
 BLOCK_SIZE = 8
 LONG_PROMPT = PROMPTS[3]  # 35 tokens: several blocks long
@@ -174,7 +175,7 @@ def test_attention_mask_shows_each_node_its_ancestors_only():
 @pytest.mark.parametrize(
     "sampling,overrides,key",
     [
-        (SamplingConfig(temperature=0.7), {}, "decoding.verify_rule"),
+        (SamplingConfig(temperature=0.7, verify_rule="rejection"), {}, "decoding.verify_rule"),
         (SamplingConfig(), {"sliding_window": 8}, "decoding.verify"),
         (SamplingConfig(), {"attn": "flash_attention_2"}, "target.attn_implementation"),
     ],
@@ -187,3 +188,62 @@ def test_unsupported_settings_are_one_line_errors(sampling, overrides, key):
     ids = target.tokenizer("x", return_tensors="pt").input_ids
     with pytest.raises(ConfigError, match=key):
         generate_tree(target, ids, max_new_tokens=4, proposer=RunnerUpOracle(target), block_size=4, tree_budget=4, sampling=sampling)
+
+
+MATCH = SamplingConfig(temperature=1.3, top_k=3, top_p=0.9, verify_rule="match")
+
+
+def sample_tree_outputs(target: TargetModel, num_samples: int) -> list[tuple[int, ...]]:
+    ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
+    proposer = OracleProposer(target, greedy_oracle=False, sharpen=0.6)
+    return [
+        tuple(generate_tree(
+            target, ids, max_new_tokens=OUTPUT_LENGTH, proposer=proposer, block_size=4, tree_budget=4, sampling=MATCH,
+            generator=torch.Generator().manual_seed(seed),
+        ).output_ids)
+        for seed in range(num_samples)
+    ]
+
+
+def check_tree_sampling_is_lossless(target: TargetModel) -> None:
+    ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
+    p_value = chi_square_p_value(sample_tree_outputs(target, NUM_SAMPLES), exact_joint(target, ids, MATCH, OUTPUT_LENGTH))
+    assert p_value > ALPHA, f"outputs do not follow the target's distribution (p={p_value:.2g})"
+
+
+@pytest.fixture(scope="module")
+def two_layer_llama() -> TargetModel:
+    return TargetModel(*build_tiny_target("llama", seed=0, num_layers=2))
+
+
+@pytest.mark.slow
+def test_match_rule_sampling_follows_the_targets_distribution(two_layer_llama, monkeypatch):
+    """Sampling with the 'match' rule: the joint of the first four tokens is the target's
+    (chi-square), and the walk did leave the first-choice chain."""
+    steps = record_paths(monkeypatch)
+    check_tree_sampling_is_lossless(two_layer_llama)
+    branched = sum(leaves_first_choices(tree, path) for tree, path in steps)
+    assert branched >= NUM_SAMPLES // 20, branched
+
+
+def walk_with_a_second_chance(tree, target_logits, sampling, generator):
+    """Flawed double: draws a second target sample when the first has no child (a
+    multi-candidate shortcut that favours the drafter's tokens)."""
+    children = tree.children()
+    path, node = [], ROOT
+    while True:
+        token = dflash.decoding.tree.target_token(target_logits[node + 1], sampling, generator)
+        if token not in children[node]:
+            token = dflash.decoding.tree.target_token(target_logits[node + 1], sampling, generator)
+        if token not in children[node]:
+            return path, token
+        node = children[node][token]
+        path.append(node)
+
+
+@pytest.mark.slow
+def test_the_sampling_check_rejects_a_walk_with_a_second_chance(two_layer_llama, monkeypatch):
+    """Negative control for the chi-square check above."""
+    monkeypatch.setattr(dflash.decoding.tree, "accepted_path", walk_with_a_second_chance)
+    with pytest.raises(AssertionError, match="do not follow"):
+        check_tree_sampling_is_lossless(two_layer_llama)
