@@ -113,6 +113,15 @@ def test_runner_up_branches_are_accepted_and_output_equals_hf_greedy(tiny_target
         assert branched > 0
 
 
+def test_eager_attention_reads_the_tree_mask(monkeypatch):
+    """The additive mask works for eager attention too (the fixtures use sdpa)."""
+    model, tokenizer = build_tiny_target("qwen3", seed=0)
+    model.set_attn_implementation("eager")
+    steps = record_paths(monkeypatch)
+    check_equals_hf(TargetModel(model, tokenizer), LONG_PROMPT, 30, RunnerUpOracle(TargetModel(model, tokenizer), seed=1), 16)
+    assert any(leaves_first_choices(tree, path) for tree, path in steps)
+
+
 def test_stop_token_inside_an_accepted_path_ends_output_there(tiny_target, monkeypatch):
     steps = record_paths(monkeypatch)
     ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
