@@ -21,6 +21,7 @@ Invariants of a `TokenTree` of N nodes:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import torch
@@ -59,12 +60,14 @@ class TokenTree:
         return table
 
 
-def build_tree(draft_logits: torch.Tensor, budget: int) -> TokenTree:
-    """The best-first tree of `budget` nodes (fewer only if the vocabulary runs out).
+def build_tree(draft_logits: torch.Tensor, budget: int, min_score: float = 0.0) -> TokenTree:
+    """The best-first tree of at most `budget` nodes.
 
     Args:
         draft_logits: (D, V) drafter logits of slots 1..D; the tree is at most D deep.
         budget: number of draft nodes, >= 1.
+        min_score: confidence-adaptive drafts (`draft_threshold`): nodes whose score is
+            below it are left out, except the first (so a step always drafts one token).
     Returns:
         a TokenTree whose node scores (product of slot probabilities) never increase.
 
@@ -78,8 +81,11 @@ def build_tree(draft_logits: torch.Tensor, budget: int) -> TokenTree:
     # heap entries: (-path log-prob, parent, depth, rank in the slot, parent's path log-prob)
     heap = [(-top_logp[0][0], ROOT, 1, 0, 0.0)]
     tokens, parents, depths = [], [], []
+    min_logp = math.log(min_score) if min_score > 0 else -math.inf
     while heap and len(tokens) < budget:
         negative_score, parent, depth, rank, parent_logp = heapq.heappop(heap)
+        if tokens and -negative_score < min_logp:
+            break  # scores only fall from here on
         node = len(tokens)
         tokens.append(top_token_ids[depth - 1][rank])
         parents.append(parent)

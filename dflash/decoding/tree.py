@@ -98,6 +98,7 @@ def generate_tree(
     proposer: Proposer,
     block_size: int,
     tree_budget: int,
+    draft_threshold: float = 0.0,
     stop_token_ids: list[int] | tuple[int, ...] = (),
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
@@ -113,9 +114,12 @@ def generate_tree(
         block_size: B; the tree is at most B - 1 deep.
         tree_budget: number of draft nodes per verify step (the target verifies
             tree_budget + 1 tokens per step).
+        draft_threshold: leave out nodes whose path score (product of slot
+            probabilities) is below it; 0 keeps the full budget every step.
     """
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     require(tree_budget >= 1, "decoding.tree_budget", f"must be >= 1, got {tree_budget}")
+    require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
     require(max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {max_new_tokens}")
     require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")
     require(input_ids.shape[1] >= 1, "prompt", "the prompt is empty")
@@ -145,7 +149,8 @@ def generate_tree(
         anchor_pos = committed.shape[1] - 1
         num_drafts = min(block_size - 1, max_new_tokens - len(result.output_ids) - 1)
         if num_drafts > 0:
-            tree = build_tree(proposer.propose(committed, pending_features, block_size, num_drafts), tree_budget)
+            draft_logits = proposer.propose(committed, pending_features, block_size, num_drafts)
+            tree = build_tree(draft_logits, tree_budget, min_score=draft_threshold)
             pending_features = None
         else:
             tree = TokenTree.empty(device)
