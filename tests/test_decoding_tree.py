@@ -18,7 +18,7 @@ from dflash.decoding import SamplingConfig
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask
 from dflash.decoding.tree import generate_tree
 from dflash.errors import ConfigError
-from dflash.target import TargetModel
+from dflash.target import TargetModel, crop_cache
 from dflash.target.tiny import build_tiny_target
 from tests.conftest import OracleProposer, PartialOracleProposer, chi_square_p_value, hf_greedy
 from tests.test_decoding_greedy import PROMPTS, random_proposer
@@ -118,7 +118,8 @@ def test_eager_attention_reads_the_tree_mask(monkeypatch):
     model, tokenizer = build_tiny_target("qwen3", seed=0)
     model.set_attn_implementation("eager")
     steps = record_paths(monkeypatch)
-    check_equals_hf(TargetModel(model, tokenizer), LONG_PROMPT, 30, RunnerUpOracle(TargetModel(model, tokenizer), seed=1), 16)
+    target = TargetModel(model, tokenizer)
+    check_equals_hf(target, LONG_PROMPT, 30, RunnerUpOracle(target, seed=1), 16)
     assert any(leaves_first_choices(tree, path) for tree, path in steps)
 
 
@@ -127,7 +128,8 @@ def test_stop_token_inside_an_accepted_path_ends_output_there(tiny_target, monke
     ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
     reference = hf_greedy(tiny_target, ids, 40)
     stop_index = next(i for i in range(8, 40) if reference[i] not in reference[:i])
-    result = check_equals_hf(tiny_target, PROMPTS[1], 40, RunnerUpOracle(tiny_target, seed=2), 16, stop=reference[stop_index])
+    oracle = RunnerUpOracle(tiny_target, seed=2)
+    result = check_equals_hf(tiny_target, PROMPTS[1], 40, oracle, 16, stop=reference[stop_index])
     assert len(result.output_ids) == stop_index + 1
     # the stop token was a draft inside the last accepted path, not the target's bonus token
     tree, path = steps[-1]
@@ -144,7 +146,7 @@ def test_greedy_check_catches_a_cache_that_keeps_the_first_nodes(qwen3_target, m
     instead of the path's is lossy once a branch is accepted."""
     monkeypatch.setattr(
         dflash.decoding.tree, "keep_cache_positions",
-        lambda cache, start, sources: dflash.decoding.tree.crop_cache(cache, start + len(sources)),
+        lambda cache, start, sources: crop_cache(cache, start + len(sources)),
     )
     with pytest.raises(AssertionError, match="differs from HF greedy"):
         check_equals_hf(qwen3_target, LONG_PROMPT, 40, RunnerUpOracle(qwen3_target, seed=1), 16)
@@ -196,7 +198,9 @@ def test_unsupported_settings_are_one_line_errors(sampling, overrides, key):
         target.config._attn_implementation = attn
     ids = target.tokenizer("x", return_tensors="pt").input_ids
     with pytest.raises(ConfigError, match=key):
-        generate_tree(target, ids, max_new_tokens=4, proposer=RunnerUpOracle(target), block_size=4, tree_budget=4, sampling=sampling)
+        generate_tree(
+            target, ids, max_new_tokens=4, proposer=RunnerUpOracle(target), block_size=4, tree_budget=4, sampling=sampling
+        )
 
 
 MATCH = SamplingConfig(temperature=1.3, top_k=3, top_p=0.9, verify_rule="match")
@@ -216,7 +220,8 @@ def sample_tree_outputs(target: TargetModel, num_samples: int) -> list[tuple[int
 
 def check_tree_sampling_is_lossless(target: TargetModel) -> None:
     ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
-    p_value = chi_square_p_value(sample_tree_outputs(target, NUM_SAMPLES), exact_joint(target, ids, MATCH, OUTPUT_LENGTH))
+    exact = exact_joint(target, ids, MATCH, OUTPUT_LENGTH)
+    p_value = chi_square_p_value(sample_tree_outputs(target, NUM_SAMPLES), exact)
     assert p_value > ALPHA, f"outputs do not follow the target's distribution (p={p_value:.2g})"
 
 

@@ -33,7 +33,7 @@ from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_position_ids
 from dflash.errors import require
 from dflash.target import TargetModel
-from dflash.target.cache import crop_cache, keep_cache_positions
+from dflash.target.cache import keep_cache_positions
 
 #: attention implementations that read a custom 4D mask (flash attention ignores it)
 TREE_ATTENTION = ("sdpa", "eager")
@@ -45,10 +45,13 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
     require(
         implementation in TREE_ATTENTION,
         "target.attn_implementation",
-        f"tree verification needs a custom attention mask, which {implementation!r} ignores; use one of {TREE_ATTENTION}",
+        f"tree verification needs a custom attention mask, which {implementation!r} ignores; "
+        f"use one of {TREE_ATTENTION}",
     )
     layer_types = getattr(target.config, "layer_types", None) or ()
-    windowed = getattr(target.config, "sliding_window", None) and (not layer_types or "sliding_attention" in layer_types)
+    windowed = getattr(target.config, "sliding_window", None) and (
+        not layer_types or "sliding_attention" in layer_types
+    )
     require(
         not windowed,
         "decoding.verify",
@@ -69,7 +72,9 @@ def target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> i
     return int(sample(probabilities(logits, sampling), generator))
 
 
-def accepted_path(tree: TokenTree, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
+def accepted_path(
+    tree: TokenTree, target_logits: torch.Tensor, sampling: SamplingConfig, generator
+) -> tuple[list[int], int]:
     """Walk the tree along the target's own tokens.
 
     Args:
@@ -156,7 +161,8 @@ def generate_tree(
             tree = TokenTree.empty(device)
         verify_ids = torch.cat([committed[:, -1], tree.tokens]).unsqueeze(0)
         mask = tree_attention_mask(tree, anchor_pos, target.dtype, device)
-        out = target.forward(verify_ids, tree_position_ids(tree, anchor_pos, device), cache, layer_ids, attention_mask=mask)
+        positions = tree_position_ids(tree, anchor_pos, device)
+        out = target.forward(verify_ids, positions, cache, layer_ids, attention_mask=mask)
         path, next_token = accepted_path(tree, out.logits[0], sampling, generator)
 
         # cache positions: the anchor at anchor_pos, node i at anchor_pos + 1 + i
