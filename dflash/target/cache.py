@@ -8,9 +8,14 @@ is what we pass, and a zero-length crop is skipped (it would empty a v4 cache).
 Only full-history layers can be cropped back: a sliding-window layer has dropped what
 lies before its window (v4 refuses the crop, v5 raises unless it records the past).
 `TargetModel.new_cache` therefore builds full layers everywhere.
+
+Tree verification also compacts the cache: `keep_cache_positions` moves the accepted
+path's entries behind the anchor before the crop.
 """
 
 from __future__ import annotations
+
+import torch
 
 
 def cache_length(cache) -> int:
@@ -31,3 +36,24 @@ def crop_cache(cache, keep_length: int) -> None:
     remove = cache_length(cache) - keep_length
     if remove > 0:
         cache.crop(-remove)
+
+
+def keep_cache_positions(cache, start: int, source_positions: list[int]) -> None:
+    """Move the cached entries at `source_positions` to [start, start + n) and drop the rest.
+
+    After a tree verify forward the cache holds the anchor and every draft node; only the
+    accepted path may stay. Entries before `start` are untouched.
+
+    Args:
+        cache: an HF cache with `layers`, each holding `keys` / `values` of shape
+            (batch, heads, positions, head_dim) (transformers >= 4.56 `DynamicCache`).
+        start: first position to overwrite; every source position is >= `start`.
+        source_positions: n cache positions, in the order they must end up.
+    """
+    if source_positions != list(range(start, start + len(source_positions))):
+        index = torch.tensor(source_positions, dtype=torch.long, device=cache.layers[0].keys.device)
+        end = start + len(source_positions)
+        for layer in cache.layers:
+            layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
+            layer.values[:, :, start:end] = layer.values.index_select(2, index)
+    crop_cache(cache, start + len(source_positions))

@@ -274,6 +274,7 @@ class TargetModel:
         cache=None,
         layer_ids: list[int] | None = None,
         logits_to_keep: int = 0,
+        attention_mask: torch.Tensor | None = None,
     ) -> TargetOutput:
         """Run the target on new positions.
 
@@ -283,10 +284,14 @@ class TargetModel:
             cache: HF cache holding the positions before `position_ids[:, 0]`; updated in place.
             layer_ids: target layers to tap (0-based); None for no features.
             logits_to_keep: 0 for logits at every position, k for the last k only.
+            attention_mask: None for causal attention; or a custom additive
+                (batch, 1, q, cached + q) mask, which transformers uses as given (tree
+                verification; sdpa and eager attention only).
         """
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
+            attention_mask=attention_mask,
             past_key_values=cache,
             use_cache=cache is not None,
             output_hidden_states=layer_ids is not None,
