@@ -184,9 +184,30 @@ def test_tiny_recipe_exports_a_drafter_and_evaluates_it(resumed_run):
 
 
 @pytest.mark.slow
+def test_export_takes_the_best_checkpoint_by_validation_tau_sim(resumed_run):
+    """Validations at steps 30 and 60 (after resume): the exported drafter is the best one's."""
+    run_dir, _, stdout = resumed_run
+    # the logger's step is the optimizer step count minus one; checkpoints store the count
+    validations = [(float(row["val/tau_sim"]), int(row["step"]) + 1) for row in _metrics_rows(run_dir, 1) if row.get("val/tau_sim")]
+    assert [step for _, step in validations] == [30, 60]
+    best_score, best_step = max(validations, key=lambda v: (v[0], -v[1]))  # ties: the first stays best
+    info = json.loads((run_dir / "drafter" / "checkpoint.json").read_text())
+    assert info == {"checkpoint": "best.ckpt", "global_step": best_step, "final_step": 60, "monitor": "val/tau_sim", "score": pytest.approx(best_score)}
+    assert f"exporting the best checkpoint by val/tau_sim = {best_score:.4f}" in stdout
+    best = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=False)
+    assert best["global_step"] == best_step
+    exported = load_drafter(str(run_dir / "drafter")).state_dict()
+    assert all(torch.equal(best["state_dict"][f"drafter.{name}"], tensor) for name, tensor in exported.items())
+    if best_step != 60:  # then the last checkpoint's weights are another drafter's
+        last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+        assert not all(torch.equal(last[f"drafter.{name}"], tensor) for name, tensor in exported.items())
+
+
+@pytest.mark.slow
 def test_export_cli_writes_a_drafter_the_evaluator_loads(resumed_run, workspace, tmp_path):
     run_dir, _, _ = resumed_run
-    exported = _cli(["dflash.export", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", f"out={tmp_path / 'drafter'}"], cwd=tmp_path)
+    source = json.loads((run_dir / "drafter" / "checkpoint.json").read_text())["checkpoint"]
+    exported = _cli(["dflash.export", f"ckpt={run_dir / 'checkpoints' / source}", f"out={tmp_path / 'drafter'}"], cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     trained = load_drafter(str(run_dir / "drafter")).state_dict()
     assert all(torch.equal(trained[k], v) for k, v in load_drafter(str(tmp_path / "drafter")).state_dict().items())
@@ -236,6 +257,8 @@ BAD_INPUTS = {
     "chat_template": (["data.require_chat_template=true"], "data.require_chat_template"),
     "unknown_key": (["trainer.bogus=1"], "trainer.bogus"),
     "bad_type": (["trainer.max_steps=many"], "trainer.max_steps"),
+    "select": (["checkpoint.select=worst"], "checkpoint.select"),
+    "monitor": (["checkpoint.monitor=train/loss"], "checkpoint.monitor"),
 }
 
 

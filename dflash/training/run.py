@@ -8,8 +8,13 @@ run the same code with dataclasses.
 Invariants:
 - Run directory layout (`output_dir`): `checkpoints/last.ckpt` (refreshed every
   `checkpoint.every_n_train_steps` optimizer steps and at the end), `checkpoints/previous.ckpt`
-  (the last.ckpt it replaced), `drafter/` (the exported drafter directory), `results.json`
-  (evaluation after training), logger files.
+  (the last.ckpt it replaced), `checkpoints/best.ckpt` (with `checkpoint.select=best` and
+  validation data: the checkpoint of the best `checkpoint.monitor` value so far, written
+  right after the validation that measured it), `drafter/` (the exported drafter
+  directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
+  `results.json` (evaluation after training), logger files.
+- Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
+  `select=best` and one was written, else last.ckpt, and says which in the log.
 - One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
   on it for the whole run (a second job exits 2 naming the holder; a killed holder's lock
   is taken over).
@@ -41,7 +46,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dflash.data.config import DataSpec
 from dflash.errors import ConfigError, require
-from dflash.fileio import remove_partial_writes, write_text
+from dflash.fileio import remove_partial_writes, write_json, write_text
 from dflash.locks import DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.checkpoints import (
@@ -56,6 +61,9 @@ from dflash.training.config import TrainingConfig
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
+BEST_CHECKPOINT = "best.ckpt"
+EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
+SELECT_CHOICES = ("best", "last")
 DRAFTER_DIR = "drafter"
 RESULTS_FILE = "results.json"
 WANDB_ID_FILE = "wandb_run_id.txt"
@@ -127,15 +135,30 @@ class LoggerSettings:
 class CheckpointSettings:
     """every_n_train_steps: refresh `checkpoints/last.ckpt` this often (optimizer steps).
     resume: "auto" (continue from last.ckpt when it exists), "never", or a .ckpt path.
-    export_dtype: weight dtype of the exported drafter (None: the training dtype)."""
+    export_dtype: weight dtype of the exported drafter (None: the training dtype).
+    select: which checkpoint the drafter is exported from: "best" (the best validation
+        `monitor` value, as SpecForge picks by simulated acceptance; the last one when no
+        validation ran) or "last".
+    monitor / mode: the logged validation metric that ranks checkpoints ("val/tau_sim",
+        higher is better; e.g. "val/loss" with mode "min")."""
 
     every_n_train_steps: int = 1000
     resume: str = "auto"
     export_dtype: str | None = None
+    select: str = "best"
+    monitor: str = "val/tau_sim"
+    mode: str = "max"
 
     def __post_init__(self):
         require(self.every_n_train_steps >= 1, "checkpoint.every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
         weight_dtype(self.export_dtype, "checkpoint.export_dtype")
+        require(self.select in SELECT_CHOICES, "checkpoint.select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
+        require(self.mode in ("max", "min"), "checkpoint.mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
+        require(
+            self.monitor.startswith("val/"),
+            "checkpoint.monitor",
+            f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
+        )
 
 
 @dataclass
@@ -207,7 +230,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         every_n_train_steps=job.checkpoint.every_n_train_steps,
         enable_version_counter=False,
     )
-    trainer = build_trainer(job.trainer, output_dir, loggers, [checkpointer, *callbacks])
+    best = _best_checkpointer(job, checkpoint_dir)
+    trainer = build_trainer(job.trainer, output_dir, loggers, [checkpointer, *([best] if best else []), *callbacks])
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
@@ -232,7 +256,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     trainer.save_checkpoint(final_checkpoint)
     drafter_dir = results_path = None
     if trainer.is_global_zero:
-        drafter_dir = export_final_drafter(final_checkpoint, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        selected = _selected_checkpoint(best, final_checkpoint, trainer.global_step)
+        drafter_dir = export_final_drafter(selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        write_export_info(drafter_dir, selected, best, trainer.global_step)
         if job.evaluation is not None:
             results_path = evaluate_after_training(job.evaluation, module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
@@ -242,6 +268,57 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
+
+
+def _best_checkpointer(job: TrainJob, checkpoint_dir: str) -> ModelCheckpoint | None:
+    """The callback that keeps `best.ckpt` (None with select=last or when no validation runs)."""
+    validates = job.data.val_fraction > 0 and job.trainer.limit_val_batches not in (0, 0.0)
+    if job.checkpoint.select != "best" or not validates:
+        return None
+    return ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename=BEST_CHECKPOINT.removesuffix(".ckpt"),
+        monitor=job.checkpoint.monitor,
+        mode=job.checkpoint.mode,
+        save_top_k=1,
+        save_last=False,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+
+
+def _selected_checkpoint(best: ModelCheckpoint | None, final_checkpoint: str, final_step: int) -> str:
+    """best.ckpt when it was kept, else the final checkpoint; logs which and why."""
+    if best is not None and best.best_model_path and os.path.isfile(best.best_model_path):
+        log.info(
+            "exporting the best checkpoint by %s = %.4f (%s, step %d of %d)",
+            best.monitor, float(best.best_model_score), best.best_model_path, checkpoint_step(best.best_model_path), final_step,
+        )  # fmt: skip
+        return best.best_model_path
+    if best is not None:
+        log.info("no validation measured %s during training: exporting the last checkpoint (step %d)", best.monitor, final_step)
+    return final_checkpoint
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step stored in a Lightning checkpoint (read without loading tensors)."""
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+
+
+def write_export_info(drafter_dir: str, checkpoint: str, best: ModelCheckpoint | None, final_step: int) -> None:
+    """drafter/checkpoint.json: {checkpoint, global_step, final_step, monitor, score} of the export's source."""
+    chose_best = best is not None and checkpoint == best.best_model_path
+    write_json(
+        os.path.join(drafter_dir, EXPORT_INFO_FILE),
+        {
+            "checkpoint": os.path.basename(checkpoint),
+            "global_step": checkpoint_step(checkpoint),
+            "final_step": final_step,
+            "monitor": best.monitor if chose_best else None,
+            "score": float(best.best_model_score) if chose_best else None,
+        },
+        indent=2,
+    )
 
 
 def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, callbacks: list[Callback]) -> L.Trainer:
