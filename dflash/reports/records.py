@@ -106,7 +106,7 @@ class RunRecord:
         methods = self.results.get("methods")
         if self.status == FINISHED and isinstance(methods, dict) and methods:
             return [replace(self, results={**self.results, **figures, "method": name}) for name, figures in methods.items()]
-        names = lookup(self.config, "methods") or lookup(self.config, "eval.methods")
+        names = lookup(self.config, "methods")
         if self.status != FINISHED and isinstance(names, list) and names:
             return [replace(self, results={**self.results, "method": str(name), "block_size": self._configured_width(str(name))})
                     for name in names]  # fmt: skip
@@ -115,7 +115,7 @@ class RunRecord:
     def _configured_width(self, method: str) -> int | None:
         if method == "dflash":
             return self.results.get("block_size")
-        drafts = lookup(self.config, f"{method}.num_draft_tokens") or lookup(self.config, f"eval.{method}.num_draft_tokens")
+        drafts = lookup(self.config, f"{method}.num_draft_tokens")
         return drafts + 1 if isinstance(drafts, int) else None
 
     def axis_values(self) -> tuple[str, ...]:
