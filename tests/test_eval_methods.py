@@ -196,3 +196,34 @@ def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, art
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")
+
+
+def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeypatch):
+    """The divergence replay issues a run's own target forwards when the proposer drafted
+    fewer than B - 1 tokens (`draft_counts`), in bf16 where other shapes round differently."""
+    from dflash.decoding.ngram import NgramProposer
+    from dflash.eval.divergence import replay_logits
+    from dflash.target import TargetModel
+    from dflash.target.tiny import build_tiny_target
+
+    model, tokenizer = build_tiny_target("qwen3", seed=0, num_layers=2)
+    target = TargetModel(model.to(torch.bfloat16), tokenizer)
+    input_ids = tokenizer("aaaa", return_tensors="pt").input_ids
+    prompt_len, seen = input_ids.shape[1], {}
+    forward = target.forward
+
+    def recording_forward(ids, positions, *args, **kwargs):
+        out = forward(ids, positions, *args, **kwargs)
+        rows = out.logits.shape[1]
+        for row, position in enumerate(positions[0, -rows:].tolist()):
+            seen[position + 1 - prompt_len] = out.logits[0, row].clone()
+        return out
+
+    monkeypatch.setattr(target, "forward", recording_forward)
+    run = generate(target, input_ids, max_new_tokens=20, block_size=8, proposer=NgramProposer())
+    monkeypatch.undo()
+    assert 0 in run.draft_counts and max(run.draft_counts) > 0 and max(run.acceptance_lengths) > 1
+    for position in (1, 7, 13, len(run.output_ids) - 1):
+        replayed = replay_logits(target, input_ids, run.output_ids, run.acceptance_lengths, position,
+                                 block_size=8, max_new_tokens=20, draft_counts=run.draft_counts)  # fmt: skip
+        assert torch.equal(replayed, seen[position]), position

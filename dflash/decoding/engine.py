@@ -79,7 +79,8 @@ def _check_drafts(drafts: Drafts, num_drafts: int) -> None:
     """A `TokenProposer` broke its contract: a bug in it, named before verification goes wrong."""
     k = drafts.tokens.numel()
     if drafts.tokens.dim() != 1 or k > num_drafts:
-        raise RuntimeError(f"the proposer drafted tokens of shape {tuple(drafts.tokens.shape)}; expected (k,), k <= {num_drafts}")
+        shape = tuple(drafts.tokens.shape)
+        raise RuntimeError(f"the proposer drafted tokens of shape {shape}; expected (k,), k <= {num_drafts}")
     if drafts.probs is not None and drafts.probs.shape[0] != k:
         raise RuntimeError(f"the proposer returned {drafts.probs.shape[0]} distributions for {k} draft tokens")
 

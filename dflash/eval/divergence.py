@@ -36,7 +36,8 @@ Diagnosis of a divergence at output position p (the first token that differs):
 Invariant: `replay_logits` issues the same target forwards as
 `dflash.decoding.engine.generate` (prefill of the prompt keeping the last logits; per
 verify step one forward of the anchor plus min(B - 1, max_new_tokens - emitted - 1)
-drafts, or as many as the proposer drafted when it may draft fewer; the cache cropped to the committed length). Change them together:
+drafts, or as many as the proposer drafted when it may draft fewer; the cache cropped
+to the committed length). Change them together:
 tests/test_eval_divergence.py checks that the replay reproduces the engine's logits bit
 for bit. The replay assumes kernels that are deterministic for equal shapes (CPU; CUDA
 GEMMs and attention forwards without atomics). A replay that did not reproduce its run

@@ -126,9 +126,12 @@ def evaluate(
     """
     require(len(samples) > 0, "benchmark.max_samples", "no prompts to evaluate")
     decoding = settings.decoding
-    setups = {name: build_method(name, target, _settings_of(name, settings, target, drafter, drafter_label)) for name in settings.methods}
+    setups = {
+        name: build_method(name, target, _settings_of(name, settings, target, drafter, drafter_label))
+        for name in settings.methods
+    }
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
-    methods = _Methods(target=target, setups=setups, sampling=decoding.sampling, stop_ids=stops, hf_generate=settings.hf_generate)
+    methods = _Methods(target, setups, decoding.sampling, stops, settings.hf_generate)
     prompts = PromptBuilder(target.tokenizer, settings.chat_template, settings.enable_thinking)
     primary = settings.methods[0]
 

@@ -57,8 +57,11 @@ def format_results(results: dict) -> str:
     lines += _divergence_lines(results["hf_generate_divergences"])
     methods = results.get("methods") or {}
     if len(methods) > 1:
-        lines += ["", "every method on the same prompts, seeds and stops (tau counts the bonus token; speedup over autoregressive):"]
-        lines.append(f"{'method':<10}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless")
+        lines += [
+            "",
+            "every method on the same prompts, seeds and stops (tau counts the bonus token; speedup over autoregressive):",
+            f"{'method':<10}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless",
+        ]
         for method, record in methods.items():
             lossless = "n/a (sampling)" if record["lossless"] is None else str(record["lossless"]).lower()
             if record["lossless"] is False and record["lossless_up_to_ties"]:
