@@ -92,9 +92,11 @@ def test_registry_names_and_a_missing_eagle3_module_are_one_line_errors(qwen3_ta
             check_method_names(names)
         assert info.value.key == "methods"
     monkeypatch.setitem(sys.modules, "dflash.eagle3", None)  # as if the package were absent
-    with pytest.raises(ConfigError, match="no dflash.eagle3 package") as info:
-        build_method("eagle3", qwen3_target, METHODS["eagle3"].settings())
-    assert info.value.key == "methods" and "\n" not in str(info.value)
+    for fails in (lambda: check_method_names(["dflash", "eagle3"]),  # before any model loads
+                  lambda: build_method("eagle3", qwen3_target, METHODS["eagle3"].settings())):  # fmt: skip
+        with pytest.raises(ConfigError, match="no dflash.eagle3 package") as info:
+            fails()
+        assert info.value.key == "methods" and "\n" not in str(info.value)
 
 
 def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, monkeypatch):

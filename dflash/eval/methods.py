@@ -17,6 +17,8 @@ point) and a builder `(target, settings) -> MethodSetup`, registered in `METHODS
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -85,28 +87,44 @@ def build_ngram(target: TargetModel, settings: NgramSettings) -> MethodSetup:
 
 def build_eagle3(target: TargetModel, settings: Eagle3Settings) -> MethodSetup:
     try:
-        module = importlib.import_module("dflash.eagle3")
+        module = importlib.import_module(EAGLE3_PACKAGE)
     except ModuleNotFoundError as err:
-        if err.name not in ("dflash.eagle3", "dflash"):
+        if err.name not in (EAGLE3_PACKAGE, "dflash"):
             raise
-        raise ConfigError("methods", "eagle3 is not available in this installation (no dflash.eagle3 package)") from None
+        raise ConfigError("methods", _missing("eagle3", EAGLE3_PACKAGE)) from None
     proposer = module.build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
     return MethodSetup(proposer, block_size=settings.num_draft_tokens + 1, label=settings.path or "random")
 
 
 @dataclass(frozen=True)
 class Method:
-    """A registry entry: the settings type of its config group (None: built by the caller) and its builder."""
+    """A registry entry: the settings type of its config group, its builder, and the package
+    it imports lazily (checked by `check_method_names`, before any model loads)."""
 
-    settings: type | None
+    settings: type
     build: Callable[[TargetModel, Any], MethodSetup]
+    package: str | None = None
 
 
+EAGLE3_PACKAGE = "dflash.eagle3"
 METHODS: dict[str, Method] = {
     "dflash": Method(DFlashMethod, build_dflash),
-    "eagle3": Method(Eagle3Settings, build_eagle3),
+    "eagle3": Method(Eagle3Settings, build_eagle3, package=EAGLE3_PACKAGE),
     "ngram": Method(NgramSettings, build_ngram),
 }
+
+
+def _missing(name: str, package: str) -> str:
+    return f"{name} is not available in this installation (no {package} package)"
+
+
+def _installed(package: str) -> bool:
+    if package in sys.modules:  # imported already (None: marked absent)
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package missing or broken
+        return False
 
 
 def check_method_names(names: list[str]) -> None:
@@ -115,6 +133,9 @@ def check_method_names(names: list[str]) -> None:
     unknown = [name for name in names if name not in METHODS]
     require(not unknown, "methods", f"unknown method {unknown[0]!r}; choose from {sorted(METHODS)}" if unknown else "")
     require(len(set(names)) == len(names), "methods", f"a method is listed twice: {names}")
+    for name in names:
+        package = METHODS[name].package
+        require(package is None or _installed(package), "methods", _missing(name, package))
 
 
 def build_method(name: str, target: TargetModel, settings: Any) -> MethodSetup:

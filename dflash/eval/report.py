@@ -16,10 +16,11 @@ def format_results(results: dict) -> str:
         mode += f" ({results['verify_rule']} verification)"
     primary = results.get("method", METHOD)
     name = NAMES.get(primary, primary)
+    trained = f" (drafter trained with {results['drafter_block_size']})" if results["drafter_block_size"] is not None else ""
     lines = [
         f"{name} evaluation: {results['benchmark']}, {results['num_prompts']} prompts "
-        f"({results['num_generations']} generations), block size {results['block_size']} "
-        f"(drafter trained with {results['drafter_block_size']}), {mode}, max_new_tokens {results['max_new_tokens']}",
+        f"({results['num_generations']} generations), block size {results['block_size']}{trained}, {mode}, "
+        f"max_new_tokens {results['max_new_tokens']}",
         f"target: {results['target']}   drafter: {results['drafter']}   device: {results['device']}",
         "",
         f"{'method':<16}{'tokens':>10}{'seconds':>11}{'tokens/s':>11}{f'{name} speedup over it':>24}",
