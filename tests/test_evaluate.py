@@ -27,7 +27,7 @@ SCHEMA_KEYS = {
     "top_p", "top_k", "verify_rule", "max_new_tokens", "num_prompts", "num_generations", "tau", "tau_per_prompt_mean",
     "acceptance_histogram", "tokens_per_s", "speedup", "speedup_decode_only", "lossless", "first_mismatch",
     "lossless_up_to_ties", "divergences", "hf_generate_matches", "hf_generate_first_mismatch",
-    "hf_generate_divergences", "stop_token_ids", "per_prompt", "device", "versions", "timestamp", "config",
+    "hf_generate_divergences", "methods", "stop_token_ids", "per_prompt", "device", "versions", "timestamp", "config",
 }  # fmt: skip
 SAMPLES = [Sample(turns=["def add(a, b):"], index=0), Sample(turns=["Hello", "Tell me more."], index=5)]
 

@@ -1,4 +1,8 @@
-"""`python -m dflash.evaluate`: evaluate a drafter on a benchmark (config: conf/evaluate.yaml).
+"""`python -m dflash.evaluate`: evaluate drafting methods on a benchmark (config: conf/evaluate.yaml).
+
+`methods` lists the methods compared (`dflash.eval.methods`); dflash is configured by
+`drafter.*` and `decoding.block_size`, every other method by its own group (`ngram.*`,
+`eagle3.*`).
 
 Checks every setting and loads the prompts before loading any model, so a bad value
 fails in seconds, not after an 8B model has loaded. The run directory is locked
@@ -36,28 +40,35 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
+    from dflash.eval.methods import METHODS, check_method_names
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 
     config = resolved_config(cfg)
     benchmark = to_spec(BenchmarkSpec, cfg.benchmark, "benchmark")
     top_level = {"hf_generate": cfg.hf_generate, "warmup_tokens": cfg.warmup_tokens}
     check_field_types(EvalSettings, top_level, group=None)
+    methods = config["methods"]
+    check_method_names(methods)
     set_cpu_threads(cfg.cpu_threads)
     settings = EvalSettings(
         decoding=to_spec(DecodingSettings, cfg.decoding, "decoding"),
         chat_template=benchmark.chat_template,
         enable_thinking=benchmark.enable_thinking,
+        methods=methods,
+        # every method's group is checked, listed or not: a typo fails now, not in a later run
+        method_settings={name: to_spec(METHODS[name].settings, cfg[name], name) for name in METHODS if name in cfg},
         **top_level,
     )
     target_spec = to_spec(TargetSpec, cfg.target, "target")
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
-    if drafter_spec.path is not None:
+    uses_drafter = "dflash" in methods
+    if uses_drafter and drafter_spec.path is not None:
         check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
 
     with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
         target = load_target(target_spec)
-        drafter = build_drafter(drafter_spec, target)
+        drafter = build_drafter(drafter_spec, target) if uses_drafter else None
         results = evaluate(
             target,
             drafter,

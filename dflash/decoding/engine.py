@@ -1,7 +1,8 @@
 """The speculative decoding loop (batch size 1).
 
-Per step: the drafter drafts a block [anchor, mask x (B-1)] in one forward, the target
-verifies anchor + drafts in one forward, the longest agreeing prefix is kept plus one
+Per step: the proposer drafts up to B-1 tokens (DFlash: a block [anchor, mask x (B-1)] in
+one forward; a `TokenProposer` may return fewer, even none), the target verifies anchor +
+drafts in one forward, the longest agreeing prefix is kept plus one
 token of the target's own, both caches are cropped to the committed length, and the
 features of the kept positions become drafter context. `block_size=1` drafts nothing
 and is plain autoregressive decoding through the same code: the in-run baseline.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash.decoding.proposer import Proposer
+from dflash.decoding.proposer import Proposer, TokenProposer
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.decoding.verify import Drafts, propose_tokens, verify
 from dflash.errors import require
@@ -32,11 +33,14 @@ class GenerationResult:
     output_ids: new tokens only (stop token included when one ended the output).
     acceptance_lengths: tokens emitted by each verify step, i.e. accepted drafts + 1
         (the bonus token counts); the first token, produced by prefill, is not a step.
+    draft_counts: draft tokens the target verified in each step (the step's forward covers
+        the anchor plus these), aligned with acceptance_lengths.
     prefill_time_s / decode_time_s: wall-clock seconds (CUDA synchronised).
     """
 
     output_ids: list[int]
     acceptance_lengths: list[int] = field(default_factory=list)
+    draft_counts: list[int] = field(default_factory=list)
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
 
@@ -71,6 +75,16 @@ def _target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> 
     return int(sample(probabilities(logits, sampling), generator))
 
 
+def _check_drafts(drafts: Drafts, num_drafts: int) -> None:
+    """A `TokenProposer` broke its contract: a bug in it, named before verification goes wrong."""
+    k = drafts.tokens.numel()
+    if drafts.tokens.dim() != 1 or k > num_drafts:
+        shape = tuple(drafts.tokens.shape)
+        raise RuntimeError(f"the proposer drafted tokens of shape {shape}; expected (k,), k <= {num_drafts}")
+    if drafts.probs is not None and drafts.probs.shape[0] != k:
+        raise RuntimeError(f"the proposer returned {drafts.probs.shape[0]} distributions for {k} draft tokens")
+
+
 @torch.inference_mode()
 def generate(
     target: TargetModel,
@@ -78,7 +92,7 @@ def generate(
     *,
     max_new_tokens: int,
     block_size: int = 1,
-    proposer: Proposer | None = None,
+    proposer: Proposer | TokenProposer | None = None,
     stop_token_ids: list[int] | tuple[int, ...] = (),
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
@@ -88,8 +102,10 @@ def generate(
     Args:
         target: the frozen target.
         input_ids: (1, P) prompt ids, P >= 1.
-        block_size: B; 1 is autoregressive decoding (no proposer needed).
-        proposer: drafts blocks when B > 1.
+        block_size: B, the verify width: at most B-1 drafts per step; 1 is autoregressive
+            decoding (no proposer needed).
+        proposer: drafts when B > 1: through `draft` when it has one (`TokenProposer`),
+            else through `propose` and `propose_tokens`.
         stop_token_ids: generation ends right after the first of these it emits.
         generator: torch RNG for sampling (on the target's device), for reproducibility.
     """
@@ -126,8 +142,12 @@ def generate(
         num_drafts = min(block_size - 1, max_new_tokens - len(result.output_ids) - 1)
         drafts = Drafts(tokens=torch.empty(0, dtype=torch.long, device=device))
         if num_drafts > 0:
-            draft_logits = proposer.propose(committed, pending_features, block_size, num_drafts)
-            drafts = propose_tokens(draft_logits, sampling, generator)
+            if hasattr(proposer, "draft"):
+                drafts = proposer.draft(committed, pending_features, num_drafts, sampling, generator)
+                _check_drafts(drafts, num_drafts)
+            else:
+                draft_logits = proposer.propose(committed, pending_features, block_size, num_drafts)
+                drafts = propose_tokens(draft_logits, sampling, generator)
             pending_features = None
         verify_ids = torch.cat([committed[:, -1], drafts.tokens]).unsqueeze(0)
         positions = torch.arange(anchor_pos, anchor_pos + verify_ids.shape[1], device=device).unsqueeze(0)
@@ -147,6 +167,7 @@ def generate(
                 break
         result.output_ids.extend(emitted)
         result.acceptance_lengths.append(len(emitted))
+        result.draft_counts.append(drafts.tokens.numel())
         committed = torch.cat([committed, torch.tensor([emitted], device=device)], dim=1)
         done = done or len(result.output_ids) >= max_new_tokens
     synchronize(device)

@@ -16,7 +16,11 @@ from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 
 @dataclass
 class Drafts:
-    """Draft tokens of one block: tokens (k,) and, when sampled, their distributions (k, vocab)."""
+    """Draft tokens of one verify step: tokens (k,), k >= 0, and the distributions (k, vocab)
+    they were sampled from. probs None means a deterministic proposal: the distribution is
+    one-hot at each token (greedy drafting, prompt lookup); rejection sampling handles it
+    exactly (accept with probability p(x), else resample from p without x).
+    """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
@@ -63,14 +67,18 @@ def _rejection(target_probs: torch.Tensor, drafts: Drafts, generator) -> tuple[i
     k = drafts.tokens.numel()
     rows = torch.arange(k, device=target_probs.device)
     p = target_probs[rows, drafts.tokens]
-    q = drafts.probs[rows, drafts.tokens]
+    q = drafts.probs[rows, drafts.tokens] if drafts.probs is not None else torch.ones_like(p)
     u = torch.rand(k, generator=generator, device=target_probs.device)
     # accept draft i with probability min(1, p/q); q > 0 because the token was sampled from q
     rejected = (u * q > p).nonzero()
     if rejected.numel() == 0:
         return k, int(sample(target_probs[k], generator))
     i = int(rejected[0])
-    residual = (target_probs[i] - drafts.probs[i]).clamp_min(0)
+    if drafts.probs is None:  # one-hot q: max(0, p - q) is p without the rejected token
+        residual = target_probs[i].clone()
+        residual[drafts.tokens[i]] = 0
+    else:
+        residual = (target_probs[i] - drafts.probs[i]).clamp_min(0)
     total = residual.sum()
     # a rejection implies p(x) < q(x), so residual mass is positive; guard against rounding
     residual = residual / total if total > 0 else target_probs[i]

@@ -36,7 +36,8 @@ Diagnosis of a divergence at output position p (the first token that differs):
 Invariant: `replay_logits` issues the same target forwards as
 `dflash.decoding.engine.generate` (prefill of the prompt keeping the last logits; per
 verify step one forward of the anchor plus min(B - 1, max_new_tokens - emitted - 1)
-drafts; the cache cropped to the committed length). Change them together:
+drafts, or as many as the proposer drafted when it may draft fewer; the cache cropped
+to the committed length). Change them together:
 tests/test_eval_divergence.py checks that the replay reproduces the engine's logits bit
 for bit. The replay assumes kernels that are deterministic for equal shapes (CPU; CUDA
 GEMMs and attention forwards without atomics). A replay that did not reproduce its run
@@ -120,6 +121,7 @@ def replay_logits(
     *,
     block_size: int,
     max_new_tokens: int,
+    draft_counts: list[int] | None = None,
 ) -> torch.Tensor:
     """The target's logits (vocab,) for output token `position`, as one engine run computed them.
 
@@ -129,6 +131,10 @@ def replay_logits(
     block after the accepted drafts are filled with the recorded output: they cannot
     change the rows that were kept (attention is causal), only the block's shape
     matters, and it is the engine's.
+
+    draft_counts: the drafts each step verified (`GenerationResult.draft_counts`), for
+    proposers that may draft fewer than B - 1 (prompt lookup); None: the engine's
+    min(B - 1, tokens left - 1) of every step.
     """
     device = target.device
     input_ids = input_ids.to(device)
@@ -138,9 +144,11 @@ def replay_logits(
     if position == 0:
         return out.logits[0, -1]
     emitted = 1
-    for length in acceptance_lengths:
+    for step, length in enumerate(acceptance_lengths):
         anchor_pos = prompt_len + emitted - 1
         num_drafts = max(0, min(block_size - 1, max_new_tokens - emitted - 1))
+        if draft_counts is not None:
+            num_drafts = draft_counts[step]
         block = output_ids[emitted - 1 : emitted + num_drafts]
         block += block[-1:] * (1 + num_drafts - len(block))  # past the end of the output: any token
         positions = torch.arange(anchor_pos, anchor_pos + len(block), device=device).unsqueeze(0)

@@ -1,21 +1,26 @@
-"""Evaluate a drafter on a set of prompts: acceptance, speed, losslessness.
+"""Evaluate drafting methods on a set of prompts: acceptance, speed, losslessness.
 
-Per generation (every user turn of every conversation), with the same prompt, stop ids
-and sampling settings, interleaved so that machine noise hits all methods alike:
+Per generation (every user turn of every conversation), with the same prompt, seed, stop
+ids and sampling settings, interleaved so that machine noise hits all methods alike:
   1. autoregressive: `generate(block_size=1)`, the in-run baseline (same loop, no drafts);
-  2. dflash: `generate(block_size=B, proposer=DFlashProposer(...))`;
+  2. every method of `EvalSettings.methods` in order (registry: `dflash.eval.methods`),
+     e.g. dflash: `generate(block_size=B, proposer=DFlashProposer(...))`, ngram: prompt
+     lookup; the first listed is the primary method;
   3. hf_generate: the target's own `model.generate()`, the baseline a user would
      otherwise run (skippable).
 A short warm-up on the first prompt runs every method once, untimed. Multi-turn
-conversations continue from DFlash's answer, as the public harness does. In greedy
-runs, every output that parts from the autoregressive one is diagnosed after the timed
-runs (a near-tie within the dtype's rounding, or a bug: `dflash.eval.divergence`).
+conversations continue from the primary method's answer, as the public harness does
+(from DFlash's). In greedy runs, every output that parts from the autoregressive one is
+diagnosed after the timed runs (a near-tie within the dtype's rounding, or a bug:
+`dflash.eval.divergence`); outputs of methods with a decoding loop of their own are not
+replayed, so their divergences count as bugs.
 
 No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -23,13 +28,14 @@ import torch
 from tqdm.auto import tqdm
 
 from dflash.decoding import DFlashProposer, SamplingConfig, generate
-from dflash.decoding.engine import synchronize
+from dflash.decoding.engine import GenerationResult, synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
 from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
+from dflash.eval.methods import METHODS, DFlashMethod, MethodSetup, build_method, check_method_names
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
-from dflash.eval.results import METHOD, GenerationRecord, build_results, token_at
+from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
 from dflash.target import TargetModel
 
 
@@ -73,6 +79,11 @@ class EvalSettings:
     chat_template / enable_thinking: prompt rendering (see `PromptBuilder`).
     hf_generate: also time the target's `model.generate()`.
     warmup_tokens: length of the untimed warm-up generation on the first prompt (0: none).
+    methods: the drafting methods compared (names in `dflash.eval.methods.METHODS`), the
+        primary first. dflash drafts with the `drafter` given to `evaluate` at
+        `decoding.block_size`.
+    method_settings: name -> that method's settings (its config group, e.g. NgramSettings);
+        a method without an entry uses its defaults.
     """
 
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
@@ -80,14 +91,17 @@ class EvalSettings:
     enable_thinking: bool = False
     hf_generate: bool = True
     warmup_tokens: int = 16
+    methods: list = field(default_factory=lambda: ["dflash"])
+    method_settings: dict = field(default_factory=dict)
 
     def __post_init__(self):
         require(self.warmup_tokens >= 0, "warmup_tokens", f"must be >= 0, got {self.warmup_tokens}")
+        check_method_names(self.methods)
 
 
 def evaluate(
     target: TargetModel,
-    drafter: DFlashDrafter,
+    drafter: DFlashDrafter | None,
     samples: list[Sample],
     settings: EvalSettings,
     *,
@@ -97,31 +111,29 @@ def evaluate(
     config: dict | None = None,
     progress: bool = True,
 ) -> dict:
-    """Run every method on every turn of `samples`; return the results dictionary.
+    """Run the baselines and every method on every turn of `samples`; return the results dictionary.
 
     Args:
         target: the frozen target, with its tokenizer.
-        drafter: a drafter that fits `target` (see `dflash.specs.check_drafter_fits`).
+        drafter: the DFlash drafter, fitting `target` (see `dflash.specs.check_drafter_fits`);
+            None when `settings.methods` has no dflash.
         samples: conversations (one or more user turns each), e.g. from `load_benchmark`.
-        target_label / drafter_label: recorded as `target` / `drafter` (e.g. paths;
-            "random" for an untrained drafter); target_label defaults to the model's name.
+        target_label / drafter_label: recorded as `target` / the dflash method's label (e.g.
+            paths; "random" for an untrained drafter); target_label defaults to the model's name.
         config: the resolved run config, stored verbatim under `config`.
     Returns:
         the results.json dictionary (schema: `dflash.eval.results`).
     """
     require(len(samples) > 0, "benchmark.max_samples", "no prompts to evaluate")
     decoding = settings.decoding
-    block_size = decoding.block_size or drafter.config.block_size
+    setups = {
+        name: build_method(name, target, _settings_of(name, settings, target, drafter, drafter_label))
+        for name in settings.methods
+    }
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
-    methods = _Methods(
-        target=target,
-        proposer=DFlashProposer(drafter, target.embed, target.logits),
-        block_size=block_size,
-        sampling=decoding.sampling,
-        stop_ids=stops,
-        hf_generate=settings.hf_generate,
-    )
+    methods = _Methods(target, setups, decoding.sampling, stops, settings.hf_generate)
     prompts = PromptBuilder(target.tokenizer, settings.chat_template, settings.enable_thinking)
+    primary = settings.methods[0]
 
     if settings.warmup_tokens > 0:
         warmup_ids = prompts.encode(samples[0].turns[:1])
@@ -137,22 +149,50 @@ def evaluate(
             record = GenerationRecord(prompt_index=sample.index, turn=turn, num_prompt_tokens=input_ids.shape[1])
             methods.run(input_ids, decoding.max_new_tokens, decoding.seed + 1009 * sample.index + turn, record)
             records.append(record)
-            conversation.append(target.tokenizer.decode(record.outputs["dflash"], skip_special_tokens=True))
+            conversation.append(target.tokenizer.decode(record.outputs[primary], skip_special_tokens=True))
 
+    infos = {
+        name: MethodInfo(setup.label, setup.block_size, setup.trained_block_size, _recorded_settings(name, settings))
+        for name, setup in setups.items()
+    }
+    first = infos[primary]
     return build_results(
         records,
         benchmark=benchmark,
         target=target_label or getattr(target.model, "name_or_path", "") or type(target.model).__name__,
-        drafter=drafter_label,
-        block_size=block_size,
-        drafter_block_size=drafter.config.block_size,
+        drafter=first.label,
+        block_size=first.block_size,
+        drafter_block_size=first.drafter_block_size,
         sampling=decoding.sampling,
         max_new_tokens=decoding.max_new_tokens,
         stop_token_ids=stops,
         device=target.device,
         config=config,
         target_dtype=target.dtype,
+        methods=infos,
     )
+
+
+def _settings_of(name: str, settings: EvalSettings, target: TargetModel, drafter, drafter_label: str):
+    """The settings object the registry's builder of `name` takes."""
+    if name == "dflash":
+        require(drafter is not None, "methods", "dflash needs a drafter (drafter.path, or null for a random one)")
+        proposer = DFlashProposer(drafter, target.embed, target.logits)
+        return DFlashMethod(proposer, drafter.config.block_size, settings.decoding.block_size, drafter_label)
+    return _own_settings(name, settings)
+
+
+def _own_settings(name: str, settings: EvalSettings):
+    found = settings.method_settings.get(name)
+    return found if found is not None else METHODS[name].settings()
+
+
+def _recorded_settings(name: str, settings: EvalSettings) -> dict:
+    """A method's settings as results.json records them."""
+    if name == "dflash":
+        return {"block_size": settings.decoding.block_size}
+    found = _own_settings(name, settings)
+    return dataclasses.asdict(found) if dataclasses.is_dataclass(found) else {}
 
 
 @dataclass
@@ -160,39 +200,45 @@ class _Methods:
     """The methods compared, run on one prompt with identical settings."""
 
     target: TargetModel
-    proposer: DFlashProposer
-    block_size: int
+    setups: dict[str, MethodSetup]
     sampling: SamplingConfig
     stop_ids: list[int]
     hf_generate: bool
 
     def run(self, input_ids: torch.Tensor, max_new_tokens: int, seed: int, record: GenerationRecord) -> None:
         """Generate from `input_ids` (1, P) with every method; fill `record`'s outputs, times and acceptance."""
-        baseline = self._generate(input_ids, max_new_tokens, seed, block_size=1, proposer=None)
-        dflash = self._generate(input_ids, max_new_tokens, seed, block_size=self.block_size, proposer=self.proposer)
-        for method, result in (("autoregressive", baseline), (METHOD, dflash)):
+        results = {BASELINE: self._generate(input_ids, max_new_tokens, seed, None)}
+        for name, setup in self.setups.items():
+            results[name] = self._generate(input_ids, max_new_tokens, seed, setup)
+        for method, result in results.items():
             record.outputs[method] = result.output_ids
             record.times_s[method] = result.total_time_s
             record.prefill_times_s[method] = result.prefill_time_s
             record.decode_times_s[method] = result.decode_time_s
-        record.acceptance_lengths = dflash.acceptance_lengths
+            if method != BASELINE:
+                record.acceptance[method] = result.acceptance_lengths
+        record.acceptance_lengths = results[next(iter(self.setups))].acceptance_lengths
         if self.hf_generate:
             tokens, seconds = self._hf_generate(input_ids, max_new_tokens, seed)
             record.outputs["hf_generate"], record.times_s["hf_generate"] = tokens, seconds
         if self.sampling.greedy:
-            self._diagnose(input_ids, max_new_tokens, baseline, dflash, record)
+            self._diagnose(input_ids, max_new_tokens, results, record)
 
-    def _diagnose(self, input_ids, max_new_tokens, baseline, dflash, record: GenerationRecord) -> None:
-        """Diagnose where DFlash's and HF generate's outputs part from the baseline's (greedy, untimed)."""
+    def _diagnose(self, input_ids, max_new_tokens, results: dict[str, GenerationResult], record: GenerationRecord) -> None:
+        """Diagnose where each method's and HF generate's outputs part from the baseline's (greedy, untimed)."""
 
-        def replay(run, block_size):
+        def replay(run: GenerationResult, block_size: int):
             return lambda position: replay_logits(
                 self.target, input_ids, run.output_ids, run.acceptance_lengths, position,
-                block_size=block_size, max_new_tokens=max_new_tokens,
+                block_size=block_size, max_new_tokens=max_new_tokens, draft_counts=run.draft_counts or None,
             )  # fmt: skip
 
+        baseline = results[BASELINE]
         baseline_logits = replay(baseline, block_size=1)
-        candidates = {METHOD: replay(dflash, self.block_size)}
+        candidates = {
+            name: replay(results[name], setup.block_size) if setup.loop is None else (lambda position: None)
+            for name, setup in self.setups.items()
+        }
         if "hf_generate" in record.outputs:
             candidates["hf_generate"] = lambda position: hf_generate_logits(
                 self.target, input_ids, position, self._hf_options()
@@ -211,17 +257,19 @@ class _Methods:
                 self.target.dtype,
             )  # fmt: skip
 
-    def _generate(self, input_ids, max_new_tokens, seed, block_size, proposer):
-        return generate(
-            self.target,
-            input_ids,
+    def _generate(self, input_ids, max_new_tokens, seed, setup: MethodSetup | None) -> GenerationResult:
+        """One generation by `setup`'s method (None: the autoregressive baseline), with this run's settings."""
+        common = dict(
             max_new_tokens=max_new_tokens,
-            block_size=block_size,
-            proposer=proposer,
             stop_token_ids=self.stop_ids,
             sampling=self.sampling,
             generator=None if self.sampling.greedy else torch.Generator(self.target.device).manual_seed(seed),
         )
+        if setup is None:
+            return generate(self.target, input_ids, block_size=1, **common)
+        if setup.loop is not None:
+            return setup.loop(self.target, input_ids, proposer=setup.proposer, **common, **setup.options)
+        return generate(self.target, input_ids, block_size=setup.block_size, proposer=setup.proposer, **common)
 
     def _hf_options(self) -> dict:
         """Stop, pad and sampling arguments of HF `generate()`, matching our methods' settings."""

@@ -2,32 +2,38 @@
 
 from __future__ import annotations
 
-from dflash.eval.results import METHOD, METHODS
+from dflash.eval.results import BASELINES, METHOD
+
+NAMES = {"dflash": "DFlash", "ngram": "prompt lookup (n-gram)", "eagle3": "EAGLE-3"}
 
 
 def format_results(results: dict) -> str:
-    """A table of speed per method plus acceptance and losslessness lines."""
+    """A table of speed per method, the primary method's acceptance and losslessness lines,
+    then one line per method when several ran."""
     mode = "greedy"
     if results["temperature"] > 0:
         mode = f"sampling T={results['temperature']} top_p={results['top_p']} top_k={results['top_k']}"
         mode += f" ({results['verify_rule']} verification)"
+    primary = results.get("method", METHOD)
+    name = NAMES.get(primary, primary)
+    trained = f" (drafter trained with {results['drafter_block_size']})" if results["drafter_block_size"] is not None else ""
     lines = [
-        f"DFlash evaluation: {results['benchmark']}, {results['num_prompts']} prompts "
-        f"({results['num_generations']} generations), block size {results['block_size']} "
-        f"(drafter trained with {results['drafter_block_size']}), {mode}, max_new_tokens {results['max_new_tokens']}",
+        f"{name} evaluation: {results['benchmark']}, {results['num_prompts']} prompts "
+        f"({results['num_generations']} generations), block size {results['block_size']}{trained}, {mode}, "
+        f"max_new_tokens {results['max_new_tokens']}",
         f"target: {results['target']}   drafter: {results['drafter']}   device: {results['device']}",
         "",
-        f"{'method':<16}{'tokens':>10}{'seconds':>11}{'tokens/s':>11}{'DFlash speedup over it':>24}",
+        f"{'method':<16}{'tokens':>10}{'seconds':>11}{'tokens/s':>11}{f'{name} speedup over it':>24}",
     ]
-    speedups = {name.removeprefix("vs_"): value for name, value in results["speedup"].items()}
-    for method in METHODS:
+    speedups = {key.removeprefix("vs_"): value for key, value in results["speedup"].items()}
+    for method in results["tokens_per_s"]:
         if results["tokens_per_s"][method] is None:
             lines.append(f"{method:<16}{'(skipped)':>10}")
             continue
         tokens = sum(p["num_tokens"][method] for p in results["per_prompt"])
         seconds = sum(p["time_s"][method] for p in results["per_prompt"])
         speedup = speedups.get(method)
-        speedup_text = "-" if method == METHOD else (f"{speedup:.2f}x" if speedup is not None else "n/a")
+        speedup_text = f"{speedup:.2f}x" if speedup is not None else ("n/a" if method in BASELINES else "-")
         tokens_per_s = results["tokens_per_s"][method]
         lines.append(f"{method:<16}{tokens:>10}{seconds:>11.3f}{tokens_per_s:>11.1f}{speedup_text:>24}")
     histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results["acceptance_histogram"], start=1))
@@ -41,7 +47,7 @@ def format_results(results: dict) -> str:
         f"  end to end (summed time per output token, prefill included): {_times(results['speedup']['vs_autoregressive'])}",
         f"  decode only (mean per-generation time per output token, prefill excluded; the paper's): {_times(decode_only)}",
         f"acceptance histogram (tokens emitted per step: steps): {histogram}",
-        f"lossless (DFlash == autoregressive, token for token; target dtype {results['target_dtype']}): "
+        f"lossless ({name} == autoregressive, token for token; target dtype {results['target_dtype']}): "
         + _agreement(results["lossless"], results["first_mismatch"]),
     ]
     lines += _divergence_lines(results["divergences"])
@@ -50,6 +56,22 @@ def format_results(results: dict) -> str:
         + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"])
     )
     lines += _divergence_lines(results["hf_generate_divergences"])
+    methods = results.get("methods") or {}
+    if len(methods) > 1:
+        lines += [
+            "",
+            "every method on the same prompts, seeds and stops (tau counts the bonus token; speedup over autoregressive):",
+            f"{'method':<10}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless",
+        ]
+        for method, record in methods.items():
+            lossless = "n/a (sampling)" if record["lossless"] is None else str(record["lossless"]).lower()
+            if record["lossless"] is False and record["lossless_up_to_ties"]:
+                lossless += " (near-ties only)"
+            lines.append(
+                f"{method:<10}{record['block_size']:>4}{record['tau']:>12.3f}{record['tau_per_prompt_mean']:>13.3f}"
+                f"{_times(record['speedup']['vs_autoregressive']):>12}"
+                f"{_times(record['speedup_decode_only']['vs_autoregressive']):>13}  {lossless}"
+            )
     return "\n".join(lines)
 
 

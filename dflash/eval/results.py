@@ -27,27 +27,38 @@ true when every divergence is a near-tie within the target dtype's rounding
 (`numerical`), false when any is a `bug` (a divergence that was not diagnosed counts as
 a bug).
 
+Several methods (`methods`, e.g. [dflash, ngram]) run on the same generations; every
+figure above exists per method, against the same autoregressive and HF generate runs.
+The first listed method is the run's primary method: the top-level fields describe it
+(with the default [dflash] they are DFlash's, as before); `methods` holds every method's.
+
 results.json schema (`build_results`):
-  benchmark, method ("dflash"), target, target_dtype (e.g. "bfloat16"), drafter (path or
-  "random"), block_size, drafter_block_size (trained), temperature, top_p, top_k,
-  verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
+  benchmark, method (the primary method, "dflash" by default), target, target_dtype (e.g.
+  "bfloat16"), drafter (the primary's label: drafter path or "random"), block_size (its
+  verify width), drafter_block_size (trained; null for methods without one), temperature,
+  top_p, top_k, verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
   tau (pooled), tau_per_prompt_mean, acceptance_histogram (list: entry k-1 counts verify
-  steps that emitted k tokens, k = 1..block_size), tokens_per_s {dflash, autoregressive,
-  hf_generate}, speedup {vs_autoregressive, vs_hf_generate} (end to end),
-  speedup_decode_only {vs_autoregressive}, lossless (greedy: every DFlash output equals
-  the autoregressive one; null when sampling), first_mismatch, lossless_up_to_ties
-  (greedy: every divergence numerical; null when sampling), divergences (greedy:
-  {numerical: n, bug: m, details: [one per diverging generation: prompt_index, turn,
-  position, expected (baseline's token), got (DFlash's), baseline and candidate
-  {expected_logit, got_logit, top_logit, gap} (null when not replayed), tolerance,
-  kind]}; null when sampling), hf_generate_matches (greedy: HF generate equals the
-  autoregressive baseline; null when sampling or skipped), hf_generate_first_mismatch,
+  steps that emitted k tokens, k = 1..block_size), tokens_per_s {each method,
+  autoregressive, hf_generate}, speedup {vs_autoregressive, vs_hf_generate} (end to end),
+  speedup_decode_only {vs_autoregressive}, lossless (greedy: every output of the primary
+  method equals the autoregressive one; null when sampling), first_mismatch,
+  lossless_up_to_ties (greedy: every divergence numerical; null when sampling),
+  divergences (greedy: {numerical: n, bug: m, details: [one per diverging generation:
+  prompt_index, turn, position, expected (baseline's token), got (the method's), baseline
+  and candidate {expected_logit, got_logit, top_logit, gap} (null when not replayed),
+  tolerance, kind]}; null when sampling), hf_generate_matches (greedy: HF generate equals
+  the autoregressive baseline; null when sampling or skipped), hf_generate_first_mismatch,
   hf_generate_divergences (as divergences, HF generate as the candidate; null when
-  sampling or skipped), stop_token_ids, per_prompt (one entry per generation:
-  prompt_index, turn, num_prompt_tokens, tau, num_tokens {method: n}, time_s {method:
-  seconds, prefill included}, prefill_time_s and decode_time_s {dflash, autoregressive:
-  seconds}), device, versions {dflash, torch, transformers, python}, timestamp (UTC ISO
-  8601), config (the resolved config or null).
+  sampling or skipped), methods {name: one record per method, in the order run: method,
+  label, block_size, drafter_block_size, tau, tau_per_prompt_mean, acceptance_histogram,
+  tokens_per_s, speedup {vs_autoregressive, vs_hf_generate}, speedup_decode_only
+  {vs_autoregressive}, lossless, first_mismatch, lossless_up_to_ties, divergences (all as
+  above, for that method), settings (the method's own settings)}, stop_token_ids,
+  per_prompt (one entry per generation: prompt_index, turn, num_prompt_tokens, tau (the
+  primary's), taus {method: tau}, num_tokens {method: n}, time_s {method: seconds,
+  prefill included}, prefill_time_s and decode_time_s {method: seconds, for the methods
+  timed in two parts: every method but hf_generate}), device, versions {dflash, torch,
+  transformers, python}, timestamp (UTC ISO 8601), config (the resolved config or null).
 """
 
 from __future__ import annotations
@@ -65,7 +76,6 @@ from dflash.fileio import write_json
 METHOD = "dflash"
 BASELINE = "autoregressive"
 BASELINES = (BASELINE, "hf_generate")
-METHODS = (METHOD, *BASELINES)
 
 
 @dataclass
@@ -73,9 +83,11 @@ class GenerationRecord:
     """One generation (one user turn) under every method that ran.
 
     outputs: method -> new token ids; times_s: method -> seconds (prefill + decode).
-    acceptance_lengths: DFlash tokens emitted per verify step (bonus token counted).
+    acceptance_lengths: the primary method's tokens emitted per verify step (bonus token
+        counted); acceptance: the same for every drafting method that ran (method -> list).
+        A method missing from `acceptance` reads `acceptance_lengths` (records of one method).
     prefill_times_s / decode_times_s: method -> seconds, for the methods timed in two
-        parts (dflash, autoregressive; HF generate is timed whole).
+        parts (all but HF generate, which is timed whole).
     divergences: method -> diagnosis of where its output first parts from the
         autoregressive one (`dflash.eval.divergence.diagnose`), for greedy runs.
     """
@@ -89,29 +101,34 @@ class GenerationRecord:
     prefill_times_s: dict[str, float] = field(default_factory=dict)
     decode_times_s: dict[str, float] = field(default_factory=dict)
     divergences: dict[str, dict] = field(default_factory=dict)
+    acceptance: dict[str, list[int]] = field(default_factory=dict)
+
+    def lengths(self, method: str | None = None) -> list[int]:
+        """Acceptance lengths of `method` (None: the primary method's)."""
+        return self.acceptance.get(method, self.acceptance_lengths)
 
 
-def acceptance_histogram(records: list[GenerationRecord], block_size: int) -> list[int]:
+def acceptance_histogram(records: list[GenerationRecord], block_size: int, method: str | None = None) -> list[int]:
     """Counts of verify steps that emitted 1..block_size tokens (entry k-1 for length k)."""
     counts = [0] * block_size
     for record in records:
-        for length in record.acceptance_lengths:
+        for length in record.lengths(method):
             counts[length - 1] += 1
     return counts
 
 
-def mean_acceptance_length(records: list[GenerationRecord]) -> float:
+def mean_acceptance_length(records: list[GenerationRecord], method: str | None = None) -> float:
     """tau, pooled: emitted tokens per verify step over all generations, bonus token counted."""
-    steps = sum(len(r.acceptance_lengths) for r in records)
-    return sum(sum(r.acceptance_lengths) for r in records) / steps if steps else 0.0
+    steps = sum(len(r.lengths(method)) for r in records)
+    return sum(sum(r.lengths(method)) for r in records) / steps if steps else 0.0
 
 
-def tau_per_prompt_mean(records: list[GenerationRecord]) -> float:
+def tau_per_prompt_mean(records: list[GenerationRecord], method: str | None = None) -> float:
     """tau as the public harness averages it: the mean over generations of their own tau.
 
     Generations without a verify step are left out; 0.0 when none has one.
     """
-    taus = [sum(r.acceptance_lengths) / len(r.acceptance_lengths) for r in records if r.acceptance_lengths]
+    taus = [sum(lengths) / len(lengths) for lengths in (r.lengths(method) for r in records) if lengths]
     return sum(taus) / len(taus) if taus else 0.0
 
 
@@ -122,9 +139,9 @@ def tokens_per_second(records: list[GenerationRecord], method: str) -> float | N
     return sum(len(r.outputs[method]) for r in records) / seconds if seconds > 0 else None
 
 
-def speedup(records: list[GenerationRecord], baseline: str) -> float | None:
-    """End to end: the baseline's mean time per output token divided by DFlash's (summed, prefill included)."""
-    ours, theirs = tokens_per_second(records, METHOD), tokens_per_second(records, baseline)
+def speedup(records: list[GenerationRecord], baseline: str, method: str = METHOD) -> float | None:
+    """End to end: the baseline's mean time per output token divided by the method's (summed, prefill included)."""
+    ours, theirs = tokens_per_second(records, method), tokens_per_second(records, baseline)
     return ours / theirs if ours and theirs else None
 
 
@@ -135,9 +152,9 @@ def decode_time_per_token(records: list[GenerationRecord], method: str) -> float
     return sum(r.decode_times_s[method] / len(r.outputs[method]) for r in records) / len(records)
 
 
-def speedup_decode_only(records: list[GenerationRecord], baseline: str = BASELINE) -> float | None:
-    """The paper's speedup: the baseline's `decode_time_per_token` divided by DFlash's."""
-    ours, theirs = decode_time_per_token(records, METHOD), decode_time_per_token(records, baseline)
+def speedup_decode_only(records: list[GenerationRecord], baseline: str = BASELINE, method: str = METHOD) -> float | None:
+    """The paper's speedup: the baseline's `decode_time_per_token` divided by the method's."""
+    ours, theirs = decode_time_per_token(records, method), decode_time_per_token(records, baseline)
     return theirs / ours if ours and theirs else None
 
 
@@ -185,6 +202,39 @@ def divergences(records: list[GenerationRecord], candidate: str) -> dict:
     return {**counts, "details": details}
 
 
+@dataclass
+class MethodInfo:
+    """What `build_results` records about a method besides its measurements."""
+
+    label: str
+    block_size: int
+    drafter_block_size: int | None = None
+    settings: dict = field(default_factory=dict)
+
+
+def method_record(records: list[GenerationRecord], method: str, info: MethodInfo, greedy: bool) -> dict:
+    """One method's figures over `records` (keys in the module docstring, under `methods`)."""
+    mismatch = first_mismatch(records, BASELINE, method) if greedy else None
+    diverged = divergences(records, method) if greedy else None
+    return {
+        "method": method,
+        "label": info.label,
+        "block_size": info.block_size,
+        "drafter_block_size": info.drafter_block_size,
+        "tau": mean_acceptance_length(records, method),
+        "tau_per_prompt_mean": tau_per_prompt_mean(records, method),
+        "acceptance_histogram": acceptance_histogram(records, info.block_size, method),
+        "tokens_per_s": tokens_per_second(records, method),
+        "speedup": {f"vs_{baseline}": speedup(records, baseline, method) for baseline in BASELINES},
+        "speedup_decode_only": {f"vs_{BASELINE}": speedup_decode_only(records, BASELINE, method)},
+        "lossless": (mismatch is None) if greedy else None,
+        "first_mismatch": mismatch,
+        "lossless_up_to_ties": (diverged["bug"] == 0) if greedy else None,
+        "divergences": diverged,
+        "settings": dict(info.settings),
+    }
+
+
 def build_results(
     records: list[GenerationRecord],
     *,
@@ -192,23 +242,33 @@ def build_results(
     target: str,
     drafter: str,
     block_size: int,
-    drafter_block_size: int,
+    drafter_block_size: int | None,
     sampling,
     max_new_tokens: int,
     stop_token_ids: list[int],
     device: torch.device | str,
     config: dict | None = None,
     target_dtype: torch.dtype | None = None,
+    methods: dict[str, MethodInfo] | None = None,
 ) -> dict:
-    """The results.json dictionary (schema in the module docstring)."""
+    """The results.json dictionary (schema in the module docstring).
+
+    drafter / block_size / drafter_block_size: the primary method's label and block sizes.
+    methods: every method that ran, primary first (None: DFlash alone, described by the
+        three arguments above).
+    """
     greedy = sampling.temperature == 0
     ran_hf = all("hf_generate" in r.outputs for r in records)
-    mismatch = first_mismatch(records, BASELINE, METHOD) if greedy else None
+    methods = methods or {METHOD: MethodInfo(drafter, block_size, drafter_block_size)}
+    primary = next(iter(methods))
+    per_method = {
+        name: method_record(records, name, info, greedy) for name, info in methods.items()
+    }
+    top = per_method[primary]
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
-    diverged = divergences(records, METHOD) if greedy else None
     return {
         "benchmark": benchmark,
-        "method": METHOD,
+        "method": primary,
         "target": target,
         "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
         "drafter": drafter,
@@ -221,21 +281,22 @@ def build_results(
         "max_new_tokens": max_new_tokens,
         "num_prompts": len({r.prompt_index for r in records}),
         "num_generations": len(records),
-        "tau": mean_acceptance_length(records),
-        "tau_per_prompt_mean": tau_per_prompt_mean(records),
-        "acceptance_histogram": acceptance_histogram(records, block_size),
-        "tokens_per_s": {method: tokens_per_second(records, method) for method in METHODS},
-        "speedup": {f"vs_{baseline}": speedup(records, baseline) for baseline in BASELINES},
-        "speedup_decode_only": {f"vs_{BASELINE}": speedup_decode_only(records)},
-        "lossless": (mismatch is None) if greedy else None,
-        "first_mismatch": mismatch,
-        "lossless_up_to_ties": (diverged["bug"] == 0) if greedy else None,
-        "divergences": diverged,
+        "tau": top["tau"],
+        "tau_per_prompt_mean": top["tau_per_prompt_mean"],
+        "acceptance_histogram": top["acceptance_histogram"],
+        "tokens_per_s": {method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
+        "speedup": top["speedup"],
+        "speedup_decode_only": top["speedup_decode_only"],
+        "lossless": top["lossless"],
+        "first_mismatch": top["first_mismatch"],
+        "lossless_up_to_ties": top["lossless_up_to_ties"],
+        "divergences": top["divergences"],
         "hf_generate_matches": (hf_mismatch is None) if greedy and ran_hf else None,
         "hf_generate_first_mismatch": hf_mismatch,
         "hf_generate_divergences": divergences(records, "hf_generate") if greedy and ran_hf else None,
+        "methods": per_method,
         "stop_token_ids": list(stop_token_ids),
-        "per_prompt": [_per_prompt(r) for r in records],
+        "per_prompt": [_per_prompt(r, list(methods)) for r in records],
         "device": describe_device(device),
         "versions": versions(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -243,13 +304,17 @@ def build_results(
     }
 
 
-def _per_prompt(record: GenerationRecord) -> dict:
-    steps = len(record.acceptance_lengths)
+def _tau(lengths: list[int]) -> float:
+    return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def _per_prompt(record: GenerationRecord, methods: list[str]) -> dict:
     return {
         "prompt_index": record.prompt_index,
         "turn": record.turn,
         "num_prompt_tokens": record.num_prompt_tokens,
-        "tau": sum(record.acceptance_lengths) / steps if steps else 0.0,
+        "tau": _tau(record.acceptance_lengths),
+        "taus": {name: _tau(record.lengths(name)) for name in methods},
         "num_tokens": {method: len(tokens) for method, tokens in record.outputs.items()},
         "time_s": dict(record.times_s),
         "prefill_time_s": dict(record.prefill_times_s),

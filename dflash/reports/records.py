@@ -13,7 +13,7 @@ Which table a record feeds comes from its config's `sweep` node (sweeps/_layout.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FINISHED, FAILED, PENDING = "finished", "failed", "pending"
 
@@ -95,6 +95,28 @@ class RunRecord:
     def acceptance_histogram(self) -> list[int] | None:
         histogram = self.results.get("acceptance_histogram")
         return list(histogram) if histogram else None
+
+    def method_views(self) -> list["RunRecord"]:
+        """One record per drafting method the run compared (results.json `methods`), each
+        reading that method's figures as its own; [self] for a run of one method.
+
+        A run without results yet is split by the `methods` of its config, each with the
+        verify width its config sets: dflash's block size, or `<method>.num_draft_tokens` + 1.
+        """
+        methods = self.results.get("methods")
+        if self.status == FINISHED and isinstance(methods, dict) and methods:
+            return [replace(self, results={**self.results, **figures, "method": name}) for name, figures in methods.items()]
+        names = lookup(self.config, "methods")
+        if self.status != FINISHED and isinstance(names, list) and names:
+            return [replace(self, results={**self.results, "method": str(name), "block_size": self._configured_width(str(name))})
+                    for name in names]  # fmt: skip
+        return [self]
+
+    def _configured_width(self, method: str) -> int | None:
+        if method == "dflash":
+            return self.results.get("block_size")
+        drafts = lookup(self.config, f"{method}.num_draft_tokens")
+        return drafts + 1 if isinstance(drafts, int) else None
 
     def axis_values(self) -> tuple[str, ...]:
         """The record's value of each axis of its sweep, as display strings."""

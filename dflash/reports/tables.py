@@ -1,7 +1,10 @@
 """The paper's tables, built from run records: the main table and one table per ablation.
 
-- Main table (records with `sweep.ablation == "main"`): rows = (target, method), one
-  section per temperature, columns = benchmarks x (speedup, tau).
+- Main table (records with `sweep.ablation == "main"`, and finished runs outside any
+  sweep that compared methods, e.g. `python -m dflash.evaluate methods=[dflash,ngram]`):
+  rows = (target, method), one per method a run compared (results.json `methods`), one
+  section per temperature, columns = benchmarks x (speedup, tau). Every method's speedup
+  is over the autoregressive baseline of its own run.
 - Ablation tables: one per (ablation, target); rows = the sweep's axes (e.g. drafter
   layers), plus T when several temperatures were run; columns as above.
 
@@ -43,6 +46,7 @@ BENCHMARK_NAMES = {
     "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
     "swe_bench_lite": "SWE-Bench", "mt_bench": "MT-Bench", "alpaca": "Alpaca",
 }
+METHOD_NAMES = {"dflash": "DFlash", "eagle3": "EAGLE-3", "ngram": "Prompt lookup"}
 ABLATION_TITLES = {
     "main": "Main results",
     "block_size": "Block size (training B x inference B)",
@@ -128,7 +132,7 @@ def build_tables(records: list[RunRecord], metric: str = "pooled") -> list[Table
     """
     check_metric(metric)
     tables = []
-    main = [r for r in records if r.ablation == "main"]
+    main = [view for r in records if _in_main_table(r) for view in r.method_views()]
     if main:
         tables.append(_build(main, "main", "all targets", ["Target", "Method"], _main_row, "main", metric))
     ablations = sorted({r.ablation for r in records if r.ablation and r.ablation != "main"})
@@ -201,10 +205,19 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
     return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric)
 
 
+def _in_main_table(record: RunRecord) -> bool:
+    unswept_comparison = record.ablation is None and record.status == FINISHED and bool(record.results.get("methods"))
+    return record.ablation == "main" or unswept_comparison
+
+
 def _main_row(record: RunRecord) -> Row:
+    """(target, method label): DFlash with its block size B, chain and lookup methods with
+    their drafts per step k (= verify width - 1)."""
     block = record.results.get("block_size")
-    method = {"dflash": "DFlash"}.get(record.method, record.method)
-    return Row(f"T = {_temperature(record)}", (record.target, f"{method} (B={block})" if block else method))
+    name = METHOD_NAMES.get(record.method, record.method)
+    if isinstance(block, int) and block > 0:
+        name += f" (B={block})" if record.method == "dflash" else f" (k={block - 1})"
+    return Row(f"T = {_temperature(record)}", (record.target, name))
 
 
 def _axes(records: list[RunRecord]) -> list[dict]:

@@ -1,0 +1,89 @@
+"""Prompt lookup (n-gram) drafting: propose what followed the last n tokens earlier in the context.
+
+Training-free, no model: the baseline a trained drafter has to beat.
+
+Rule: for n = max_ngram down to min_ngram, take the last n committed tokens (prompt and
+output so far) and look for their most recent earlier occurrence; the first n that has
+one proposes the tokens that followed it, at most `num_drafts` of them (fewer when the
+match is close to the end, none when no n matches). Most recent, because in generated
+code and text the nearest repetition is the likeliest to continue the same way.
+
+Sources: HF transformers' `PromptLookupCandidateGenerator` (assisted generation with
+`prompt_lookup_num_tokens`; defaults `max_matching_ngram_size=2`, 10 tokens, n down to 1)
+tries n from the largest down the same way but takes the earliest occurrence; vLLM's
+`NgramProposer` (`prompt_lookup_min` / `prompt_lookup_max`, `num_speculative_tokens`)
+matches n-grams within [min, max] likewise. Our defaults follow HF: max_ngram 2,
+min_ngram 1, 10 draft tokens.
+
+The proposal is deterministic (a one-hot distribution): greedy verification keeps the
+drafts the target agrees with, and rejection sampling at T > 0 accepts draft x with
+probability p(x) and otherwise resamples from p without x, which is exactly lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash.decoding.sampling import SamplingConfig
+from dflash.decoding.verify import Drafts
+from dflash.errors import require
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
+
+    max_ngram: int = 2
+    min_ngram: int = 1
+    num_draft_tokens: int = 10
+
+    def __post_init__(self):
+        require(self.min_ngram >= 1, "ngram.min_ngram", f"must be >= 1, got {self.min_ngram}")
+        require(
+            self.max_ngram >= self.min_ngram,
+            "ngram.max_ngram",
+            f"must be >= ngram.min_ngram ({self.min_ngram}), got {self.max_ngram}",
+        )
+        require(self.num_draft_tokens >= 1, "ngram.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+
+
+def lookup_continuation(ids: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
+    """The tokens that followed the most recent earlier occurrence of the last n `ids`, for
+    the longest n in [min_ngram, max_ngram] that occurs; at most `num_tokens`; [] if none."""
+    length = len(ids)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = ids[length - n :]
+        # an earlier occurrence ends before the last token, so at least one token follows it
+        for start in range(length - n - 1, -1, -1):
+            if ids[start : start + n] == suffix:
+                return ids[start + n : start + n + num_tokens]
+    return []
+
+
+class NgramProposer:
+    """A `TokenProposer` that drafts by prompt lookup (module docstring); needs no target features."""
+
+    target_layer_ids = None
+
+    def __init__(self, settings: NgramSettings = NgramSettings()):
+        self.settings = settings
+
+    def reset(self) -> None:
+        """Nothing to forget: every lookup reads the committed ids afresh."""
+
+    def draft(
+        self,
+        committed_ids: torch.Tensor,
+        new_features: torch.Tensor | None,
+        num_drafts: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Drafts:
+        """Up to min(num_drafts, num_draft_tokens) looked-up tokens (k,), probs None (one-hot)."""
+        settings = self.settings
+        tokens = lookup_continuation(
+            committed_ids[0].tolist(), settings.max_ngram, settings.min_ngram, min(num_drafts, settings.num_draft_tokens)
+        )
+        return Drafts(tokens=torch.tensor(tokens, dtype=torch.long, device=committed_ids.device))
