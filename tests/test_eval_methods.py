@@ -229,3 +229,26 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
         replayed = replay_logits(target, input_ids, run.output_ids, run.acceptance_lengths, position,
                                  block_size=8, max_new_tokens=20, draft_counts=run.draft_counts)  # fmt: skip
         assert torch.equal(replayed, seen[position]), position
+
+
+def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget(qwen3_target, monkeypatch):
+    """methods=[dflash, dflash_tree]: the same drafter, the tree loop with dflash_tree.budget nodes."""
+    import dflash.decoding.tree as tree
+    from dflash.eval.methods import TreeSettings
+
+    seen, real = [], tree.generate_tree
+
+    def spy(*args, **kwargs):
+        seen.append((type(kwargs["proposer"]).__name__, kwargs["block_size"], kwargs["tree_budget"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tree, "generate_tree", spy)
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    results = run(qwen3_target, ["dflash", "dflash_tree"], drafter, method_settings={"dflash_tree": TreeSettings(budget=5)})
+    assert set(seen) == {("DFlashProposer", 4, 5)} and len(seen) == 3  # one call per generation
+    record = results["methods"]["dflash_tree"]
+    assert record["lossless"] is True and record["settings"] == {"block_size": 4, "budget": 5, "draft_threshold": 0.0}
+    check_accounting(results, "dflash_tree")
+    with pytest.raises(ConfigError, match="must be >= 1") as info:
+        TreeSettings(budget=0)
+    assert info.value.key == "dflash_tree.budget"

@@ -40,7 +40,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
-    from dflash.eval.methods import METHODS, check_method_names
+    from dflash.eval.methods import DRAFTER_METHODS, METHODS, check_method_names
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 
     config = resolved_config(cfg)
@@ -62,7 +62,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     target_spec = to_spec(TargetSpec, cfg.target, "target")
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
-    uses_drafter = "dflash" in methods
+    uses_drafter = any(name in DRAFTER_METHODS for name in methods)
     if uses_drafter and drafter_spec.path is not None:
         check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
 

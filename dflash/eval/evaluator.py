@@ -33,7 +33,8 @@ from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
 from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
-from dflash.eval.methods import METHODS, DFlashMethod, MethodSetup, build_method, check_method_names
+from dflash.eval.methods import DRAFTER_METHODS, METHODS, DFlashMethod, DFlashTreeMethod, MethodSetup, build_method
+from dflash.eval.methods import check_method_names
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
 from dflash.target import TargetModel
@@ -175,10 +176,11 @@ def evaluate(
 
 def _settings_of(name: str, settings: EvalSettings, target: TargetModel, drafter, drafter_label: str):
     """The settings object the registry's builder of `name` takes."""
-    if name == "dflash":
-        require(drafter is not None, "methods", "dflash needs a drafter (drafter.path, or null for a random one)")
+    if name in DRAFTER_METHODS:
+        require(drafter is not None, "methods", f"{name} needs a drafter (drafter.path, or null for a random one)")
         proposer = DFlashProposer(drafter, target.embed, target.logits)
-        return DFlashMethod(proposer, drafter.config.block_size, settings.decoding.block_size, drafter_label)
+        chain = DFlashMethod(proposer, drafter.config.block_size, settings.decoding.block_size, drafter_label)
+        return chain if name == "dflash" else DFlashTreeMethod(chain, _own_settings(name, settings))
     return _own_settings(name, settings)
 
 
@@ -191,6 +193,8 @@ def _recorded_settings(name: str, settings: EvalSettings) -> dict:
     """A method's settings as results.json records them."""
     if name == "dflash":
         return {"block_size": settings.decoding.block_size}
+    if name == "dflash_tree":
+        return {"block_size": settings.decoding.block_size, **dataclasses.asdict(_own_settings(name, settings))}
     found = _own_settings(name, settings)
     return dataclasses.asdict(found) if dataclasses.is_dataclass(found) else {}
 

@@ -8,7 +8,7 @@ same seeds, stop ids and sampling settings as the autoregressive baseline.
 A loop of its own has `dflash.decoding.generate`'s signature, minus `block_size`:
 `loop(target, input_ids, *, max_new_tokens, proposer, stop_token_ids, sampling,
 generator, **options) -> GenerationResult`, e.g. tree verification's `generate_tree`
-with options {"tree_budget": ...}. Methods without one run `generate(block_size=width)`.
+with options {"dflash_tree.budget": ...}. Methods without one run `generate(block_size=width)`.
 
 Adding a method: a settings dataclass (the method's config group, built by the entry
 point) and a builder `(target, settings) -> MethodSetup`, registered in `METHODS`.
@@ -71,6 +71,32 @@ class Eagle3Settings:
         require(self.num_draft_tokens >= 1, "eagle3.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
 
 
+@dataclass(frozen=True)
+class TreeSettings:
+    """The `dflash_tree` config group (method dflash_tree): the DFlash drafter (`drafter.*`,
+    `decoding.block_size`) verified as a token tree (`dflash.decoding.tree`).
+
+    budget: draft nodes per verify step (the target verifies budget + 1 tokens at once);
+    draft_threshold: leave out nodes whose path score (product of slot probabilities)
+        is below it; 0 keeps the whole budget every step.
+    """
+
+    budget: int = 16
+    draft_threshold: float = 0.0
+
+    def __post_init__(self):
+        require(self.budget >= 1, "dflash_tree.budget", f"must be >= 1, got {self.budget}")
+        require(0 <= self.draft_threshold <= 1, "dflash_tree.draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
+
+
+@dataclass
+class DFlashTreeMethod:
+    """What the dflash_tree builder needs: the dflash method's settings and the tree's."""
+
+    dflash: DFlashMethod
+    tree: TreeSettings
+
+
 def build_dflash(target: TargetModel, settings: DFlashMethod) -> MethodSetup:
     return MethodSetup(
         proposer=settings.proposer,
@@ -78,6 +104,14 @@ def build_dflash(target: TargetModel, settings: DFlashMethod) -> MethodSetup:
         label=settings.label,
         trained_block_size=settings.trained_block_size,
     )
+
+
+def build_dflash_tree(target: TargetModel, settings: DFlashTreeMethod) -> MethodSetup:
+    from dflash.decoding.tree import generate_tree
+
+    chain = build_dflash(target, settings.dflash)
+    options = dict(block_size=chain.block_size, tree_budget=settings.tree.budget, draft_threshold=settings.tree.draft_threshold)
+    return MethodSetup(chain.proposer, chain.block_size, chain.label, generate_tree, options, chain.trained_block_size)
 
 
 def build_ngram(target: TargetModel, settings: NgramSettings) -> MethodSetup:
@@ -107,8 +141,11 @@ class Method:
 
 
 EAGLE3_PACKAGE = "dflash.eagle3"
+#: methods that draft with the DFlash drafter of `drafter.*`
+DRAFTER_METHODS = ("dflash", "dflash_tree")
 METHODS: dict[str, Method] = {
     "dflash": Method(DFlashMethod, build_dflash),
+    "dflash_tree": Method(TreeSettings, build_dflash_tree),
     "eagle3": Method(Eagle3Settings, build_eagle3, package=EAGLE3_PACKAGE),
     "ngram": Method(NgramSettings, build_ngram),
 }

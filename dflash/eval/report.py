@@ -58,17 +58,18 @@ def format_results(results: dict) -> str:
     lines += _divergence_lines(results["hf_generate_divergences"])
     methods = results.get("methods") or {}
     if len(methods) > 1:
+        width = max(10, *(len(name) + 2 for name in methods))
         lines += [
             "",
             "every method on the same prompts, seeds and stops (tau counts the bonus token; speedup over autoregressive):",
-            f"{'method':<10}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless",
+            f"{'method':<{width}}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless",
         ]
         for method, record in methods.items():
             lossless = "n/a (sampling)" if record["lossless"] is None else str(record["lossless"]).lower()
             if record["lossless"] is False and record["lossless_up_to_ties"]:
                 lossless += " (near-ties only)"
             lines.append(
-                f"{method:<10}{record['block_size']:>4}{record['tau']:>12.3f}{record['tau_per_prompt_mean']:>13.3f}"
+                f"{method:<{width}}{record['block_size']:>4}{record['tau']:>12.3f}{record['tau_per_prompt_mean']:>13.3f}"
                 f"{_times(record['speedup']['vs_autoregressive']):>12}"
                 f"{_times(record['speedup_decode_only']['vs_autoregressive']):>13}  {lossless}"
             )

@@ -46,7 +46,7 @@ BENCHMARK_NAMES = {
     "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
     "swe_bench_lite": "SWE-Bench", "mt_bench": "MT-Bench", "alpaca": "Alpaca",
 }
-METHOD_NAMES = {"dflash": "DFlash", "eagle3": "EAGLE-3", "ngram": "Prompt lookup"}
+METHOD_NAMES = {"dflash": "DFlash", "dflash_tree": "DFlash, tree", "eagle3": "EAGLE-3", "ngram": "Prompt lookup"}
 ABLATION_TITLES = {
     "main": "Main results",
     "block_size": "Block size (training B x inference B)",
@@ -211,12 +211,17 @@ def _in_main_table(record: RunRecord) -> bool:
 
 
 def _main_row(record: RunRecord) -> Row:
-    """(target, method label): DFlash with its block size B, chain and lookup methods with
-    their drafts per step k (= verify width - 1)."""
+    """(target, method label): DFlash with its block size B (and tree budget N), chain and
+    lookup methods with their drafts per step k (= verify width - 1)."""
     block = record.results.get("block_size")
     name = METHOD_NAMES.get(record.method, record.method)
     if isinstance(block, int) and block > 0:
-        name += f" (B={block})" if record.method == "dflash" else f" (k={block - 1})"
+        if record.method == "dflash":
+            name += f" (B={block})"
+        elif record.method == "dflash_tree":
+            name += f" (B={block}, N={(record.results.get('settings') or {}).get('budget')})"
+        else:
+            name += f" (k={block - 1})"
     return Row(f"T = {_temperature(record)}", (record.target, name))
 
 
