@@ -103,6 +103,26 @@ def test_kl_and_target_argmax_equal_a_direct_computation():
         assert result.loss.item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_metrics_read_the_data_tokens_under_every_objective():
+    """acc_k and tau_sim come from `correct`, the logged loss from `cross_entropy`: both
+    against the data tokens, whatever the training objective."""
+    head, to_logits = softcapped_head()
+    blocks = random_blocks()
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(BATCH, BLOCKS * B, D, generator=generator)
+    target_hidden = torch.randn(BATCH, S, D, generator=generator)
+    log_probs = to_logits(hidden).log_softmax(-1)
+    blocks.labels[:, ::2] = log_probs.argmax(-1)[:, ::2]  # half the slots predicted right
+    valid = blocks.label_valid
+    expected_correct = (log_probs.argmax(-1) == blocks.labels)[valid]
+    expected_ce = -log_probs.gather(-1, blocks.labels[..., None]).squeeze(-1)[valid]
+    assert expected_correct.any() and not expected_correct.all()
+    for objective in OBJECTIVES:
+        result = block_loss(hidden, to_logits, blocks, LossSettings(block_size=B, objective=objective), target_hidden)
+        assert torch.equal(result.correct, expected_correct)
+        torch.testing.assert_close(result.cross_entropy, expected_ce)
+
+
 def test_dpace_weights_follow_the_papers_formula_on_a_hand_example():
     # one block of B = 4: slot 0 (anchor) never valid; q = drafter's probability of the label
     alpha = 0.5
