@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from dflash.training.blocks import Blocks
 
@@ -161,10 +160,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             chunk = slice(start, start + chunk_rows)
             target_chunk = None if target_rows is None else target_rows[chunk]
             with torch.enable_grad() if need_grad else nullcontext():
-                chunk_rows_in = rows[chunk].detach().requires_grad_(need_grad)
-                loss, data_ce, correct = _row_terms(chunk_rows_in, to_logits, labels[chunk], target_chunk, objective)
+                chunk_hidden = rows[chunk].detach().requires_grad_(need_grad)
+                loss, data_ce, correct = _row_terms(chunk_hidden, to_logits, labels[chunk], target_chunk, objective)
                 if need_grad:
-                    (grad,) = torch.autograd.grad(loss.sum(), chunk_rows_in)
+                    (grad,) = torch.autograd.grad(loss.sum(), chunk_hidden)
                     grads.append(grad)
             losses.append(loss.detach())
             data_ces.append(data_ce)
@@ -196,7 +195,7 @@ def block_loss(
     """Weighted per-slot loss of the drafter's block predictions.
 
     Args:
-        hidden: (b, N*B) x D drafter hidden states of the blocks, (b, N*B, D).
+        hidden: (b, N*B, D) drafter hidden states of the blocks.
         to_logits: the target's frozen head transform, (n, D) -> (n, V) (`TargetModel.logits`).
         blocks: labels/label_valid/positions of shape (b, N*B), slots (N*B,).
         settings: objective, position weights, chunking.
