@@ -6,7 +6,7 @@ reports its peak resident memory (ru_maxrss) before and after the measured work:
 
 - `loss`: `block_loss` forward + backward on random drafter hidden states, float32;
 - `step`: one training step of `DFlashTrainingModule` (target forward, drafter forward,
-  loss, backward) on a random 2-layer target of that vocabulary and width.
+  loss, backward) on a random 6-layer target of that vocabulary and width (2 taps).
 
     PYTHONPATH=$PWD python scripts/bench_memory.py                      # loss, dense and chunked
     PYTHONPATH=$PWD python scripts/bench_memory.py --what step --variants dense 256
@@ -79,7 +79,7 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
     from dflash.training.config import TrainingConfig
 
     directory = tempfile.mkdtemp(prefix="bench_memory_target_")
-    save_tiny_target(directory, "qwen3", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, max_positions=4096)
+    save_tiny_target(directory, "qwen3", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=6, max_positions=4096)
     training = TrainingConfig(num_anchors=ANCHORS, loss=objective, loss_chunk_rows=chunk_rows)
     drafter = DrafterSpec(num_layers=1, block_size=BLOCK, num_target_features=2)
     module = DFlashTrainingModule(TargetSpec(path=directory, dtype="float32"), drafter, training)
