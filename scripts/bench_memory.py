@@ -32,6 +32,12 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process: less sensitive than wall time to other jobs."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _blocks(seq_len: int, generator):
     """Blocks of `ANCHORS` random anchors of one sequence whose every token is a target."""
     import torch
@@ -57,15 +63,15 @@ def run_loss(chunk_rows: int | None, objective: str, repeats: int) -> dict:
     hidden = torch.randn(1, ANCHORS * BLOCK, HIDDEN, generator=generator, requires_grad=True)
     target_hidden = torch.randn(1, SEQ_LEN, HIDDEN, generator=generator)
     settings = LossSettings(block_size=BLOCK, objective=objective, gamma=7.0, chunk_rows=chunk_rows)
-    before = peak_rss_gb()
-    seconds = []
+    before, seconds, cpu = peak_rss_gb(), [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu_seconds()
         result = block_loss(hidden, head, blocks, settings, target_hidden)
         result.loss.backward()
         seconds.append(time.perf_counter() - start)
+        cpu.append(cpu_seconds() - cpu_start)
         hidden.grad = None
-    return {"rows": int(blocks.label_valid.sum()), "rss_before_gb": before, "seconds": min(seconds)}
+    return {"rows": int(blocks.label_valid.sum()), "rss_before_gb": before, "seconds": min(seconds), "cpu_seconds": min(cpu)}
 
 
 def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
@@ -86,15 +92,15 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
     generator = torch.Generator().manual_seed(0)
     input_ids, loss_mask, _ = _blocks(SEQ_LEN, generator)
     batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask)}
-    before = peak_rss_gb()
-    seconds = []
+    before, seconds, cpu = peak_rss_gb(), [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu_seconds()
         result = module.compute_loss(batch, torch.Generator().manual_seed(0))
         result.loss.backward()
         seconds.append(time.perf_counter() - start)
+        cpu.append(cpu_seconds() - cpu_start)
         module.zero_grad()
-    return {"rows": int(result.slots.numel()), "rss_before_gb": before, "seconds": min(seconds)}
+    return {"rows": int(result.slots.numel()), "rss_before_gb": before, "seconds": min(seconds), "cpu_seconds": min(cpu)}
 
 
 def child(args) -> None:
@@ -121,7 +127,7 @@ def main() -> None:
         return child(args)
     print(f"{args.what} forward+backward, loss={args.loss}: vocab {VOCAB}, hidden {HIDDEN}, sequence {SEQ_LEN}, "
           f"{ANCHORS} anchors x B={BLOCK}, float32, {args.threads} thread(s), best of {args.repeats}")
-    print(f"{'variant':>8} {'rows':>6} {'RSS before':>11} {'peak RSS':>9} {'added':>7} {'seconds':>8}")
+    print(f"{'variant':>8} {'rows':>6} {'RSS before':>11} {'peak RSS':>9} {'added':>7} {'wall s':>7} {'CPU s':>6}")
     for variant in args.variants:
         command = [sys.executable, __file__, "--child", variant, "--what", args.what, "--loss", args.loss,
                    "--threads", str(args.threads), "--repeats", str(args.repeats)]
@@ -132,7 +138,7 @@ def main() -> None:
         out = json.loads(done.stdout.strip().splitlines()[-1])
         added = out["peak_rss_gb"] - out["rss_before_gb"]
         print(f"{variant:>8} {out['rows']:>6} {out['rss_before_gb']:>9.2f}GB {out['peak_rss_gb']:>7.2f}GB "
-              f"{added:>5.2f}GB {out['seconds']:>8.2f}")
+              f"{added:>5.2f}GB {out['seconds']:>7.1f} {out['cpu_seconds']:>6.1f}")
 
 
 if __name__ == "__main__":
