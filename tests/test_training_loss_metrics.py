@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.training.blocks import Blocks
-from dflash.training.loss import BlockLoss, block_loss, default_gamma, position_weights
+from dflash.training.loss import BlockLoss, LossSettings, block_loss, default_gamma, position_weights
 from dflash.training.metrics import BlockMetrics, simulated_acceptance_length
 
 T, Fa = True, False
@@ -51,7 +51,7 @@ def test_block_loss_is_weighted_mean_over_valid_slots_only():
         block_size=block_size,
     )
     weights = position_weights(block_size, gamma=2.0)
-    result = block_loss(hidden, lm_head, blocks, weights)
+    result = block_loss(hidden, lm_head, blocks, LossSettings(block_size=block_size, gamma=2.0, chunk_rows=None))
     assert rows_seen == [4]  # logits only for the 4 valid slots
     logits = lm_head(hidden).detach()
     expected_num, expected_den = 0.0, 0.0
@@ -69,7 +69,7 @@ def test_block_loss_is_weighted_mean_over_valid_slots_only():
 def test_block_loss_without_targets_is_zero_and_still_backpropagates():
     hidden = torch.randn(1, 3, 4, requires_grad=True)
     blocks = _blocks(labels=[[1, 2, 3]], label_valid=[[Fa, Fa, Fa]], block_size=3)
-    result = block_loss(hidden, torch.nn.Linear(4, 5), blocks, position_weights(3, 1.0))
+    result = block_loss(hidden, torch.nn.Linear(4, 5), blocks, LossSettings(block_size=3, gamma=1.0))
     assert result.loss.item() == 0.0
     result.loss.backward()
     assert torch.equal(hidden.grad, torch.zeros_like(hidden))

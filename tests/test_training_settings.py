@@ -1,4 +1,5 @@
-"""`training.loss_gamma` and `training.anchor_sampling` reach what the module trains on.
+"""`training.loss_gamma`, `training.position_weights` and `training.anchor_sampling` reach
+what the module trains on.
 
 Each module is built the way `python -m dflash.train` builds it: the composed Hydra
 config, `job_from_config`, then `DFlashTrainingModule`. The tests look at the weights
@@ -59,9 +60,9 @@ def published_weights(block_size: int, gamma: float | None) -> list[float]:
         (["drafter.block_size=10"], 10, 5.0),
         (["drafter.block_size=8"], 8, 4.0),
         (["drafter.block_size=8", "training.loss_gamma=2.5"], 8, 2.5),
-        (["drafter.block_size=8", "training.loss_gamma=null"], 8, None),
+        (["drafter.block_size=8", "training.position_weights=uniform"], 8, None),
     ],
-    ids=["auto_B16", "auto_B10", "auto_B8", "number", "null_uniform"],
+    ids=["auto_B16", "auto_B10", "auto_B8", "number", "uniform"],
 )
 def test_loss_gamma_sets_the_weights_of_the_computed_loss(artifacts, overrides, block_size, gamma):
     module = module_for(artifacts, *overrides, "training.num_anchors=8")
@@ -79,10 +80,10 @@ def test_loss_gamma_sets_the_weights_of_the_computed_loss(artifacts, overrides, 
 def test_decayed_and_uniform_weights_give_different_losses(artifacts):
     """The loss-decay ablation compares something: same drafter, batch and anchors, other loss."""
     losses = {}
-    for gamma in ("auto", "null"):
-        module = module_for(artifacts, f"training.loss_gamma={gamma}")
-        losses[gamma] = float(module.compute_loss(batch(), torch.Generator().manual_seed(0)).loss.detach())
-    assert abs(losses["auto"] - losses["null"]) > SUM_TOLERANCE * losses["null"]
+    for weights in ("gamma", "uniform"):
+        module = module_for(artifacts, f"training.position_weights={weights}")
+        losses[weights] = float(module.compute_loss(batch(), torch.Generator().manual_seed(0)).loss.detach())
+    assert abs(losses["gamma"] - losses["uniform"]) > SUM_TOLERANCE * losses["uniform"]
 
 
 def valid_positions(loss_mask: torch.Tensor, block_size: int) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.errors import require
+from dflash.training.loss import OBJECTIVES, POSITION_WEIGHTS
 
 ANCHOR_SAMPLING_MODES = ("random", "stride")
 
@@ -22,9 +23,17 @@ class TrainingConfig:
     num_anchors: blocks per sequence (fewer when the sequence has fewer valid anchors).
     anchor_sampling: "random" (uniform without replacement, the published recipe) or
         "stride" (every B-th valid position from the first; ablation).
-    loss_gamma: decay of the position weights w_k = exp(-(k-1)/gamma); "auto" picks the
-        published value for the block size (see `dflash.training.loss.default_gamma`),
-        None gives uniform weights (ablation).
+    loss: the per-slot objective: "ce" (cross-entropy to the data token, published),
+        "kl" (forward KL from the target's distribution to the drafter's) or
+        "ce_target_argmax" (cross-entropy to the target's argmax). docs/training.md has
+        the sources.
+    position_weights: "gamma" (w_k = exp(-(k-1)/gamma), published), "uniform" (ablation)
+        or "dpace" (D-PACE, arXiv 2605.18810: weights from the drafter's confidences).
+    loss_gamma: the decay of `position_weights=gamma`; "auto" picks the published value
+        for the block size (see `dflash.training.loss.default_gamma`).
+    dpace_alpha: D-PACE's confidence smoothing in [0, 1] (the authors' default 0.5).
+    loss_chunk_rows: rows x vocabulary of logits held at once by the loss, forward and
+        backward; None holds all of them (the dense reference path).
     learning_rate, betas, weight_decay, eps: AdamW.
     warmup_ratio: fraction of the trainer's estimated total steps spent in linear warm-up
         before the cosine decay.
@@ -33,7 +42,11 @@ class TrainingConfig:
 
     num_anchors: int = 512
     anchor_sampling: str = "random"
-    loss_gamma: float | str | None = "auto"
+    loss: str = "ce"
+    position_weights: str = "gamma"
+    loss_gamma: float | str | None = "auto"  # None only to refuse it with a pointer (it meant uniform)
+    dpace_alpha: float = 0.5
+    loss_chunk_rows: int | None = 256
     learning_rate: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -48,11 +61,28 @@ class TrainingConfig:
             "training.anchor_sampling",
             f"unknown {self.anchor_sampling!r}; choose one of {list(ANCHOR_SAMPLING_MODES)}",
         )
+        require(self.loss in OBJECTIVES, "training.loss", f"unknown {self.loss!r}; choose one of {list(OBJECTIVES)}")
+        require(
+            self.position_weights in POSITION_WEIGHTS,
+            "training.position_weights",
+            f"unknown {self.position_weights!r}; choose one of {list(POSITION_WEIGHTS)}",
+        )
         gamma = self.loss_gamma
         require(
-            gamma is None or gamma == "auto" or (isinstance(gamma, (int, float)) and gamma > 0),
+            gamma is not None,
             "training.loss_gamma",
-            f"must be 'auto', null (uniform weights) or a positive number, got {gamma!r}",
+            "null no longer means uniform weights; set training.position_weights=uniform",
+        )
+        require(
+            gamma == "auto" or (isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and gamma > 0),
+            "training.loss_gamma",
+            f"must be 'auto' or a positive number, got {gamma!r}",
+        )
+        require(0.0 <= self.dpace_alpha <= 1.0, "training.dpace_alpha", f"must be in [0, 1], got {self.dpace_alpha}")
+        require(
+            self.loss_chunk_rows is None or self.loss_chunk_rows >= 1,
+            "training.loss_chunk_rows",
+            f"must be >= 1 (rows of logits at a time) or null (all at once), got {self.loss_chunk_rows}",
         )
         require(self.learning_rate > 0, "training.learning_rate", f"must be > 0, got {self.learning_rate}")
         require(len(self.betas) == 2, "training.betas", f"needs two values, got {self.betas!r}")

@@ -1,21 +1,35 @@
-"""The position-weighted block loss.
+"""The block loss: a per-slot objective through the frozen head, chunked over rows, and
+position weights. Options and their sources: docs/training.md, "Loss options".
 
-Cross-entropy on the valid slots k >= 1, weighted by w_k = exp(-(k-1)/gamma) (early
-slots matter most: a draft is accepted only up to its first miss) and normalised by the
-summed weight of the valid slots. Logits are computed for valid slots only, since the
-vocabulary can be 150k wide.
+Invariants:
+- Slot k of the block at anchor a is scored on the token at position a+k (DESIGN.md rule
+  1); only the M valid slots get logits. The target's distribution for that token comes
+  from the target's final (normed) hidden state at position a+k-1 of the same frozen
+  forward that gives the features.
+- Chunking: at most `chunk_rows` rows x vocabulary of logits (drafter's or target's) exist
+  at once, in forward and in backward. A row's loss depends only on its own hidden state
+  and the head is frozen, so each chunk's gradient w.r.t. its hidden rows is computed in
+  the forward pass (as fused linear-cross-entropy kernels do) and kept, (M, D); backward
+  scales it by the incoming per-row gradient. No logits are kept, none are recomputed,
+  and the head gets no gradient.
+- loss = sum_r w_r l_r / sum_r w_r over the valid slots, w detached.
+- Metrics read the data tokens under every objective: `correct` is drafter argmax ==
+  data token, `cross_entropy` the cross-entropy to the data token.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from dflash.training.blocks import Blocks
+
+OBJECTIVES = ("ce", "kl", "ce_target_argmax")
+POSITION_WEIGHTS = ("gamma", "uniform", "dpace")
 
 # Published gamma per block size (DFlash paper): 7 / 5 / 4 for B = 16 / 10 / 8.
 PUBLISHED_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
@@ -33,9 +47,9 @@ def default_gamma(block_size: int) -> float:
     return max(1.0, g0 + (g1 - g0) * (block_size - b0) / (b1 - b0))
 
 
-def resolve_gamma(loss_gamma: float | str | None, block_size: int) -> float | None:
-    """The config value `training.loss_gamma` ("auto", None or a number) as a number or None."""
-    return default_gamma(block_size) if loss_gamma == "auto" else loss_gamma
+def resolve_gamma(loss_gamma: float | str, block_size: int) -> float:
+    """The config value `training.loss_gamma` ("auto" or a number) as a number."""
+    return default_gamma(block_size) if loss_gamma == "auto" else float(loss_gamma)
 
 
 def position_weights(block_size: int, gamma: float | None) -> torch.Tensor:
@@ -46,13 +60,68 @@ def position_weights(block_size: int, gamma: float | None) -> torch.Tensor:
     return weights.float()
 
 
+def dpace_weights(slot_losses: torch.Tensor, flat_index: torch.Tensor, num_blocks: int, block_size: int, alpha: float):
+    """D-PACE weights (arXiv 2605.18810; the authors' code, Lucas-TY/D-PACE) of M valid slots.
+
+    Per block, with q_k = exp(-l_k) the drafter's probability of slot k's label and
+    s_k = (1 - alpha) q_k + alpha on valid slots (1 elsewhere, slot 0 included):
+    P_k = prod_{i<=k} s_i and w_k = sum_{j>=k, j valid} P_j. Detached.
+
+    Args:
+        slot_losses: (M,) per-slot loss l.
+        flat_index: (M,) index of each slot in the flattened (num_blocks * B) layout.
+    Returns:
+        (M,) float32 weights.
+    """
+    with torch.no_grad():
+        smoothed = torch.ones(num_blocks * block_size, dtype=torch.float64, device=slot_losses.device)
+        smoothed[flat_index] = (1.0 - alpha) * torch.exp(-slot_losses.double()) + alpha
+        prefix = smoothed.view(num_blocks, block_size).cumprod(dim=-1).view(-1)
+        valid_prefix = torch.zeros_like(prefix)
+        valid_prefix[flat_index] = prefix[flat_index]
+        suffix = valid_prefix.view(num_blocks, block_size).flip(-1).cumsum(-1).flip(-1).view(-1)
+        return suffix[flat_index].float()
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """How `block_loss` scores a batch (filled from `TrainingConfig` by the module).
+
+    block_size: B, the slots per block.
+    objective: "ce" (data tokens), "kl" (forward KL from the target's distribution) or
+        "ce_target_argmax" (cross-entropy to the target's argmax).
+    position_weights: "gamma" (exp(-(k-1)/gamma)), "uniform" or "dpace".
+    gamma: the decay for "gamma". dpace_alpha: the confidence smoothing for "dpace".
+    chunk_rows: rows of logits at a time; None computes all rows at once (the dense
+        reference path, which keeps M x V logits for backward).
+    """
+
+    block_size: int
+    objective: str = "ce"
+    position_weights: str = "gamma"
+    gamma: float = 7.0
+    dpace_alpha: float = 0.5
+    chunk_rows: int | None = 256
+
+    @property
+    def reads_target(self) -> bool:
+        """Whether the objective needs the target's final hidden states."""
+        return self.objective != "ce"
+
+    def static_weights(self) -> torch.Tensor | None:
+        """(B,) per-slot weights for "gamma" and "uniform"; None for "dpace" (per batch)."""
+        if self.position_weights == "dpace":
+            return None
+        return position_weights(self.block_size, self.gamma if self.position_weights == "gamma" else None)
+
+
 @dataclass
 class BlockLoss:
     """Loss of one batch and what the metrics need, per valid slot (M of them).
 
-    loss: scalar, sum_k w_k * ce / sum w_k over valid slots (0, still in the graph, if M = 0).
-    slots: (M,) slot index k; correct: (M,) bool argmax == label; cross_entropy: (M,) float;
-    weights: (M,) float.
+    loss: scalar, sum_k w_k * l_k / sum w_k over valid slots (0, still in the graph, if M = 0).
+    slots: (M,) slot index k; correct: (M,) bool argmax == data token; cross_entropy: (M,)
+    float cross-entropy to the data token; weights: (M,) float.
     """
 
     loss: torch.Tensor
@@ -62,24 +131,100 @@ class BlockLoss:
     weights: torch.Tensor
 
 
+def _row_terms(rows, to_logits, labels, target_rows, objective):
+    """Per-row (loss, data cross-entropy, correct) of rows (n, D) through the head; the
+    loss is differentiable w.r.t. `rows` when grad is enabled."""
+    log_probs = to_logits(rows).float().log_softmax(dim=-1)
+    data_ce = -log_probs.gather(1, labels[:, None]).squeeze(1)
+    correct = log_probs.detach().argmax(dim=-1) == labels
+    if objective == "ce":
+        return data_ce, data_ce.detach(), correct
+    with torch.no_grad():
+        target_log_probs = to_logits(target_rows).float().log_softmax(dim=-1)
+    if objective == "ce_target_argmax":
+        loss = -log_probs.gather(1, target_log_probs.argmax(dim=-1, keepdim=True)).squeeze(1)
+    else:  # kl: sum_v p_target (log p_target - log p_drafter)
+        loss = (target_log_probs.exp() * (target_log_probs - log_probs)).sum(dim=-1)
+    return loss, data_ce.detach(), correct
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    """Per-row losses of `rows` (M, D), `chunk_rows` rows of logits at a time (see the
+    module invariants). Outputs: loss (M,) differentiable, data cross-entropy (M,), correct (M,)."""
+
+    @staticmethod
+    def forward(ctx, rows, to_logits, labels, target_rows, objective, chunk_rows):
+        need_grad = ctx.needs_input_grad[0]
+        losses, data_ces, corrects, grads = [], [], [], []
+        for start in range(0, rows.shape[0], chunk_rows):
+            chunk = slice(start, start + chunk_rows)
+            target_chunk = None if target_rows is None else target_rows[chunk]
+            with torch.enable_grad() if need_grad else nullcontext():
+                chunk_hidden = rows[chunk].detach().requires_grad_(need_grad)
+                loss, data_ce, correct = _row_terms(chunk_hidden, to_logits, labels[chunk], target_chunk, objective)
+                if need_grad:
+                    (grad,) = torch.autograd.grad(loss.sum(), chunk_hidden)
+                    grads.append(grad)
+            losses.append(loss.detach())
+            data_ces.append(data_ce)
+            corrects.append(correct)
+        if need_grad:
+            ctx.save_for_backward(torch.cat(grads) if grads else torch.zeros_like(rows))
+        data_ce, correct = _cat(data_ces, rows, torch.float32), _cat(corrects, rows, torch.bool)
+        ctx.mark_non_differentiable(data_ce, correct)
+        return _cat(losses, rows, torch.float32), data_ce, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_data_ce, _grad_correct):
+        (row_grads,) = ctx.saved_tensors
+        return grad_loss.to(row_grads.dtype)[:, None] * row_grads, None, None, None, None, None
+
+
+def _cat(parts: list[torch.Tensor], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The chunks' per-row outputs as one (M,) tensor (empty when M = 0)."""
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=like.device)
+
+
 def block_loss(
-    hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor], blocks: Blocks, slot_weights: torch.Tensor
+    hidden: torch.Tensor,
+    to_logits: Callable[[torch.Tensor], torch.Tensor],
+    blocks: Blocks,
+    settings: LossSettings,
+    target_hidden: torch.Tensor | None = None,
 ) -> BlockLoss:
-    """Weighted cross-entropy of the drafter's block predictions.
+    """Weighted per-slot loss of the drafter's block predictions.
 
     Args:
         hidden: (b, N*B, D) drafter hidden states of the blocks.
         to_logits: the target's frozen head transform, (n, D) -> (n, V) (`TargetModel.logits`).
-        blocks: labels/label_valid/slots of shape (b, N*B) / (N*B,).
-        slot_weights: (B,) from `position_weights`.
+        blocks: labels/label_valid/positions of shape (b, N*B), slots (N*B,).
+        settings: objective, position weights, chunking.
+        target_hidden: (b, S, D) the target's final normed hidden states; needed when
+            `settings.reads_target`.
     """
     valid = blocks.label_valid
+    batch, queries = valid.shape
+    block_size = settings.block_size
     rows = hidden[valid]
-    logits = to_logits(rows).float()
     labels = blocks.labels[valid]
     slots = blocks.slots.expand_as(valid)[valid]
-    weights = slot_weights.to(hidden.device)[slots]
-    cross_entropy = F.cross_entropy(logits, labels, reduction="none")
-    loss = (weights * cross_entropy).sum() / weights.sum().clamp_min(math.ulp(1.0))
-    correct = logits.detach().argmax(dim=-1) == labels
-    return BlockLoss(loss=loss, slots=slots, correct=correct, cross_entropy=cross_entropy.detach(), weights=weights)
+    target_rows = None
+    if settings.reads_target:
+        if target_hidden is None:
+            raise ValueError(f"loss {settings.objective!r} needs the target's final hidden states")
+        batch_index = torch.arange(batch, device=valid.device)[:, None].expand_as(valid)[valid]
+        target_rows = target_hidden[batch_index, blocks.positions[valid] - 1]  # predicts position a+k
+    if settings.chunk_rows is None:
+        slot_losses, cross_entropy, correct = _row_terms(rows, to_logits, labels, target_rows, settings.objective)
+    else:
+        slot_losses, cross_entropy, correct = _ChunkedHeadLoss.apply(
+            rows, to_logits, labels, target_rows, settings.objective, settings.chunk_rows
+        )
+    static = settings.static_weights()
+    if static is None:
+        flat_index = valid.view(-1).nonzero().squeeze(1)
+        weights = dpace_weights(slot_losses.detach(), flat_index, batch * queries // block_size, block_size, settings.dpace_alpha)
+    else:
+        weights = static.to(hidden.device)[slots]
+    loss = (weights * slot_losses).sum() / weights.sum().clamp_min(math.ulp(1.0))
+    return BlockLoss(loss=loss, slots=slots, correct=correct, cross_entropy=cross_entropy, weights=weights)

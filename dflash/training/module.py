@@ -32,9 +32,10 @@ from dflash.training.forward import (
     draft_blocks,
     set_attention_implementation,
     target_features,
+    target_features_and_final_hidden,
     training_attention_implementation,
 )
-from dflash.training.loss import BlockLoss, block_loss, position_weights, resolve_gamma
+from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
 from dflash.training.metrics import BlockMetrics
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
@@ -63,8 +64,14 @@ class DFlashTrainingModule(L.LightningModule):
         require(block_size >= 2, "drafter.block_size", _BLOCK_SIZE_MESSAGE.format(block_size))
         self._configured_attention = self.drafter.config.attn_implementation
         training_attention_implementation(self._configured_attention, torch.device("cpu"))
-        self.gamma = resolve_gamma(training.loss_gamma, block_size)
-        self.register_buffer("slot_weights", position_weights(block_size, self.gamma), persistent=False)
+        self.loss_settings = LossSettings(
+            block_size=block_size,
+            objective=training.loss,
+            position_weights=training.position_weights,
+            gamma=resolve_gamma(training.loss_gamma, block_size),
+            dpace_alpha=training.dpace_alpha,
+            chunk_rows=training.loss_chunk_rows,
+        )
         self.train_metrics = BlockMetrics(block_size)
         self.val_metrics = BlockMetrics(block_size)
         self._last_logged_step = -1
@@ -91,16 +98,20 @@ class DFlashTrainingModule(L.LightningModule):
         if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
         config = self.drafter.config
-        if config.use_target_features:
-            features = target_features(self.target, input_ids, config.target_layer_ids)
-        else:  # standalone-drafter ablation: the context is the prefix's own token embeddings
+        layer_ids = config.target_layer_ids if config.use_target_features else []
+        final_hidden = None  # the target's final hidden states, for losses that read its logits
+        if self.loss_settings.reads_target:
+            features, final_hidden = target_features_and_final_hidden(self.target, input_ids, layer_ids)
+        elif config.use_target_features:
+            features = target_features(self.target, input_ids, layer_ids)
+        if not config.use_target_features:  # standalone-drafter ablation: the context is the prefix's own token embeddings
             features = self.target.embed(input_ids)
         anchors = sample_anchors(
             loss_mask, config.block_size, self.training_config.num_anchors, self.training_config.anchor_sampling, generator
         )
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
         hidden = draft_blocks(self.drafter, self.target.embed, features, attention_mask, anchors, blocks)
-        return block_loss(hidden, self.target.logits, blocks, self.slot_weights)
+        return block_loss(hidden, self.target.logits, blocks, self.loss_settings, final_hidden)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         result = self.compute_loss(batch)
