@@ -196,7 +196,7 @@ def training_step(target, drafter, batch: dict, path: str, backward: bool) -> di
     from dflash.training.anchors import sample_anchors
     from dflash.training.blocks import build_blocks
     from dflash.training.forward import set_attention_implementation, target_features
-    from dflash.training.loss import block_loss, default_gamma, position_weights
+    from dflash.training.loss import LossSettings, block_loss, default_gamma
     from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
 
     config = drafter.config
@@ -213,8 +213,8 @@ def training_step(target, drafter, batch: dict, path: str, backward: bool) -> di
     context_positions = torch.arange(seq, device=input_ids.device).expand(input_ids.shape[0], seq)
     with torch.set_grad_enabled(backward):
         hidden = drafter(target.embed(blocks.token_ids), blocks.positions, features, context_positions, mask=mask)
-        weights = position_weights(config.block_size, default_gamma(config.block_size))
-        loss = block_loss(hidden, target.logits, blocks, weights).loss
+        settings = LossSettings(block_size=config.block_size, gamma=default_gamma(config.block_size))  # chunked, as training
+        loss = block_loss(hidden, target.logits, blocks, settings).loss
     grads = {}
     if backward:
         loss.backward()
