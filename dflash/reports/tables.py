@@ -53,6 +53,7 @@ ABLATION_TITLES = {
     "depth": "Drafter depth",
     "target_features": "Number of tapped target layers",
     "loss_decay": "Loss weights over block positions",
+    "loss": "Training objective x position weights",
     "anchors": "Anchor sampling",
     "target_context": "Target context features",
 }
