@@ -69,7 +69,8 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
+def target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
+    """The target's own next token from its (V,) logits: argmax when greedy, else a sample."""
     if sampling.greedy:
         return int(logits.argmax(-1))
     return int(sample(probabilities(logits, sampling), generator))
@@ -83,6 +84,48 @@ def _check_drafts(drafts: Drafts, num_drafts: int) -> None:
         raise RuntimeError(f"the proposer drafted tokens of shape {shape}; expected (k,), k <= {num_drafts}")
     if drafts.probs is not None and drafts.probs.shape[0] != k:
         raise RuntimeError(f"the proposer returned {drafts.probs.shape[0]} distributions for {k} draft tokens")
+
+
+def prefill(target: TargetModel, input_ids: torch.Tensor, layer_ids, sampling: SamplingConfig, generator):
+    """The timed prompt forward that starts every decoding loop.
+
+    Args:
+        input_ids: (1, P) prompt ids on the target's device.
+        layer_ids: target layers to tap (None: no features).
+    Returns:
+        (cache holding [0, P), the prompt's features (1, P, F) or None, a GenerationResult
+        holding the first token and the prefill time, committed ids (1, P + 1)).
+    """
+    device = target.device
+    synchronize(device)
+    start = time.perf_counter()
+    cache = target.new_cache()
+    prompt_len = input_ids.shape[1]
+    # Only the last position's logits are used: (P, vocab) would be ~1 GB at P=2k, vocab 150k.
+    out = target.forward(
+        input_ids, torch.arange(prompt_len, device=device).unsqueeze(0), cache, layer_ids, logits_to_keep=1
+    )
+    first = target_token(out.logits[0, -1], sampling, generator)
+    synchronize(device)
+    result = GenerationResult(output_ids=[first], prefill_time_s=time.perf_counter() - start)
+    committed = torch.cat([input_ids, torch.tensor([[first]], device=device)], dim=1)
+    return cache, out.features, result, committed
+
+
+def commit(result: GenerationResult, committed: torch.Tensor, emitted: list[int], stop_ids: set[int], max_new_tokens: int):
+    """Record one verify step's emitted tokens, cut right after the first stop token.
+
+    Returns (committed ids (1, L + n), whether generation is done).
+    """
+    done = False
+    for i, token in enumerate(emitted):
+        if token in stop_ids:
+            emitted, done = emitted[: i + 1], True
+            break
+    result.output_ids.extend(emitted)
+    result.acceptance_lengths.append(len(emitted))
+    committed = torch.cat([committed, torch.tensor([emitted], device=committed.device)], dim=1)
+    return committed, done or len(result.output_ids) >= max_new_tokens
 
 
 @torch.inference_mode()
@@ -121,21 +164,8 @@ def generate(
     if proposer is not None:
         proposer.reset()
 
-    synchronize(device)
-    start = time.perf_counter()
-    cache = target.new_cache()
-    prompt_len = input_ids.shape[1]
-    # Only the last position's logits are used: (P, vocab) would be ~1 GB at P=2k, vocab 150k.
-    out = target.forward(
-        input_ids, torch.arange(prompt_len, device=device).unsqueeze(0), cache, layer_ids, logits_to_keep=1
-    )
-    first = _target_token(out.logits[0, -1], sampling, generator)
-    pending_features = out.features
-    synchronize(device)
-    result = GenerationResult(output_ids=[first], prefill_time_s=time.perf_counter() - start)
-
-    committed = torch.cat([input_ids, torch.tensor([[first]], device=device)], dim=1)
-    done = first in stop_ids or max_new_tokens == 1
+    cache, pending_features, result, committed = prefill(target, input_ids, layer_ids, sampling, generator)
+    done = result.output_ids[0] in stop_ids or max_new_tokens == 1
     start = time.perf_counter()
     while not done:
         anchor_pos = committed.shape[1] - 1
@@ -160,16 +190,8 @@ def generate(
             pending_features = kept if pending_features is None else torch.cat([pending_features, kept], dim=1)
 
         emitted = drafts.tokens[:accepted].tolist() + [next_token]
-        for i, token in enumerate(emitted):
-            if token in stop_ids:
-                emitted = emitted[: i + 1]
-                done = True
-                break
-        result.output_ids.extend(emitted)
-        result.acceptance_lengths.append(len(emitted))
         result.draft_counts.append(drafts.tokens.numel())
-        committed = torch.cat([committed, torch.tensor([emitted], device=device)], dim=1)
-        done = done or len(result.output_ids) >= max_new_tokens
+        committed, done = commit(result, committed, emitted, stop_ids, max_new_tokens)
     synchronize(device)
     result.decode_time_s = time.perf_counter() - start
     return result

@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from dflash.decoding.engine import GenerationResult, synchronize
+from dflash.decoding.engine import GenerationResult, commit, prefill, synchronize, target_token
 from dflash.decoding.proposer import Proposer
-from dflash.decoding.sampling import SamplingConfig, probabilities, sample
+from dflash.decoding.sampling import SamplingConfig
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_position_ids
 from dflash.errors import require
 from dflash.target import TargetModel
@@ -63,13 +63,6 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
         "tree verification samples with the 'match' rule only (the tree holds the drafter's top tokens, not samples); "
         "set decoding.verify_rule=match or decoding.temperature=0",
     )
-
-
-def target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
-    """The target's own next token from its (V,) logits: argmax when greedy, else a sample."""
-    if sampling.greedy:
-        return int(logits.argmax(-1))
-    return int(sample(probabilities(logits, sampling), generator))
 
 
 def accepted_path(
@@ -135,20 +128,8 @@ def generate_tree(
     layer_ids = proposer.target_layer_ids
     proposer.reset()
 
-    synchronize(device)
-    start = time.perf_counter()
-    cache = target.new_cache()
-    prompt_len = input_ids.shape[1]
-    out = target.forward(
-        input_ids, torch.arange(prompt_len, device=device).unsqueeze(0), cache, layer_ids, logits_to_keep=1
-    )
-    first = target_token(out.logits[0, -1], sampling, generator)
-    pending_features = out.features
-    synchronize(device)
-    result = GenerationResult(output_ids=[first], prefill_time_s=time.perf_counter() - start)
-
-    committed = torch.cat([input_ids, torch.tensor([[first]], device=device)], dim=1)
-    done = first in stop_ids or max_new_tokens == 1
+    cache, pending_features, result, committed = prefill(target, input_ids, layer_ids, sampling, generator)
+    done = result.output_ids[0] in stop_ids or max_new_tokens == 1
     start = time.perf_counter()
     while not done:
         anchor_pos = committed.shape[1] - 1
@@ -172,15 +153,8 @@ def generate_tree(
             pending_features = kept if pending_features is None else torch.cat([pending_features, kept], dim=1)
 
         emitted = tree.tokens[path].tolist() + [next_token]
-        for i, token in enumerate(emitted):
-            if token in stop_ids:
-                emitted = emitted[: i + 1]
-                done = True
-                break
-        result.output_ids.extend(emitted)
-        result.acceptance_lengths.append(len(emitted))
-        committed = torch.cat([committed, torch.tensor([emitted], device=device)], dim=1)
-        done = done or len(result.output_ids) >= max_new_tokens
+        result.draft_counts.append(tree.tokens.numel())
+        committed, done = commit(result, committed, emitted, stop_ids, max_new_tokens)
     synchronize(device)
     result.decode_time_s = time.perf_counter() - start
     return result
