@@ -23,11 +23,12 @@ $(TF4_STAMP): constraints/tf4.txt | $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(TF4) -r constraints/tf4.txt
 	touch $(TF4_STAMP)
 
+# One worker per core (-n auto); a test file stays on one worker, so its module fixtures are built once.
 test: install $(TF4_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 test-fast: install $(TF4_STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
 
 demo: install
 	$(PY) -m dflash.demo
