@@ -47,10 +47,12 @@ def test_a_line_every_interval_with_mean_loss_rate_and_eta(caplog):
         callback.on_train_batch_end(trainer, None, {"loss": 1.0}, None, step)
     # First line at 30 s (step 25): mean loss of the 15 steps, rate over this run's own steps.
     assert progress_lines(caplog) == ["train: step 25/100 (25%), loss 2.333, 0.50 steps/s, elapsed 0:00:30, ETA 0:02:30"]
-    clock.now += 2.0
-    trainer.global_step = 26
-    callback.on_train_batch_end(trainer, None, {"loss": 5.0}, None, 26)
-    assert len(progress_lines(caplog)) == 1  # the interval starts again at each line
+    for step in range(26, 41):
+        clock.now += 2.0
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, {"loss": 5.0}, None, step)
+        assert len(progress_lines(caplog)) == (1 if step < 40 else 2)  # the interval starts again at each line
+    assert progress_lines(caplog)[1].startswith("train: step 40/100 (40%), loss 5.000, 0.50 steps/s, elapsed 0:01:00")
 
 
 def test_the_last_step_and_validation_always_get_a_line(caplog):
