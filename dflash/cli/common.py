@@ -25,6 +25,7 @@ from dflash.errors import ConfigError, check_writable_dir, first_line, spec_from
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 EXIT_CONFIG_ERROR = 2
 _MULTIRUN_FLAGS = ("-m", "--multirun")
+LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
 
 
 def fail(err: ConfigError) -> NoReturn:
@@ -99,6 +100,37 @@ def check_output_dirs(cfg: DictConfig, keys: tuple[str, ...], multirun: bool) ->
             continue
         if path is not None:
             check_writable_dir(key, str(path))
+
+
+def quiet_third_party_logs() -> None:
+    """Print each Lightning log line once, and without its advertisements.
+
+    On import, the `lightning` package attaches its own console handler to the `lightning`
+    logger, which also propagates to the root logger that Hydra's job_logging set up: every
+    Lightning line would print twice (once as `INFO: ...`, once in Hydra's format). Inside
+    a Hydra app that handler goes, so lines come only through Hydra's handlers (console and
+    the run's .log file). Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines
+    are dropped at their logger; every other Lightning line stays. So is the deprecation
+    warning that Lightning's own code triggers in torch's pytree (nothing a user can fix).
+    """
+    import logging
+    import warnings
+
+    import lightning  # noqa: F401 - attaches the handler that is removed below
+
+    if logging.getLogger().hasHandlers():
+        lightning_logger = logging.getLogger("lightning")
+        for handler in list(lightning_logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                lightning_logger.removeHandler(handler)
+    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in tips.filters:
+        tips.addFilter(_drop_lightning_tips)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+def _drop_lightning_tips(record) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_TIP_PREFIX)
 
 
 def to_spec(cls, node: DictConfig, group: str):

@@ -7,12 +7,19 @@ continues where it stopped when run again):
              (`target=tiny_code`; rebuilt only when its build config changes);
 2. data      cut function-header prompts from the standard library (none overlaps
              HumanEval) and let the target write the continuations (`dflash.regenerate`);
-3. train     `python -m dflash.train experiment=demo` (resumes from its last checkpoint);
-             it then evaluates on HumanEval (autoregressive baseline, DFlash, HF
-             generate) into the run directory;
-4. report    print the results table and where the files are.
+3. train     `python -m dflash.train experiment=demo eval.after_train=false` (resumes from
+             its last checkpoint), which also exports the drafter directory;
+4. evaluate  `python -m dflash.evaluate` on HumanEval (autoregressive baseline and DFlash,
+             interleaved; one torch thread, so that timings are not split between cores
+             the way training uses them) into `<run dir>/eval/results.json`;
+5. report    print the results table, the wall time of every stage, and write both into
+             `<run dir>/demo_summary.json`.
 
-Configuration: `conf/demo.yaml` (stages 1-2) and `experiments/demo.yaml` (stage 3).
+In a log that is not a terminal (`make demo > log 2>&1`), progress bars redraw at most
+every 30 s (`TQDM_MININTERVAL`, unless set) and training writes one line every 30 s
+(`dflash.training.progress`).
+
+Configuration: `conf/demo.yaml` (stages 1, 2 and 4) and `experiments/demo.yaml` (stage 3).
 """
 
 from __future__ import annotations
@@ -22,18 +29,56 @@ import json
 import os
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 
 import hydra
 from omegaconf import DictConfig, ListConfig
 
-from dflash.cli.common import CONF_DIR, check_overrides, exits_on_config_error, resolved_config, run_app
+from dflash.cli.common import (
+    CONF_DIR,
+    check_overrides,
+    exits_on_config_error,
+    quiet_third_party_logs,
+    resolved_config,
+    run_app,
+)
 from dflash.errors import ConfigError, check_field_types, require, spec_from_dict
 
 RESULTS = "results.json"
+EVAL_DIR = "eval"
+SUMMARY = "demo_summary.json"
+NUM_STAGES = 5
+PROGRESS_INTERVAL_S = 30  # how often progress bars may redraw in a log that is not a terminal
 
 
 def stage(number: int, name: str, message: str) -> None:
-    print(f"\n=== [{number}/4] {name}: {message}", flush=True)
+    print(f"\n=== [{number}/{NUM_STAGES}] {name}: {message}", flush=True)
+
+
+class StageClock:
+    """Wall time of each stage, in the order they ran (a reused stage counts its check)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def time(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - started, 1)
+
+    def table(self) -> str:
+        """One line per stage, `name  M min S s`, then the total."""
+        rows = [*self.seconds.items(), ("total", sum(self.seconds.values()))]
+        return "\n".join(f"  {name:<10}{_minutes(seconds):>14}" for name, seconds in rows)
+
+
+def _minutes(seconds: float) -> str:
+    whole = int(round(seconds))
+    return f"{whole // 60} min {whole % 60:2d} s"
 
 
 def short_hash(*parts) -> str:
@@ -68,8 +113,8 @@ def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict
     return data_dir
 
 
-def train_and_evaluate(target_path: str, data_dir: str, train_overrides: list[str], artifacts: str) -> str:
-    """Stage 3: the train app (resumable) with evaluation after training; returns the run dir.
+def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts: str) -> str:
+    """Stage 3: the train app (resumable), which exports the drafter; returns the run dir.
 
     The train app loads the target that stage 1 built (`target.build=null`): composing
     `target=tiny_code` afresh would not see this demo's build overrides.
@@ -81,45 +126,98 @@ def train_and_evaluate(target_path: str, data_dir: str, train_overrides: list[st
     run_dir = os.path.join(artifacts, "runs", run_name)
     command = [
         sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",
-        f"target.path={target_path}", "target.build=null",
+        f"target.path={target_path}", "target.build=null", "eval.after_train=false",
         f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides,
     ]
-    if os.path.exists(os.path.join(run_dir, RESULTS)) and os.path.isdir(os.path.join(run_dir, "drafter")):
-        stage(3, "train + evaluate", f"done already in {run_dir}")
+    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
+        stage(3, "train", f"done already in {run_dir}")
         return run_dir
-    stage(3, "train + evaluate", " ".join(["python", *command[1:]]))
-    status = subprocess.run(command).returncode
-    if status != 0:
-        # The train app has printed its own error; no second traceback from here.
-        print(f"error: stage 3 (train + evaluate) failed with exit status {status}; see its output above", file=sys.stderr)
-        sys.exit(status)
+    stage(3, "train", " ".join(["python", *command[1:]]))
+    run_stage(3, "train", command)
     return run_dir
 
 
-def report(run_dir: str) -> None:
-    """Stage 4: print the evaluation table."""
+def evaluate(target_path: str, run_dir: str, eval_overrides: list[str], artifacts: str) -> str:
+    """Stage 4: `python -m dflash.evaluate` on the exported drafter; returns results.json."""
+    eval_dir = os.path.join(run_dir, EVAL_DIR)
+    results_path = os.path.join(eval_dir, RESULTS)
+    command = [
+        sys.executable, "-m", "dflash.evaluate", "target=tiny_code", f"target.path={target_path}", "target.build=null",
+        f"drafter.path={os.path.join(run_dir, 'drafter')}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
+        *eval_overrides,
+    ]
+    # The overrides are part of the check: evaluating under other settings runs again.
+    settings_path = os.path.join(eval_dir, "demo_eval_overrides.json")
+    if os.path.isfile(results_path) and _read_json(settings_path) == command[2:]:
+        stage(4, "evaluate", f"done already in {eval_dir}")
+        return results_path
+    stage(4, "evaluate", " ".join(["python", *command[1:]]))
+    run_stage(4, "evaluate", command)
+    with open(settings_path, "w") as f:
+        json.dump(command[2:], f)
+    return results_path
+
+
+def run_stage(number: int, name: str, command: list[str]) -> None:
+    """Run a stage's app; exit with its status when it fails (it has printed its own error)."""
+    status = subprocess.run(command).returncode
+    if status != 0:
+        print(f"error: stage {number} ({name}) failed with exit status {status}; see its output above", file=sys.stderr)
+        sys.exit(status)
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def report(run_dir: str, results_path: str, clock: StageClock) -> None:
+    """Stage 5: print the evaluation table and the stage times; write demo_summary.json."""
     from dflash.eval import format_results
 
-    with open(os.path.join(run_dir, RESULTS)) as f:
+    with open(results_path) as f:
         results = json.load(f)
-    stage(4, "report", f"HumanEval, {results['num_prompts']} prompts")
+    stage(5, "report", f"HumanEval, {results['num_prompts']} prompts")
     print(format_results(results))
-    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {RESULTS}, checkpoints/, logs")
+    summary = {
+        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
+        "tau": results["tau"],
+        "tau_per_prompt_mean": results["tau_per_prompt_mean"],
+        "speedup": results["speedup"],
+        "speedup_decode_only": results["speedup_decode_only"],
+        "tokens_per_s": results["tokens_per_s"],
+        "lossless": results["lossless"],
+        "results": results_path,
+    }
+    summary_path = os.path.join(run_dir, SUMMARY)
+    with open(summary_path, "w") as f:
+        json.dump(summary, f, indent=2)
+    print("\nwall time per stage (the install before it not counted):")
+    print(clock.table())
+    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs")
 
 
-def check_train_overrides(cfg: DictConfig) -> None:
-    """ConfigError unless `train_overrides` compose with `experiment=demo` (unknown keys,
-    options, syntax); their values are checked by the train app itself at stage 3."""
-    overrides = cfg.train_overrides
-    require(
-        isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
-        "train_overrides",
-        f"must be a list of quoted train overrides like '[\"trainer.max_steps=100\"]', got {overrides!r}",
-    )
-    try:
-        check_overrides("train", ["experiment=demo", *overrides])
-    except ConfigError as err:
-        raise ConfigError("train_overrides", str(err)) from None
+def check_app_overrides(cfg: DictConfig) -> None:
+    """ConfigError unless `train_overrides` compose with `experiment=demo` and
+    `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
+    are checked by those apps themselves at stages 3 and 4."""
+    for key, app, base, example in (
+        ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
+        ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
+    ):
+        overrides = cfg[key]
+        require(
+            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
+            key,
+            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
+        )
+        try:
+            check_overrides(app, [*base, *overrides])
+        except ConfigError as err:
+            raise ConfigError(key, str(err)) from None
 
 
 def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:
@@ -141,12 +239,23 @@ def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
     target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
     check_settings(target_cfg, prompts_cfg, regen_cfg)
-    target, target_hash = build_target(target_cfg)
-    data_dir = regenerate_data(target, target_hash, prompts_cfg, regen_cfg, artifacts)
+    quiet_third_party_logs()
+    clock = StageClock()
+    with clock.time("target"):
+        target, target_hash = build_target(target_cfg)
+    with clock.time("data"):
+        data_dir = regenerate_data(target, target_hash, prompts_cfg, regen_cfg, artifacts)
     del target  # the train app loads its own copy
-    run_dir = train_and_evaluate(cfg.target.path, data_dir, list(cfg.train_overrides), artifacts)
-    report(run_dir)
+    with clock.time("train"):
+        run_dir = train(cfg.target.path, data_dir, list(cfg.train_overrides), artifacts)
+    with clock.time("evaluate"):
+        results_path = evaluate(cfg.target.path, run_dir, list(cfg.eval_overrides), artifacts)
+    report(run_dir, results_path, clock)
 
 
 def main() -> None:
-    run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_train_overrides)
+    if not sys.stdout.isatty():
+        # Progress bars cannot redraw in a log file: let them write at most every 30 s
+        # (read by tqdm at import, here and in the train and evaluate apps).
+        os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_S))
+    run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_app_overrides)

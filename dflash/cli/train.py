@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dflash.cli.common import (
     CONF_DIR,
     exits_on_config_error,
+    quiet_third_party_logs,
     resolved_config,
     run_app,
     set_cpu_threads,
@@ -171,6 +172,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     job = job_from_config(cfg)
     set_cpu_threads(cfg.cpu_threads)
+    quiet_third_party_logs()
     check_local_source(job.data.source())  # a wrong data.path fails before the target loads
     if job.evaluation is not None:
         load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dflash.errors import require
+from dflash.training.progress import training_progress
 
 
 class TokenWindows(Dataset):
@@ -169,6 +170,7 @@ def pretrain(config, train_ids: list[int], heldout_ids: list[int], tokenizer, pr
     val_loader = DataLoader(TokenWindows(heldout_stream, val_starts, seq_len), batch_size=config.batch_size)
 
     module = CausalLMPretrainer(model, config.lr, config.weight_decay, config.warmup_steps, config.max_steps)
+    show_bar, lines = training_progress(progress, label="target pre-training")  # a bar, or lines in logs
     with warnings.catch_warnings(), _quiet_lightning_banner(), _torch_threads(config.num_threads):
         # Validation runs once, after training, on purpose; the other is Lightning-internal.
         warnings.filterwarnings("ignore", message=".*`validation_step` but have no `val_dataloader`")
@@ -181,8 +183,8 @@ def pretrain(config, train_ids: list[int], heldout_ids: list[int], tokenizer, pr
             logger=False,
             enable_checkpointing=False,
             enable_model_summary=False,
-            enable_progress_bar=progress,
-            callbacks=[TQDMProgressBar(refresh_rate=10)] if progress else [],
+            enable_progress_bar=show_bar,
+            callbacks=[TQDMProgressBar(refresh_rate=10)] if show_bar else lines,
             num_sanity_val_steps=0,
             deterministic=True,
         )

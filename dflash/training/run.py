@@ -57,6 +57,7 @@ from dflash.training.checkpoints import (
     resume_checkpoint,
 )
 from dflash.training.config import TrainingConfig
+from dflash.training.progress import training_progress
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,10 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         enable_version_counter=False,
     )
     best = _best_checkpointer(job, checkpoint_dir)
-    trainer = build_trainer(job.trainer, output_dir, loggers, [checkpointer, *([best] if best else []), *callbacks])
+    # Progress: Lightning's bar on a terminal, one line every 30 s in logs (dflash.training.progress).
+    show_bar, progress = training_progress(job.trainer.enable_progress_bar)
+    trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
+    trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *progress, *callbacks])
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
