@@ -164,6 +164,7 @@ class TrainJob:
     evaluation: AfterTrainEval | None = None
     seed: int = 0
     config: dict = field(default_factory=dict)
+    method: object | None = None  # [eagle3] None: DFlash; a `dflash.eagle3.module.Eagle3Settings`: EAGLE-3
 
 
 @dataclass
@@ -211,7 +212,12 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
-    module = DFlashTrainingModule(target, job.drafter, job.training)
+    if job.method is None:
+        module = DFlashTrainingModule(target, job.drafter, job.training)
+    else:  # [eagle3]
+        from dflash.eagle3.module import Eagle3TrainingModule
+
+        module = Eagle3TrainingModule(target, job.method, job.training)
     if resume_path is not None:
         key = "run_name" if job.checkpoint.resume == "auto" else "checkpoint.resume"
         check_checkpoint_fits(resume_path, module, key)
@@ -233,7 +239,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     drafter_dir = results_path = None
     if trainer.is_global_zero:
         drafter_dir = export_final_drafter(final_checkpoint, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
-        if job.evaluation is not None:
+        if job.evaluation is not None and job.method is not None:  # [eagle3]
+            log.warning("eval.after_train evaluates DFlash drafters only; evaluate %s with python -m dflash.evaluate", drafter_dir)
+        elif job.evaluation is not None:
             results_path = evaluate_after_training(job.evaluation, module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
     finish_loggers(loggers)
@@ -350,7 +358,15 @@ def export_final_drafter(checkpoint: str, out_dir: str, dtype: str | None) -> st
     """Write the drafter of `checkpoint` as a drafter directory (see `dflash.training.export`)."""
     from dflash.training.export import export_checkpoint
 
-    export_checkpoint(checkpoint, out_dir, dtype=weight_dtype(dtype, "checkpoint.export_dtype"))
+    weights = weight_dtype(dtype, "checkpoint.export_dtype")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    architectures = state.get("dflash_drafter_config", {}).get("architectures") or []
+    if "LlamaForCausalLMEagle3" in architectures:  # [eagle3] the EAGLE-3 directory layout
+        from dflash.eagle3.io import eagle3_from_checkpoint, save_eagle3
+
+        save_eagle3(eagle3_from_checkpoint(state), out_dir, dtype=weights)
+    else:
+        export_checkpoint(checkpoint, out_dir, dtype=weights)
     log.info("drafter exported to %s", out_dir)
     return out_dir
 
