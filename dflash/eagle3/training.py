@@ -43,6 +43,27 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out
 
 
+def ttt_steps(drafter: Eagle3Drafter, embed, features: torch.Tensor, input_ids: torch.Tensor, ttt_length: int):
+    """Yield the pre-norm outputs (b, S, H) of TTT steps 0..ttt_length-1; step j at t
+    predicts token t+2+j.
+
+    Args:
+        embed: token ids (b, S) -> (b, S, H) (`TargetModel.embed`).
+        features: (b, S, 3 * H_target) tapped target features; input_ids: (b, S).
+    """
+    batch, seq_len = input_ids.shape
+    hidden = drafter.fc(features.to(drafter.fc.weight.dtype))
+    positions = torch.arange(seq_len, device=input_ids.device).expand(batch, seq_len)
+    keys, values = [], []
+    for step in range(ttt_length):
+        tokens = _shifted(input_ids, 1 + step)
+        q, k, v = drafter.midlayer.qkv(embed(tokens).to(hidden.dtype), hidden, *drafter.rope(hidden, positions + step))
+        keys.append(k)
+        values.append(v)
+        hidden = drafter.midlayer.finish(ttt_attention(q, keys, values), hidden)
+        yield hidden
+
+
 def ttt_loss(
     drafter: Eagle3Drafter,
     embed,
@@ -52,29 +73,15 @@ def ttt_loss(
     ttt_length: int,
     step_weight_decay: float = 0.8,
 ) -> BlockLoss:
-    """Unrolled training-time test over `ttt_length` steps.
-
-    Args:
-        embed: token ids (b, S) -> (b, S, H) (`TargetModel.embed`).
-        features: (b, S, 3 * H_target) tapped target features.
-        input_ids: (b, S); loss_mask: (b, S) bool, True on response tokens to predict
-            (False on padding).
-    """
-    batch, seq_len = input_ids.shape
+    """Loss of the unrolled training-time test (`ttt_steps`); loss_mask: (b, S) bool,
+    True on response tokens to predict (False on padding)."""
     device = input_ids.device
     target_to_draft = torch.full((drafter.config.vocab_size,), -100, dtype=torch.long, device=device)
     target_to_draft[drafter.draft_to_target] = torch.arange(drafter.config.draft_vocab_size, device=device)
-    hidden = drafter.fc(features.to(drafter.fc.weight.dtype))
-    positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
-    keys, values, parts = [], [], []
-    for step in range(ttt_length):
-        tokens = F.pad(input_ids[:, 1 + step :], (0, 1 + step))[:, :seq_len]
-        q, k, v = drafter.midlayer.qkv(embed(tokens).to(hidden.dtype), hidden, *drafter.rope(hidden, positions + step))
-        keys.append(k)
-        values.append(v)
-        hidden = drafter.midlayer.finish(ttt_attention(q, keys, values), hidden)
-        labels = F.pad(input_ids[:, 2 + step :], (0, 2 + step))[:, :seq_len]
-        valid = F.pad(loss_mask[:, 2 + step :], (0, 2 + step))[:, :seq_len]
+    parts = []
+    for step, hidden in enumerate(ttt_steps(drafter, embed, features, input_ids, ttt_length)):
+        labels = _shifted(input_ids, 2 + step)
+        valid = _shifted(loss_mask, 2 + step)
         logits = drafter.draft_logits(hidden[valid])
         draft_labels = target_to_draft[labels[valid]]
         cross_entropy = F.cross_entropy(logits, draft_labels, reduction="none", ignore_index=-100)
@@ -85,6 +92,11 @@ def ttt_loss(
     slots, correct, cross_entropy, weights = (torch.cat(column) for column in zip(*parts))
     loss = (weights * cross_entropy).sum() / weights.sum().clamp_min(1e-12)
     return BlockLoss(loss=loss, slots=slots, correct=correct, cross_entropy=cross_entropy.detach(), weights=weights)
+
+
+def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x (b, S) moved left by `shift` (entry t is x[t + shift]), zero/False-filled at the end."""
+    return F.pad(x[:, shift:], (0, shift))[:, : x.shape[1]]
 
 
 def draft_vocab_from_counts(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
