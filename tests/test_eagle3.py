@@ -188,3 +188,19 @@ def test_reduced_vocabulary_maps_draft_ids_to_target_ids(qwen3_target):
     result = ttt_loss(drafter, qwen3_target.embed, feats, sequence, mask, ttt_length=2)
     outside = result.weights == 0
     assert outside.sum() == 2 and not result.correct[outside].any()  # token 9 at steps 0 and 1
+
+
+def test_step_j_at_t_is_scored_against_token_t_plus_2_plus_j(qwen3_target):
+    drafter = random_drafter(qwen3_target)
+    torch.manual_seed(3)
+    ids = torch.randint(0, qwen3_target.config.vocab_size, (1, 12))
+    mask = torch.arange(12).unsqueeze(0) >= 4
+    feats = target_features(qwen3_target, ids, drafter.config.target_layer_ids)
+    with torch.no_grad():
+        result = ttt_loss(drafter, qwen3_target.embed, feats, ids, mask, ttt_length=3)
+        steps = list(ttt_steps(drafter, qwen3_target.embed, feats, ids, 3))
+    for j, hidden in enumerate(steps):
+        rows = [t for t in range(12) if t + 2 + j < 12 and mask[0, t + 2 + j]]
+        expected = torch.nn.functional.cross_entropy(drafter.draft_logits(hidden[0, rows]), ids[0, [t + 2 + j for t in rows]], reduction="none")
+        torch.testing.assert_close(result.cross_entropy[result.slots == j + 1], expected)
+        assert result.weights[result.slots == j + 1].unique().tolist() == [pytest.approx(0.8**j)]
