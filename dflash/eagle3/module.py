@@ -77,6 +77,8 @@ class Eagle3TrainingModule(DFlashTrainingModule):
 
     def setup(self, stage: str) -> None:
         # Runs before a resumed checkpoint is restored, which then brings its own d2t/t2d.
+        # The datamodule's own loader is not yet sharded by rank, so every DDP rank counts
+        # the whole training split and picks the same vocabulary.
         if self.settings.draft_vocab_size is None or self.trainer is None or self.trainer.datamodule is None:
             return
         counts = torch.zeros(self.drafter.config.vocab_size, dtype=torch.long)
