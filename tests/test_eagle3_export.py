@@ -16,6 +16,7 @@ from dflash.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
 from dflash.eagle3.module import Eagle3Settings, Eagle3TrainingModule
 from dflash.errors import ConfigError
 from dflash.specs import TargetSpec
+from dflash.training.checkpoints import check_checkpoint_fits
 from dflash.training.config import TrainingConfig
 from dflash.training.module import DRAFTER_CONFIG_KEY
 from dflash.training.run import export_final_drafter
@@ -153,6 +154,10 @@ def test_training_module_loss_and_export_of_its_checkpoint(tmp_path):
     checkpoint = {"state_dict": {f"drafter.{k}": v for k, v in module.drafter.state_dict().items()}}
     module.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
+    check_checkpoint_fits(str(tmp_path / "last.ckpt"), module, "run_name")  # resume accepts it
+    other = Eagle3TrainingModule(spec, Eagle3Settings(intermediate_size=32), TrainingConfig())
+    with pytest.raises(ConfigError, match="intermediate_size"):
+        check_checkpoint_fits(str(tmp_path / "last.ckpt"), other, "run_name")
     out = export_final_drafter(str(tmp_path / "last.ckpt"), str(tmp_path / "drafter"), None)
     assert json.load(open(os.path.join(out, "config.json")))["architectures"] == ["LlamaForCausalLMEagle3"]
     hidden = torch.randn(2, module.drafter.config.hidden_size)
