@@ -162,3 +162,11 @@ def test_training_module_loss_and_export_of_its_checkpoint(tmp_path):
     assert json.load(open(os.path.join(out, "config.json")))["architectures"] == ["LlamaForCausalLMEagle3"]
     hidden = torch.randn(2, module.drafter.config.hidden_size)
     torch.testing.assert_close(load_eagle3(out).target_logits(hidden), module.drafter.target_logits(hidden))
+
+
+def test_exported_files_are_readable_by_others(exported):
+    _, path, _ = exported
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.json", "model.safetensors"):
+        assert os.stat(os.path.join(path, name)).st_mode & 0o777 == 0o666 & ~umask, name
