@@ -102,7 +102,7 @@ def test_block_size_sweep_lets_gamma_follow_the_training_block():
      ["train_block_size=10", "train_seed=1", "decoding.block_size=16"]),
     ("block_size", "block_size_infer", ["drafter.block_size=8", "seed=0"],
      ["train_block_size=8", "train_seed=0", "decoding.block_size=10"]),
-    ("main_cpu", "main_eval_cpu", ["seed=2"], ["train_seed=2", "decoding=sampling"]),
+    ("main_cpu", "main_eval_cpu", ["method=dflash", "seed=2"], ["train_seed=2", "decoding=sampling"]),
     ("main", "main_eval", ["experiment=llama31_8b", "seed=0"],
      ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
 ])
@@ -116,6 +116,23 @@ def test_the_evaluation_stage_reads_the_drafter_the_training_stage_writes(
     evaluated = _compose(eval_sweep, eval_point)
     assert Path(evaluated.drafter.path) == job_dir / "drafter"
     assert sweep_plan(train_sweep).next == eval_sweep
+
+
+@pytest.mark.parametrize("train_sweep, eval_sweep, train_point, eval_point", [
+    ("main_cpu", "main_eval_cpu", ["method=eagle3", "seed=2"], ["train_seed=2", "decoding=greedy"]),
+    ("main", "main_eval", ["experiment=eagle3_llama31_8b", "seed=0"],
+     ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
+])
+def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(
+    tmp_path, monkeypatch, train_sweep, eval_sweep, train_point, eval_point
+):
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
+    trained = _compose(train_sweep, train_point)
+    assert trained.method.name == "eagle3"
+    job_dir = Path(str(trained.hydra.sweep.dir)) / str(trained.hydra.sweep.subdir)
+    evaluated = _compose(eval_sweep, eval_point)
+    assert list(evaluated.methods) == ["dflash", "eagle3", "ngram"]
+    assert Path(evaluated.eagle3.path) == job_dir / "drafter"
 
 
 def test_job_directories_name_the_grid_and_hash_other_overrides():

@@ -63,7 +63,10 @@ def job_from_config(cfg: DictConfig):
     from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
 
     drafter = to_spec(DrafterSpec, cfg.drafter, "drafter")
-    if drafter.path is None:
+    method = _method(cfg)  # [eagle3] None for DFlash; Eagle3Settings for method=eagle3
+    if method is not None:
+        block_size = None  # the drafter group (and its block checks) do not apply
+    elif drafter.path is None:
         require(
             drafter.block_size >= 2,
             "drafter.block_size",
@@ -77,7 +80,8 @@ def job_from_config(cfg: DictConfig):
         training_dict["betas"] = tuple(training_dict["betas"])
     training = spec_from_dict(TrainingConfig, training_dict, "training")
     data = DataSpec.from_dict(resolved_config(cfg.data))
-    check_block_fits(block_size, data.max_length, training.num_anchors)
+    if block_size is not None:
+        check_block_fits(block_size, data.max_length, training.num_anchors)
     require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
     return TrainJob(
         target=to_spec(TargetSpec, cfg.target, "target"),
@@ -91,7 +95,23 @@ def job_from_config(cfg: DictConfig):
         evaluation=_evaluation(cfg.eval),
         seed=cfg.seed,
         config=resolved_config(cfg),
+        method=method,
     )
+
+
+METHODS = ("dflash", "eagle3")
+
+
+def _method(cfg: DictConfig):
+    """[eagle3] The `method` group: None for DFlash (the default), `Eagle3Settings` for eagle3."""
+    node = cfg.get("method")
+    name = None if node is None else node.get("name")
+    require(name in (None, *METHODS), "method", f"unknown method {name!r}; choose one of {list(METHODS)}")
+    if name != "eagle3":
+        return None
+    from dflash.eagle3.module import Eagle3Settings
+
+    return to_spec(Eagle3Settings, node, "method")
 
 
 def _evaluation(node: DictConfig):

@@ -188,6 +188,7 @@ class TrainJob:
     evaluation: AfterTrainEval | None = None
     seed: int = 0
     config: dict = field(default_factory=dict)
+    method: object | None = None  # [eagle3] None: DFlash; a `dflash.eagle3.module.Eagle3Settings`: EAGLE-3
 
 
 @dataclass
@@ -239,7 +240,12 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
-    module = DFlashTrainingModule(target, job.drafter, job.training)
+    if job.method is None:
+        module = DFlashTrainingModule(target, job.drafter, job.training)
+    else:  # [eagle3]
+        from dflash.eagle3.module import Eagle3TrainingModule
+
+        module = Eagle3TrainingModule(target, job.method, job.training)
     if resume_path is not None:
         key = "run_name" if job.checkpoint.resume == "auto" else "checkpoint.resume"
         check_checkpoint_fits(resume_path, module, key)
@@ -264,7 +270,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         drafter_dir = export_final_drafter(selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         if job.evaluation is not None:
-            results_path = evaluate_after_training(job.evaluation, module.target, drafter_dir, output_dir, job.config)
+            evaluation = job.evaluation if job.method is None else eagle3_evaluation(job.evaluation, drafter_dir, job.method)
+            results_path = evaluate_after_training(evaluation, module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
     finish_loggers(loggers)
     # Lightning leaves the process group up; the next job of a Hydra multirun (same
@@ -431,9 +438,27 @@ def export_final_drafter(checkpoint: str, out_dir: str, dtype: str | None) -> st
     """Write the drafter of `checkpoint` as a drafter directory (see `dflash.training.export`)."""
     from dflash.training.export import export_checkpoint
 
-    export_checkpoint(checkpoint, out_dir, dtype=weight_dtype(dtype, "checkpoint.export_dtype"))
+    weights = weight_dtype(dtype, "checkpoint.export_dtype")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    architectures = state.get("dflash_drafter_config", {}).get("architectures") or []
+    if "LlamaForCausalLMEagle3" in architectures:  # [eagle3] the EAGLE-3 directory layout
+        from dflash.eagle3.io import eagle3_from_checkpoint, save_eagle3
+
+        save_eagle3(eagle3_from_checkpoint(state), out_dir, dtype=weights)
+    else:
+        export_checkpoint(checkpoint, out_dir, dtype=weights)
     log.info("drafter exported to %s", out_dir)
     return out_dir
+
+
+def eagle3_evaluation(evaluation: AfterTrainEval, drafter_dir: str, method) -> AfterTrainEval:
+    """[eagle3] The after-training evaluation of an EAGLE-3 run: method eagle3 alone, drafting
+    `method.ttt_length` tokens per step with the exported drafter."""
+    from dflash.eval.methods import Eagle3Settings
+
+    eagle3 = Eagle3Settings(path=drafter_dir, num_draft_tokens=method.ttt_length)
+    settings = dataclasses.replace(evaluation.settings, methods=["eagle3"], method_settings={"eagle3": eagle3})
+    return dataclasses.replace(evaluation, settings=settings)
 
 
 def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str, output_dir: str, config: dict) -> str:
@@ -442,7 +467,8 @@ def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str
     from dflash.eval import evaluate, format_results, load_benchmark, write_results
 
     target.model.eval()
-    drafter = load_drafter(drafter_dir, device=target.device, dtype=target.dtype)
+    uses_dflash = "dflash" in evaluation.settings.methods
+    drafter = load_drafter(drafter_dir, device=target.device, dtype=target.dtype) if uses_dflash else None
     samples = load_benchmark(evaluation.benchmark)
     results = evaluate(
         target,
