@@ -248,7 +248,29 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     assert set(seen) == {("DFlashProposer", 4, 5)} and len(seen) == 3  # one call per generation
     record = results["methods"]["dflash_tree"]
     assert record["lossless"] is True and record["settings"] == {"block_size": 4, "budget": 5, "draft_threshold": 0.0}
+    assert results["methods"]["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
     check_accounting(results, "dflash_tree")
     with pytest.raises(ConfigError, match="must be >= 1") as info:
         TreeSettings(budget=0)
     assert info.value.key == "dflash_tree.budget"
+
+
+def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(qwen3_target, monkeypatch):
+    from dflash.decoding.adaptive import ThresholdProposer
+
+    drafted = []  # (drafts kept, drafts asked for) per step
+
+    class Spy(ThresholdProposer):
+        def propose(self, committed_ids, new_features, block_size, num_drafts):
+            logits = super().propose(committed_ids, new_features, block_size, num_drafts)
+            drafted.append((logits.shape[0], num_drafts))
+            return logits
+
+    monkeypatch.setattr(evaluator, "ThresholdProposer", Spy)
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    decoding = DecodingSettings(block_size=4, max_new_tokens=16, draft_threshold=0.999)  # a random drafter is never this sure
+    settings = EvalSettings(decoding=decoding, hf_generate=False, warmup_tokens=0, methods=["dflash"])
+    results = evaluate(qwen3_target, drafter, SAMPLES, settings, drafter_label="random", progress=False)
+    assert drafted and all(kept == 1 for kept, _ in drafted) and any(asked == 3 for _, asked in drafted)
+    assert results["methods"]["dflash"]["lossless"] is True
+    assert results["methods"]["dflash"]["settings"]["draft_threshold"] == 0.999

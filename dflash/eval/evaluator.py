@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dflash.decoding import DFlashProposer, SamplingConfig, generate
+from dflash.decoding.adaptive import ThresholdProposer
 from dflash.decoding.engine import GenerationResult, synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
@@ -49,6 +50,9 @@ class DecodingSettings:
     seed: seeds the sampling generators (one per generation and method).
     stop_tokens: extra stop tokens, as token strings or ids, on top of eos and
         end-of-turn markers.
+    draft_threshold: the DFlash drafter's drafts (chain and tree) stop where the product
+        of the slots' top probabilities falls below it (`dflash.decoding.adaptive`);
+        0 drafts the whole block every step.
     """
 
     block_size: int | None = None
@@ -59,6 +63,7 @@ class DecodingSettings:
     verify_rule: str = "rejection"
     seed: int = 0
     stop_tokens: list = field(default_factory=list)
+    draft_threshold: float = 0.0
 
     def __post_init__(self):
         # checked here too (not only in `generate`) so bad values fail before a model loads
@@ -66,6 +71,7 @@ class DecodingSettings:
             self.block_size is None or self.block_size >= 1, "decoding.block_size", f"must be >= 1, got {self.block_size}"
         )
         require(self.max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        require(0 <= self.draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
         self.sampling  # validates temperature, top_p, top_k, verify_rule
 
     @property
@@ -178,9 +184,12 @@ def _settings_of(name: str, settings: EvalSettings, target: TargetModel, drafter
     """The settings object the registry's builder of `name` takes."""
     if name in DRAFTER_METHODS:
         require(drafter is not None, "methods", f"{name} needs a drafter (drafter.path, or null for a random one)")
+        threshold = settings.decoding.draft_threshold
         proposer = DFlashProposer(drafter, target.embed, target.logits)
+        if name == "dflash" and threshold > 0:
+            proposer = ThresholdProposer(proposer, threshold)
         chain = DFlashMethod(proposer, drafter.config.block_size, settings.decoding.block_size, drafter_label)
-        return chain if name == "dflash" else DFlashTreeMethod(chain, _own_settings(name, settings))
+        return chain if name == "dflash" else DFlashTreeMethod(chain, _own_settings(name, settings), threshold)
     return _own_settings(name, settings)
 
 
@@ -191,10 +200,12 @@ def _own_settings(name: str, settings: EvalSettings):
 
 def _recorded_settings(name: str, settings: EvalSettings) -> dict:
     """A method's settings as results.json records them."""
+    decoding = settings.decoding
     if name == "dflash":
-        return {"block_size": settings.decoding.block_size}
+        return {"block_size": decoding.block_size, "draft_threshold": decoding.draft_threshold}
     if name == "dflash_tree":
-        return {"block_size": settings.decoding.block_size, **dataclasses.asdict(_own_settings(name, settings))}
+        tree = dataclasses.asdict(_own_settings(name, settings))
+        return {"block_size": decoding.block_size, **tree, "draft_threshold": decoding.draft_threshold}
     found = _own_settings(name, settings)
     return dataclasses.asdict(found) if dataclasses.is_dataclass(found) else {}
 

@@ -76,25 +76,25 @@ class TreeSettings:
     """The `dflash_tree` config group (method dflash_tree): the DFlash drafter (`drafter.*`,
     `decoding.block_size`) verified as a token tree (`dflash.decoding.tree`).
 
-    budget: draft nodes per verify step (the target verifies budget + 1 tokens at once);
-    draft_threshold: leave out nodes whose path score (product of slot probabilities)
-        is below it; 0 keeps the whole budget every step.
+    budget: draft nodes per verify step (the target verifies budget + 1 tokens at once).
+    `decoding.draft_threshold` leaves out nodes whose path score (product of slot
+    probabilities) is below it.
     """
 
     budget: int = 16
-    draft_threshold: float = 0.0
 
     def __post_init__(self):
         require(self.budget >= 1, "dflash_tree.budget", f"must be >= 1, got {self.budget}")
-        require(0 <= self.draft_threshold <= 1, "dflash_tree.draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
 
 
 @dataclass
 class DFlashTreeMethod:
-    """What the dflash_tree builder needs: the dflash method's settings and the tree's."""
+    """What the dflash_tree builder needs: the dflash method's settings, the tree's, and
+    `decoding.draft_threshold`."""
 
     dflash: DFlashMethod
     tree: TreeSettings
+    draft_threshold: float = 0.0
 
 
 def build_dflash(target: TargetModel, settings: DFlashMethod) -> MethodSetup:
@@ -110,7 +110,7 @@ def build_dflash_tree(target: TargetModel, settings: DFlashTreeMethod) -> Method
     from dflash.decoding.tree import generate_tree
 
     chain = build_dflash(target, settings.dflash)
-    options = dict(block_size=chain.block_size, tree_budget=settings.tree.budget, draft_threshold=settings.tree.draft_threshold)
+    options = dict(block_size=chain.block_size, tree_budget=settings.tree.budget, draft_threshold=settings.draft_threshold)
     return MethodSetup(chain.proposer, chain.block_size, chain.label, generate_tree, options, chain.trained_block_size)
 
 
