@@ -4,7 +4,6 @@ HF generate, sampling keeps the target's distribution), and the reduced vocabula
 import pytest
 import torch
 
-import dflash.decoding.engine
 from dflash.decoding import SamplingConfig, generate
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Proposer, build_eagle3_proposer
 from dflash.eagle3.training import draft_vocab_from_counts, ttt_loss, ttt_steps
@@ -113,7 +112,7 @@ def trained(tiny_target):
 @pytest.mark.parametrize("num_drafts", [2, 5])
 def test_trained_drafter_is_accepted_and_lossless(trained, num_drafts):
     target, drafter = trained
-    proposer = Eagle3Proposer(drafter, target.embed, num_drafts)
+    proposer = Eagle3Proposer(drafter, target.embed)
     accepted = 0
     for prompt in PROMPTS:
         ids = target.tokenizer(prompt, return_tensors="pt").input_ids
@@ -123,38 +122,18 @@ def test_trained_drafter_is_accepted_and_lossless(trained, num_drafts):
     assert accepted > 20, accepted  # drafts were accepted, so the cache crop after partial acceptance ran
 
 
-class DraftingThroughEngine:
-    """Runs `Eagle3Proposer.draft` inside today's `generate()`, which asks `propose` for
-    logits and samples them itself: `propose` records the call and the patched
-    `propose_tokens` returns the chain's own sampled drafts and their distributions."""
-
-    def __init__(self, proposer: Eagle3Proposer, monkeypatch):
-        self.proposer, self.call = proposer, None
-        self.target_layer_ids = proposer.target_layer_ids
-        monkeypatch.setattr(dflash.decoding.engine, "propose_tokens", self.propose_tokens)
-
-    def reset(self):
-        self.proposer.reset()
-
-    def propose(self, committed_ids, new_features, block_size, num_drafts):
-        self.call = (committed_ids, new_features, num_drafts)
-        return None
-
-    def propose_tokens(self, _logits, sampling, generator):
-        return self.proposer.draft(*self.call, sampling, generator)
-
-
 @pytest.mark.parametrize("rule", ["rejection", "match"])
 @pytest.mark.slow
-def test_sampling_keeps_the_target_distribution(two_layer_target, rule, monkeypatch):
+def test_sampling_keeps_the_target_distribution(two_layer_target, rule):
+    """The engine drafts through `Eagle3Proposer.draft` (sampled chains and their distributions)."""
     target, drafter = two_layer_target, trained_drafter(two_layer_target)
     sampling = SamplingConfig(temperature=1.0, top_k=3, verify_rule=rule)
-    engine_proposer = DraftingThroughEngine(Eagle3Proposer(drafter, target.embed), monkeypatch)
+    proposer = Eagle3Proposer(drafter, target.embed)
     ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     outputs, lengths = [], []
     for seed in range(NUM_SAMPLES):
         generator = torch.Generator().manual_seed(seed)
-        result = generate(target, ids, max_new_tokens=OUTPUT_LENGTH, block_size=3, proposer=engine_proposer, sampling=sampling, generator=generator)
+        result = generate(target, ids, max_new_tokens=OUTPUT_LENGTH, block_size=3, proposer=proposer, sampling=sampling, generator=generator)
         outputs.append(tuple(result.output_ids))
         lengths += result.acceptance_lengths
     assert max(lengths) > 1, "no draft was ever accepted: the test would not exercise verification"

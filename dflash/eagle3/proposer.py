@@ -29,13 +29,12 @@ class Eagle3Proposer:
 
     Args:
         embed: token ids (1, q) -> (1, q, H) (`TargetModel.embed`).
-        num_draft_tokens: k used when the engine asks through `propose` with block size k+1.
+    The chain length is the engine's: `num_drafts` of each `draft` call.
     """
 
-    def __init__(self, drafter: Eagle3Drafter, embed, num_draft_tokens: int = 7):
+    def __init__(self, drafter: Eagle3Drafter, embed):
         self.drafter = drafter.eval()
         self.embed = embed
-        self.num_draft_tokens = num_draft_tokens
         self.target_layer_ids = list(drafter.config.target_layer_ids)
         self.cache = DrafterCache(1)
 
@@ -84,11 +83,3 @@ class Eagle3Proposer:
         self.cache.crop(context_end)
         tokens = torch.tensor(drafted, dtype=torch.long, device=device)
         return Drafts(tokens=tokens, probs=torch.stack(distributions) if distributions else None)
-
-    def propose(self, committed_ids, new_features, block_size, num_drafts) -> torch.Tensor:
-        """Today's engine contract, greedy only: (num_drafts, vocab) logits whose argmaxes
-        are the greedy chain (a one-hot per slot). `block_size` is ignored."""
-        tokens = self.draft(committed_ids, new_features, num_drafts).tokens
-        logits = torch.full((num_drafts, self.drafter.config.vocab_size), float("-inf"), device=committed_ids.device)
-        logits[torch.arange(num_drafts), tokens] = 0.0
-        return logits
