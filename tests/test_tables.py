@@ -204,7 +204,8 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
 
     from dflash.decoding import SamplingConfig
     from dflash.eval.results import GenerationRecord, build_results, write_results
-    from dflash.training.run import LoggerSettings, build_loggers, finish_loggers, log_evaluation
+    from dflash.training.after_train import log_evaluation
+    from dflash.training.run import LoggerSettings, build_loggers, finish_loggers
     from tests.tables_fixtures import DEPTH_AXES, FakeWandbRun, train_config
 
     experiment = FakeWandbRun()

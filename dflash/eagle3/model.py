@@ -17,11 +17,10 @@ Invariants (EAGLE-3, Li et al. 2025; layout of SGLang's and vLLM's llama_eagle3.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dflash.drafter.attention import attend
-from dflash.drafter.model import DrafterCache, RMSNorm, apply_rope
+from dflash.drafter.model import DrafterCache, DrafterMLP, RMSNorm, apply_rope
 from dflash.eagle3.config import Eagle3Config
 
 
@@ -49,17 +48,6 @@ class Eagle3Attention(nn.Module):
         return self.o_proj(attn.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
 
 
-class Eagle3MLP(nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Eagle3Layer(nn.Module):
     """The midlayer, split around attention so that decoding (KV cache) and training
     (training-time test) supply their own attention pattern."""
@@ -70,7 +58,7 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Eagle3Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Eagle3MLP(config)
+        self.mlp = DrafterMLP(config)  # the same SwiGLU MLP as DFlash layers: gate/up/down_proj
 
     def qkv(self, embeds, hidden, cos, sin):
         """embeds, hidden: (b, q, H) -> attention inputs of concat(normed embeds, normed hidden)."""

@@ -11,6 +11,9 @@ Invariants:
   files to delete.
 - A checkpoint of a drafter of another shape is a ConfigError naming the run, never a
   state_dict traceback.
+- With validation and `checkpoint.select=best`, `best.ckpt` holds the best validation
+  score so far (`best_checkpointer`); the exported drafter comes from it, and
+  `drafter/checkpoint.json` names the checkpoint, its step and score.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ import os
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
 from dflash.errors import ConfigError, require
-from dflash.fileio import atomic_write
+from dflash.fileio import atomic_write, write_json
 
 log = logging.getLogger(__name__)
 
 LAST_CHECKPOINT = "last.ckpt"
+BEST_CHECKPOINT = "best.ckpt"
+EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
 PREVIOUS_CHECKPOINT = "previous.ckpt"
 CORRUPT_SUFFIX = ".corrupt"
 
@@ -119,6 +125,55 @@ def check_checkpoint_fits(path: str, module, key: str) -> None:
         key,
         f"{path} holds a checkpoint of another drafter ({'; '.join(differences[:3])}); train under a new "
         "run_name=NAME, or pass checkpoint.resume=never to start this run over (its checkpoints get replaced)",
+    )
+
+
+def best_checkpointer(checkpoint_dir: str, monitor: str, mode: str) -> ModelCheckpoint:
+    """The callback that keeps `best.ckpt`: the checkpoint of the best `monitor` value
+    ("max" or "min" `mode`), written right after the validation that measured it."""
+    return ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename=BEST_CHECKPOINT.removesuffix(".ckpt"),
+        monitor=monitor,
+        mode=mode,
+        save_top_k=1,
+        save_last=False,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+
+
+def selected_checkpoint(best: ModelCheckpoint | None, final_checkpoint: str, final_step: int) -> str:
+    """best.ckpt when it was kept, else the final checkpoint; logs which and why."""
+    if best is not None and best.best_model_path and os.path.isfile(best.best_model_path):
+        log.info(
+            "exporting the best checkpoint by %s = %.4f (%s, step %d of %d)",
+            best.monitor, float(best.best_model_score), best.best_model_path, checkpoint_step(best.best_model_path), final_step,
+        )  # fmt: skip
+        return best.best_model_path
+    if best is not None:
+        log.info("no validation measured %s during training: exporting the last checkpoint (step %d)", best.monitor, final_step)
+    return final_checkpoint
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step stored in a Lightning checkpoint (read without loading tensors)."""
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+
+
+def write_export_info(drafter_dir: str, checkpoint: str, best: ModelCheckpoint | None, final_step: int) -> None:
+    """drafter/checkpoint.json: {checkpoint, global_step, final_step, monitor, score} of the export's source."""
+    chose_best = best is not None and checkpoint == best.best_model_path
+    write_json(
+        os.path.join(drafter_dir, EXPORT_INFO_FILE),
+        {
+            "checkpoint": os.path.basename(checkpoint),
+            "global_step": checkpoint_step(checkpoint),
+            "final_step": final_step,
+            "monitor": best.monitor if chose_best else None,
+            "score": float(best.best_model_score) if chose_best else None,
+        },
+        indent=2,
     )
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import uuid
@@ -46,15 +45,19 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dflash.data.config import DataSpec
 from dflash.errors import ConfigError, require
-from dflash.fileio import remove_partial_writes, write_json, write_text
+from dflash.fileio import remove_partial_writes, write_text
 from dflash.locks import DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec
+from dflash.training.after_train import AfterTrainEval, eagle3_evaluation, evaluate_after_training, log_evaluation
 from dflash.training.checkpoints import (
     LAST_CHECKPOINT,
     KeepPreviousCheckpointIO,
+    best_checkpointer,
     check_checkpoint_fits,
     is_first_process,
     resume_checkpoint,
+    selected_checkpoint,
+    write_export_info,
 )
 from dflash.training.config import TrainingConfig
 from dflash.training.progress import training_progress
@@ -62,11 +65,8 @@ from dflash.training.progress import training_progress
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
-BEST_CHECKPOINT = "best.ckpt"
-EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
 SELECT_CHOICES = ("best", "last")
 DRAFTER_DIR = "drafter"
-RESULTS_FILE = "results.json"
 WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
@@ -163,17 +163,6 @@ class CheckpointSettings:
 
 
 @dataclass
-class AfterTrainEval:
-    """Evaluation of the exported drafter at the end of training (`dflash.eval.evaluate`).
-
-    benchmark: a `dflash.eval.BenchmarkSpec`; settings: a `dflash.eval.EvalSettings`.
-    """
-
-    benchmark: object
-    settings: object
-
-
-@dataclass
 class TrainJob:
     """Everything a training run needs. `config` is the resolved run config, logged as is."""
 
@@ -232,7 +221,10 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         every_n_train_steps=job.checkpoint.every_n_train_steps,
         enable_version_counter=False,
     )
-    best = _best_checkpointer(job, checkpoint_dir)
+    validates = job.data.val_fraction > 0 and job.trainer.limit_val_batches not in (0, 0.0)
+    best = None
+    if job.checkpoint.select == "best" and validates:
+        best = best_checkpointer(checkpoint_dir, job.checkpoint.monitor, job.checkpoint.mode)
     # Progress: Lightning's bar on a terminal, one line every 30 s in logs (dflash.training.progress).
     show_bar, progress = training_progress(job.trainer.enable_progress_bar)
     trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
@@ -266,7 +258,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     trainer.save_checkpoint(final_checkpoint)
     drafter_dir = results_path = None
     if trainer.is_global_zero:
-        selected = _selected_checkpoint(best, final_checkpoint, trainer.global_step)
+        selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
         drafter_dir = export_final_drafter(selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         if job.evaluation is not None:
@@ -279,57 +271,6 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
-
-
-def _best_checkpointer(job: TrainJob, checkpoint_dir: str) -> ModelCheckpoint | None:
-    """The callback that keeps `best.ckpt` (None with select=last or when no validation runs)."""
-    validates = job.data.val_fraction > 0 and job.trainer.limit_val_batches not in (0, 0.0)
-    if job.checkpoint.select != "best" or not validates:
-        return None
-    return ModelCheckpoint(
-        dirpath=checkpoint_dir,
-        filename=BEST_CHECKPOINT.removesuffix(".ckpt"),
-        monitor=job.checkpoint.monitor,
-        mode=job.checkpoint.mode,
-        save_top_k=1,
-        save_last=False,
-        auto_insert_metric_name=False,
-        enable_version_counter=False,
-    )
-
-
-def _selected_checkpoint(best: ModelCheckpoint | None, final_checkpoint: str, final_step: int) -> str:
-    """best.ckpt when it was kept, else the final checkpoint; logs which and why."""
-    if best is not None and best.best_model_path and os.path.isfile(best.best_model_path):
-        log.info(
-            "exporting the best checkpoint by %s = %.4f (%s, step %d of %d)",
-            best.monitor, float(best.best_model_score), best.best_model_path, checkpoint_step(best.best_model_path), final_step,
-        )  # fmt: skip
-        return best.best_model_path
-    if best is not None:
-        log.info("no validation measured %s during training: exporting the last checkpoint (step %d)", best.monitor, final_step)
-    return final_checkpoint
-
-
-def checkpoint_step(path: str) -> int:
-    """The global step stored in a Lightning checkpoint (read without loading tensors)."""
-    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
-
-
-def write_export_info(drafter_dir: str, checkpoint: str, best: ModelCheckpoint | None, final_step: int) -> None:
-    """drafter/checkpoint.json: {checkpoint, global_step, final_step, monitor, score} of the export's source."""
-    chose_best = best is not None and checkpoint == best.best_model_path
-    write_json(
-        os.path.join(drafter_dir, EXPORT_INFO_FILE),
-        {
-            "checkpoint": os.path.basename(checkpoint),
-            "global_step": checkpoint_step(checkpoint),
-            "final_step": final_step,
-            "monitor": best.monitor if chose_best else None,
-            "score": float(best.best_model_score) if chose_best else None,
-        },
-        indent=2,
-    )
 
 
 def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, callbacks: list[Callback]) -> L.Trainer:
@@ -449,59 +390,6 @@ def export_final_drafter(checkpoint: str, out_dir: str, dtype: str | None) -> st
         export_checkpoint(checkpoint, out_dir, dtype=weights)
     log.info("drafter exported to %s", out_dir)
     return out_dir
-
-
-def eagle3_evaluation(evaluation: AfterTrainEval, drafter_dir: str, method) -> AfterTrainEval:
-    """[eagle3] The after-training evaluation of an EAGLE-3 run: method eagle3 alone, drafting
-    `method.ttt_length` tokens per step with the exported drafter."""
-    from dflash.eval.methods import Eagle3Settings
-
-    eagle3 = Eagle3Settings(path=drafter_dir, num_draft_tokens=method.ttt_length)
-    settings = dataclasses.replace(evaluation.settings, methods=["eagle3"], method_settings={"eagle3": eagle3})
-    return dataclasses.replace(evaluation, settings=settings)
-
-
-def evaluate_after_training(evaluation: AfterTrainEval, target, drafter_dir: str, output_dir: str, config: dict) -> str:
-    """Run `dflash.eval.evaluate` on the exported drafter; write results.json; return its path."""
-    from dflash.drafter import load_drafter
-    from dflash.eval import evaluate, format_results, load_benchmark, write_results
-
-    target.model.eval()
-    uses_dflash = "dflash" in evaluation.settings.methods
-    drafter = load_drafter(drafter_dir, device=target.device, dtype=target.dtype) if uses_dflash else None
-    samples = load_benchmark(evaluation.benchmark)
-    results = evaluate(
-        target,
-        drafter,
-        samples,
-        evaluation.settings,
-        benchmark=evaluation.benchmark.name,
-        target_label=config.get("target", {}).get("path"),
-        drafter_label=drafter_dir,
-        config=config,
-    )
-    path = write_results(results, os.path.join(output_dir, RESULTS_FILE))
-    print(format_results(results))
-    return path
-
-
-def log_evaluation(loggers: list, results_path: str, step: int) -> None:
-    """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at
-    training step `step`; a wandb run also gets results.json itself as a run file (what
-    `dflash.tables` reads from wandb: the acceptance histogram, per-prompt numbers, lossless)."""
-    with open(results_path) as f:
-        results = json.load(f)
-    metrics = {"eval/tau": results["tau"], "eval/tau_per_prompt_mean": results["tau_per_prompt_mean"]}
-    metrics.update({f"eval/speedup_{name}": value for name, value in results["speedup"].items() if value is not None})
-    speedups = results["speedup_decode_only"].items()
-    metrics.update({f"eval/speedup_decode_only_{name}": value for name, value in speedups if value is not None})
-    metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
-    for logger in loggers:
-        logger.log_metrics(metrics, step=step)
-        if type(logger).__name__ == "WandbLogger":
-            # named RESULTS_FILE in the run (base_path), the path taken literally: Hydra run
-            # directories may hold glob characters ("drafter.target_layer_ids=[1,3]")
-            logger.experiment.save(results_path, base_path=os.path.dirname(results_path), policy="now", glob=False)
 
 
 def finish_loggers(loggers: list) -> None:
