@@ -190,9 +190,11 @@ def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, art
     assert results["methods"]["ngram"]["settings"]["max_ngram"] == 3
     assert all(record["lossless"] for record in results["methods"].values())
     (tmp_path / "bad").mkdir()
-    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram")]:
+    not_eagle3 = (["methods=[eagle3]", f"eagle3.path={artifacts / 'fits'}"], "eagle3.path")  # a DFlash drafter dir
+    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram"), not_eagle3]:
         proc = run_cli(bad, tmp_path / "bad", artifacts)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {key}: "), proc.stderr[-2000:]
+        assert "Loading weights" not in proc.stderr and "cannot read" not in proc.stderr  # before the target, one cause
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     uses_drafter = any(name in DRAFTER_METHODS for name in methods)
     if uses_drafter and drafter_spec.path is not None:
         check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
+    eagle3_path = settings.method_settings["eagle3"].path if "eagle3" in methods else None
+    if eagle3_path is not None:
+        from dflash.eagle3.io import read_eagle3_config
+
+        read_eagle3_config(eagle3_path)  # likewise
 
     with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
         target = load_target(target_spec)

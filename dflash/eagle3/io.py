@@ -44,16 +44,26 @@ def save_eagle3(drafter: Eagle3Drafter, out_dir: str, dtype: torch.dtype | None 
     return out_dir
 
 
+_FIX = "give a directory that python -m dflash.train method=eagle3 exported"
+
+
+def read_eagle3_config(path: str) -> Eagle3Config:
+    """The config of the EAGLE-3 directory at `path`; one ConfigError line (key eagle3.path)
+    for a missing, damaged or foreign one. Cheap: entry points call it before the target loads."""
+    config_path = os.path.join(path, CONFIG_FILE)
+    require(os.path.isfile(config_path), "eagle3.path", f"{path!r} holds no {CONFIG_FILE}; {_FIX}")
+    with reading("eagle3.path", config_path, _FIX, errors=(OSError, ValueError)):
+        with open(config_path) as f:
+            raw = json.load(f)
+    return Eagle3Config.from_hf_dict(raw)  # its own one-line errors, not wrapped again
+
+
 def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Eagle3Drafter:
     """Read a directory written by `save_eagle3` (eval mode)."""
     from safetensors.torch import load_file
 
-    config_path = os.path.join(path, CONFIG_FILE)
-    require(os.path.isfile(config_path), "eagle3.path", f"{path!r} holds no {CONFIG_FILE}; give a directory that the eagle3 export wrote")
-    fix = "give a directory that python -m dflash.train method=eagle3 exported"
-    with reading("eagle3.path", path, fix, errors=(OSError, ValueError)):
-        with open(config_path) as f:
-            config = Eagle3Config.from_hf_dict(json.load(f))
+    config = read_eagle3_config(path)
+    with reading("eagle3.path", path, _FIX, errors=(OSError, ValueError)):
         state = load_file(os.path.join(path, WEIGHTS_FILE))
     drafter = Eagle3Drafter(config)
     expected = set(drafter.state_dict())
