@@ -47,6 +47,8 @@ class DrafterSpec:
     target_layer_ids: explicit taps; None = the default rule with
         `num_target_features` taps (None = as many taps as drafter layers).
     mask_token: token string to use as <mask> (None: the tokenizer's, else "<|MASK|>").
+    seed: initialisation of a new drafter (None: 0; `python -m dflash.train` passes the
+        run's `seed`, so a seed sweep trains different drafters).
     use_target_features: False builds a standalone block-diffusion drafter whose context
         is the prefix's token embeddings (the target-context ablation); taps are ignored.
     """
@@ -61,7 +63,7 @@ class DrafterSpec:
     mask_token: str | None = None
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
-    seed: int = 0
+    seed: int | None = None
     use_target_features: bool = True
 
     def __post_init__(self):
@@ -148,7 +150,7 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
         use_target_features=spec.use_target_features,
     )
     config.mask_token = target.tokenizer.convert_ids_to_tokens(mask_token_id)
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(0 if spec.seed is None else spec.seed)  # training passes the run's seed (cli/train.py)
     drafter = DFlashDrafter(config)
     if spec.init_from is not None:
         init_drafter_from(drafter, spec.init_from)

@@ -124,3 +124,41 @@ def test_anchor_sampling_setting_chooses_the_anchors(artifacts, monkeypatch):
         assert all(len(row) == num_anchors and set(row) <= set(ok) for row, ok in zip(anchors, valid))
     # random anchors change with the seed (and are not the stride ones)
     assert len({str(anchors) for anchors in draws}) == len(draws) and stride not in draws
+
+
+def trained_start(artifacts, monkeypatch, *overrides: str) -> tuple[torch.Tensor, list[list[int]]]:
+    """A drafter weight and the training anchors of the first step, seeded as `run_training` does."""
+    import lightning as L
+
+    base = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "drafter.num_layers=1", "drafter.block_size=8", "training.num_anchors=5"]
+    job = job_from_config(compose_train([*base, *overrides]))
+    L.seed_everything(job.seed, workers=True, verbose=False)  # dflash.training.run._train, then the module
+    module = DFlashTrainingModule(job.target, job.drafter, job.training)
+    weight = next(p for p in module.drafter.parameters() if p.dim() == 2).detach().clone()
+    data = batch()
+    seen = []
+    import dflash.training.module as module_code
+
+    real_build_blocks = module_code.build_blocks
+    monkeypatch.setattr(module_code, "build_blocks", lambda ids, mask, anchors, *a: seen.append(anchors.positions.tolist()) or real_build_blocks(ids, mask, anchors, *a))
+    module.compute_loss(data)  # training steps draw anchors from the global generator
+    monkeypatch.undo()
+    return weight, seen[0]
+
+
+def test_the_run_seed_changes_the_drafter_and_its_anchors(artifacts, monkeypatch):
+    """`seed=0,1,2` sweeps must train different drafters: the drafter's own init seed once
+    re-seeded torch after the run's seed, so every run seed trained the same drafter."""
+    weight0, anchors0 = trained_start(artifacts, monkeypatch, "seed=0")
+    weight1, anchors1 = trained_start(artifacts, monkeypatch, "seed=1")
+    again0, again_anchors0 = trained_start(artifacts, monkeypatch, "seed=0")
+    assert not torch.equal(weight0, weight1) and anchors0 != anchors1
+    assert torch.equal(weight0, again0) and anchors0 == again_anchors0
+    # an explicit drafter seed fixes the initialisation only
+    fixed0, _ = trained_start(artifacts, monkeypatch, "seed=0", "drafter.seed=7")
+    fixed1, _ = trained_start(artifacts, monkeypatch, "seed=1", "drafter.seed=7")
+    assert torch.equal(fixed0, fixed1) and not torch.equal(fixed0, weight0)
+    # EAGLE-3's drafter follows the run seed the same way
+    eagle3 = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "method=eagle3"]
+    assert [job_from_config(compose_train([*eagle3, f"seed={s}"])).method.seed for s in (0, 3)] == [0, 3]
+    assert job_from_config(compose_train([*eagle3, "seed=3", "method.seed=7"])).method.seed == 7

@@ -14,6 +14,7 @@ the key) before any model loads; then `dflash.training.run.run_training` does th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -62,8 +63,15 @@ def job_from_config(cfg: DictConfig):
     from dflash.training.config import TrainingConfig, check_block_fits
     from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
 
+    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
+    # The drafter's initialisation follows the run's seed unless set on its own: building the
+    # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order.
     drafter = to_spec(DrafterSpec, cfg.drafter, "drafter")
+    if drafter.seed is None:
+        drafter = dataclasses.replace(drafter, seed=cfg.seed)
     method = _method(cfg)  # [eagle3] None for DFlash; Eagle3Settings for method=eagle3
+    if method is not None and method.seed is None:
+        method = dataclasses.replace(method, seed=cfg.seed)
     if method is not None:
         block_size = None  # the drafter group (and its block checks) do not apply
     elif drafter.path is None:
@@ -82,7 +90,6 @@ def job_from_config(cfg: DictConfig):
     data = DataSpec.from_dict(resolved_config(cfg.data))
     if block_size is not None:
         check_block_fits(block_size, data.max_length, training.num_anchors)
-    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
     return TrainJob(
         target=to_spec(TargetSpec, cfg.target, "target"),
         drafter=drafter,

@@ -34,7 +34,7 @@ class Eagle3Settings:
     of step j is decay^j (published: 0.8). draft_vocab_size: None = the full target
     vocabulary, else the most frequent response tokens of the training data.
     target_layer_ids: three target layers (None: [1, L//2-1, L-4]).
-    intermediate_size: MLP width (None: the target's). seed: initialisation.
+    intermediate_size: MLP width (None: the target's). seed: initialisation (None: the run's seed).
     """
 
     name: str = "eagle3"
@@ -43,7 +43,7 @@ class Eagle3Settings:
     draft_vocab_size: int | None = None
     target_layer_ids: list[int] | None = None
     intermediate_size: int | None = None
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self):
         require(self.ttt_length >= 1, "method.ttt_length", f"must be >= 1, got {self.ttt_length}")
@@ -53,7 +53,7 @@ class Eagle3Settings:
 def build_eagle3_drafter(target, settings: Eagle3Settings) -> Eagle3Drafter:
     """A new drafter for `target` (a `TargetModel`), lm_head initialised from the target's."""
     config = Eagle3Config.from_target(target.config, settings.target_layer_ids, settings.draft_vocab_size, settings.intermediate_size)
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(0 if settings.seed is None else settings.seed)
     drafter = Eagle3Drafter(config).to(target.device)
     drafter.lm_head.weight.data.copy_(target.lm_head.weight[: config.draft_vocab_size].float())
     return drafter
