@@ -171,3 +171,15 @@ def test_cpu_sweeps_prepare_their_prompts_once(tmp_path):
     assert len(rows) == 6 and all(row["prompt"].startswith(("def ", "async def ")) for row in rows)
     assert write_tiny_code_prompts(path, 6) is False  # same request: the file is kept
     assert write_tiny_code_prompts(path, 4) is True and len(open(path).readlines()) == 4
+
+
+@pytest.mark.parametrize("argv", [
+    ["depth_cpu", "--seeds", "0,1", "hydra.launcher.cpu_jobs=4", "--dry-run"],
+    ["depth_cpu", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1"],
+])
+def test_sweep_cli_takes_overrides_before_or_after_its_options(argv, capsys):
+    from dflash.sweep.cli import main
+
+    assert main(argv) == 0
+    multirun = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "+sweep=depth_cpu" in multirun and "seed=0,1" in multirun and "hydra.launcher.cpu_jobs=4" in multirun

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", help="GPU count N (ids 0..N-1) or ids 0,2,5 (default: the sweep's, usually all visible)")
     parser.add_argument("--seeds", help="training seeds to sweep, e.g. 0,1,2")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after --seeds/--gpus
     try:
         stages = sweep_commands(args.name, args.overrides, args.gpus, args.seeds)
     except ConfigError as err:
