@@ -203,3 +203,33 @@ def test_shipped_config_is_the_default_config():
     assert conf["path"] == "${paths.artifacts}/targets/tiny_code"
     assert TinyCodeConfig.from_dict(conf["build"]) == TinyCodeConfig()
     assert TinyCodeConfig().num_layers >= 6, "the DFlash tap rule (layers 1..L-3) needs depth"
+
+
+def test_a_second_build_waits_for_the_first_and_reuses_it(tmp_path, monkeypatch, capfd):
+    """Sweep jobs started side by side on a fresh machine build the target once: the
+    others wait on its lock, then load what the first one built."""
+    import fcntl
+    import threading
+
+    from dflash.target import tiny_code
+
+    out = tmp_path / "targets" / "tiny_code"
+    config = tiny_code.TinyCodeConfig()
+    builds = []
+    monkeypatch.setattr(tiny_code, "_build", lambda *args: builds.append(args))
+    out.parent.mkdir(parents=True)
+    holder = open(f"{out}.build.lock", "a")  # another process is building
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    returned = []
+    waiter = threading.Thread(target=lambda: returned.append(tiny_code.build_tiny_code_target(str(out), config)))
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive() and not builds  # waiting, not building
+    out.mkdir()  # the holder's build lands
+    (out / "config.json").write_text("{}")
+    (out / tiny_code.BUILD_INFO).write_text(json.dumps({"build_hash": config.build_hash()}))
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    waiter.join(10.0)
+    assert returned == [str(out)] and not builds
+    assert "waiting for it" in capfd.readouterr().err

@@ -24,7 +24,9 @@ Invariants:
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -36,6 +38,7 @@ import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 from dflash.errors import require, spec_from_dict
 
@@ -320,6 +323,32 @@ def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress
     if is_current(out_dir, config):
         return out_dir
     say = _Say(progress)
+    # Jobs of a sweep started side by side on a fresh machine all ask for the target: one
+    # builds it, the others wait for that build instead of repeating it.
+    with _build_lock(out_dir, say):
+        if is_current(out_dir, config):
+            say(f"using the build another process just finished in {out_dir}")
+            return out_dir
+        return _build(out_dir, config, say, progress)
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: str, say) -> Iterator[None]:
+    """An exclusive flock on `<out_dir>.build.lock`, waiting (with a message) while another process holds it."""
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    with open(f"{out_dir}.build.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another process is building {out_dir}; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(out_dir: str, config: TinyCodeConfig, say, progress: bool) -> str:
     started = time.perf_counter()
     say(f"building tiny code target in {out_dir}: collecting stdlib functions")
     corpus = split_corpus(config)
