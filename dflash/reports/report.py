@@ -10,6 +10,8 @@ from dflash.fileio import write_text
 from dflash.reports.records import RunRecord
 from dflash.reports.render import to_latex, to_markdown
 from dflash.reports.tables import Table, build_tables
+from dflash.reports.trends import judge_all
+from dflash.reports.trends import to_markdown as trends_markdown
 
 FORMATS = ("md", "tex")
 PLOTS_DIR = "plots"
@@ -30,7 +32,8 @@ def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots:
 
     ablations: only these tables (e.g. ["main", "depth"]); empty: every table.
     metric: the aggregation of tau and speedup, "pooled" or "paper" (`build_tables`).
-    The Markdown file links each table's figures below it.
+    The Markdown file links each table's figures below it and ends with the trends table
+    (`dflash.reports.trends`: the paper's ablation trends against ours, with verdicts).
     """
     unknown = sorted(set(formats) - set(FORMATS))
     require(not unknown, "formats", f"unknown format {unknown[0]!r}; choose from {list(FORMATS)}" if unknown else "")
@@ -47,6 +50,9 @@ def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots:
     for table in tables:
         links = [f"![{os.path.basename(p)}]({PLOTS_DIR}/{os.path.basename(p)})" for p in figures[table.name]]
         sections.append(to_markdown(table) + ("\n" + "\n".join(links) + "\n" if links else ""))
+    verdicts = judge_all(tables)
+    if verdicts:
+        sections.append(trends_markdown(verdicts))
     markdown = "\n".join(sections)
     files = [p for paths in figures.values() for p in paths]
     if "md" in formats:
