@@ -54,3 +54,9 @@ def test_main_table_trend_compares_dflash_chain_with_eagle3_not_the_tree():
     results = [r for r in judge_all([table("main", rows, "speedup")]) if r.trend.metric == "speedup"]
     assert [r.verdict for r in results] == [DOES_NOT]
     assert "EAGLE-3, T = 0: 1.82 ± 0.02 (3) → DFlash, T = 0: 1.52 ± 0.02 (3)" in to_markdown(results)
+
+
+def test_identical_seeds_are_no_spread_to_decide_by():
+    # three seeds that trained the same drafter (the bug fixed on 2026-11-23) give std 0
+    result = judge(DEPTH, depth_table([2.0, 2.0, 2.0], [2.5, 2.5, 2.5], [3.0, 3.0, 3.0]), "humaneval")
+    assert result.verdict == INCONCLUSIVE and "identical" in result.reason

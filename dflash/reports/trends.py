@@ -9,7 +9,8 @@ seed). Each neighbouring pair (a, b) of the order is decided on its own:
 
 The trend *matches* when every pair is as the paper, *does not match* when any pair is
 against it, and is *inconclusive* otherwise, or when a cell has fewer than two seeds
-(no spread to decide by) or is missing. Twice the standard error is a loose test: with
+(no spread to decide by), seeds with identical values (the same run repeated, not a
+spread) or is missing. Twice the standard error is a loose test: with
 three seeds a side it is about a 90% one (Welch, 4 degrees of freedom), and a true
 difference smaller than the seed spread will read as inconclusive.
 """
@@ -79,6 +80,8 @@ def judge(trend: Trend, table: Table, benchmark: str) -> TrendResult:
         return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "a row has no result")
     if any(len(c.values) < 2 for c in cells):
         return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "fewer than two seeds in a row")
+    if any(c.std == 0 for c in cells):  # trained seeds never agree to the last digit; identical runs do
+        return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "a row's seeds gave identical values")
     pairs = [_pair(a, b) for a, b in zip(cells, cells[1:])]
     if all(p > 0 for p in pairs):
         return TrendResult(trend, table.target, benchmark, cells, MATCHES, "every step beyond twice its standard error")
