@@ -92,8 +92,9 @@ def valid_positions(loss_mask: torch.Tensor, block_size: int) -> list[int]:
     return [a for a in range(len(mask)) if mask[a] and any(mask[a + 1 : a + block_size])]
 
 
-def anchors_used(module: DFlashTrainingModule, data: dict, monkeypatch, seed: int = 0) -> list[list[int]]:
-    """The anchor positions per sequence that the module's blocks were built at."""
+def anchors_used(module: DFlashTrainingModule, data: dict, monkeypatch, seed: int | None = 0) -> list[list[int]]:
+    """The anchor positions per sequence that the module's blocks were built at (seed None:
+    drawn from torch's global generator, as training steps draw them)."""
     import dflash.training.module as module_code
 
     seen = []
@@ -104,7 +105,7 @@ def anchors_used(module: DFlashTrainingModule, data: dict, monkeypatch, seed: in
         return real_build_blocks(input_ids, loss_mask, anchors, *args)
 
     monkeypatch.setattr(module_code, "build_blocks", recording_build_blocks)
-    module.compute_loss(data, torch.Generator().manual_seed(seed))
+    module.compute_loss(data, None if seed is None else torch.Generator().manual_seed(seed))
     monkeypatch.undo()
     (anchors,) = seen
     return anchors
@@ -135,15 +136,7 @@ def trained_start(artifacts, monkeypatch, *overrides: str) -> tuple[torch.Tensor
     L.seed_everything(job.seed, workers=True, verbose=False)  # dflash.training.run._train, then the module
     module = DFlashTrainingModule(job.target, job.drafter, job.training)
     weight = next(p for p in module.drafter.parameters() if p.dim() == 2).detach().clone()
-    data = batch()
-    seen = []
-    import dflash.training.module as module_code
-
-    real_build_blocks = module_code.build_blocks
-    monkeypatch.setattr(module_code, "build_blocks", lambda ids, mask, anchors, *a: seen.append(anchors.positions.tolist()) or real_build_blocks(ids, mask, anchors, *a))
-    module.compute_loss(data)  # training steps draw anchors from the global generator
-    monkeypatch.undo()
-    return weight, seen[0]
+    return weight, anchors_used(module, batch(), monkeypatch, seed=None)
 
 
 def test_the_run_seed_changes_the_drafter_and_its_anchors(artifacts, monkeypatch):
