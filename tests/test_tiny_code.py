@@ -143,7 +143,8 @@ def test_interrupted_build_leaves_no_finished_looking_directory(tmp_path, monkey
     out_dir = tmp_path / "tiny_code"
     with pytest.raises(KeyboardInterrupt):
         build_tiny_code_target(str(out_dir), MINI, progress=False)
-    assert os.listdir(tmp_path) == [], "neither the target nor a staging directory may remain"
+    left = [name for name in os.listdir(tmp_path) if name != "tiny_code.build.lock"]  # the build lock stays, by design
+    assert left == [], "neither the target nor a staging directory may remain"
 
 
 def test_bad_config_names_the_key():
