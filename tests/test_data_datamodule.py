@@ -27,7 +27,7 @@ def test_batches_follow_the_contract():
     module = DFlashDataModule(conversations(12), tokenizer, batch_size=4, val_fraction=0.25, seed=0)
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))
-    assert set(batch) == {"input_ids", "loss_mask", "attention_mask"}
+    assert set(batch) == {"input_ids", "loss_mask", "attention_mask", "row_index"}
     assert batch["input_ids"].dtype == torch.long
     assert batch["loss_mask"].dtype == torch.bool and batch["attention_mask"].dtype == torch.bool
     assert batch["input_ids"].shape == batch["loss_mask"].shape == batch["attention_mask"].shape
@@ -42,6 +42,10 @@ def test_batches_follow_the_contract():
         assert not (batch["loss_mask"][row] & ~batch["attention_mask"][row]).any()
         response = tokenizer.decode(batch["input_ids"][row][batch["loss_mask"][row]])
         assert response.startswith("answer ") and response.endswith("<|im_end|>")
+        # row_index names the tokenised row the sequence came from (the feature cache's key)
+        assert module.rows[int(batch["row_index"][row])]["input_ids"] == batch["input_ids"][row, :real].tolist()
+    held_out = next(iter(module.val_dataloader()))["row_index"].tolist()
+    assert not set(held_out) & set(batch["row_index"].tolist())
 
 
 def test_pad_falls_back_to_eos():

@@ -6,6 +6,9 @@ to the longest one, S tokens:
     loss_mask:      BoolTensor (b, S), True on response tokens that are training targets,
                     False on prompt tokens and padding
     attention_mask: BoolTensor (b, S), True on real tokens, False on padding
+    row_index:      LongTensor (b,), each sequence's index among the tokenised rows (the
+                    same on every rank and epoch; the training module keys its target
+                    feature cache on it). Only when the rows carry "row_index".
 
 Regenerated data (a directory with a manifest.json, see `dflash.data.regenerate`) must
 hold every row its manifest lists: a directory whose regeneration did not finish is
@@ -47,7 +50,8 @@ TOKENIZED_FORMAT = 2
 
 @dataclass
 class PadCollator:
-    """Collate `{"input_ids": list[int], "loss_mask": list[int]}` rows into the batch contract."""
+    """Collate `{"input_ids": list[int], "loss_mask": list[int]}` rows (and an optional
+    "row_index": int) into the batch contract."""
 
     pad_id: int
 
@@ -61,7 +65,10 @@ class PadCollator:
             input_ids[i, :length] = torch.tensor(row["input_ids"], dtype=torch.long)
             loss_mask[i, :length] = torch.tensor(row["loss_mask"], dtype=torch.bool)
             attention_mask[i, :length] = True
-        return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+        batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+        if all("row_index" in row for row in rows):
+            batch["row_index"] = torch.tensor([row["row_index"] for row in rows], dtype=torch.long)
+        return batch
 
 
 class _Subset(Dataset):
@@ -72,7 +79,8 @@ class _Subset(Dataset):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> dict:
-        return self.rows[int(self.indices[index])]
+        row_index = int(self.indices[index])
+        return {**self.rows[row_index], "row_index": row_index}
 
 
 def split_conversations(num_rows: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,10 @@ class TrainingConfig:
     warmup_ratio: fraction of the trainer's estimated total steps spent in linear warm-up
         before the cosine decay.
     min_lr_ratio: the cosine decays to learning_rate * min_lr_ratio.
+    target_cache_gib: memory (GiB) for keeping the frozen target's states of each
+        sequence after its first forward, so later epochs skip the target
+        (`dflash.training.feature_cache`); 0 turns it off. For small targets only: a
+        sequence of S tokens keeps S * (taps + 1) * D values.
     """
 
     num_anchors: int = 512
@@ -53,6 +57,7 @@ class TrainingConfig:
     eps: float = 1e-8
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0
+    target_cache_gib: float = 0.0
 
     def __post_init__(self):
         require(self.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {self.num_anchors}")
@@ -89,6 +94,11 @@ class TrainingConfig:
         self.betas = tuple(float(b) for b in self.betas)
         require(0.0 <= self.warmup_ratio < 1.0, "training.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         require(0.0 <= self.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        require(
+            isinstance(self.target_cache_gib, (int, float)) and self.target_cache_gib >= 0,
+            "training.target_cache_gib",
+            f"must be a number of GiB >= 0 (0: no cache), got {self.target_cache_gib!r}",
+        )
 
 
 def check_block_fits(block_size: int, max_length: int, num_anchors: int) -> None:

@@ -28,6 +28,7 @@ from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.config import TrainingConfig
+from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import (
     draft_blocks,
     set_attention_implementation,
@@ -72,6 +73,8 @@ class DFlashTrainingModule(L.LightningModule):
             dpace_alpha=training.dpace_alpha,
             chunk_rows=training.loss_chunk_rows,
         )
+        gib = training.target_cache_gib
+        self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 else None
         self.train_metrics = BlockMetrics(block_size)
         self.val_metrics = BlockMetrics(block_size)
         self._last_logged_step = -1
@@ -98,12 +101,7 @@ class DFlashTrainingModule(L.LightningModule):
         if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
         config = self.drafter.config
-        layer_ids = config.target_layer_ids if config.use_target_features else []
-        final_hidden = None  # the target's final hidden states, for losses that read its logits
-        if self.loss_settings.reads_target:
-            features, final_hidden = target_features_and_final_hidden(self.target, input_ids, layer_ids)
-        elif config.use_target_features:
-            features = target_features(self.target, input_ids, layer_ids)
+        features, final_hidden = self._target_states(batch, attention_mask)
         if not config.use_target_features:  # standalone-drafter ablation: the context is the prefix's own token embeddings
             features = self.target.embed(input_ids)
         anchors = sample_anchors(
@@ -112,6 +110,28 @@ class DFlashTrainingModule(L.LightningModule):
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
         hidden = draft_blocks(self.drafter, self.target.embed, features, attention_mask, anchors, blocks)
         return block_loss(hidden, self.target.logits, blocks, self.loss_settings, final_hidden)
+
+    def _target_states(self, batch: dict, attention_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The tapped target features (b, S, n_taps * D) (None for a standalone drafter) and,
+        for losses that read the target's logits, its final hidden states (b, S, D), else
+        None; from `self.state_cache` when the batch's sequences are in it."""
+        config = self.drafter.config
+        layer_ids = config.target_layer_ids if config.use_target_features else []
+        reads_target = self.loss_settings.reads_target
+        if not layer_ids and not reads_target:
+            return None, None
+        input_ids = batch["input_ids"]
+        if reads_target:
+            compute = lambda: torch.cat(target_features_and_final_hidden(self.target, input_ids, layer_ids), dim=-1)
+        else:
+            compute = lambda: target_features(self.target, input_ids, layer_ids)
+        if self.state_cache is not None and "row_index" in batch:
+            states = self.state_cache.get(batch["row_index"], attention_mask, compute)
+        else:
+            states = compute()
+        split = len(layer_ids) * self.target.hidden_size
+        features = states[..., :split] if layer_ids else None
+        return features, (states[..., split:] if reads_target else None)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         result = self.compute_loss(batch)
