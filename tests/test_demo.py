@@ -5,6 +5,7 @@ skips every stage."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -48,7 +49,7 @@ def run_demo(artifacts):
 def test_shortened_demo_runs_every_stage_and_resumes(tmp_path):
     first = run_demo(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    target = tmp_path / "targets" / "tiny_code"
+    target = tmp_path / "targets" / "tiny_code_demo"
     assert (target / "config.json").exists() and (target / "build_info.json").exists()
     (data_dir,) = (tmp_path / "demo").glob("data-*")
     assert list(data_dir.glob("rows-*.jsonl")) and (data_dir / "manifest.json").exists()
@@ -80,6 +81,8 @@ def test_shortened_demo_runs_every_stage_and_resumes(tmp_path):
     assert not any(line.startswith("INFO: ") for line in log.splitlines()), "Lightning's own console handler is back"
     assert "Tip:" not in log and "litlogger" not in log and "litmodels" not in log
     assert "LeafSpec" not in log
+    # 2 regeneration batches inside one 30 s interval: the bar draws when it opens and closes
+    assert len(re.findall(r"regenerate:\s+\d+%", log)) == 2, "the regeneration bar redrew inside its interval"
 
     second = run_demo(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]

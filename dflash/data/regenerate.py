@@ -166,8 +166,10 @@ def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSetti
                 answers[i] = answer
                 tokens += answer.num_tokens
                 unfinished += not answer.finished
+            # refresh=False: a postfix must not redraw the bar past its mininterval (a log
+            # file got a line every batch); the update draws it when the interval allows.
+            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.1f}", refresh=False)
             bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.1f}")
         _write_shard(out_dir, start, stop, shard_prompts, answers, fingerprint)
     bar.close()
     if unfinished:
