@@ -4,7 +4,8 @@ Stages, each skipped when its output exists and is current (an interrupted demo
 continues where it stopped when run again):
 
 1. target    build or reuse the tiny code LM pre-trained on the Python standard library
-             (`target=tiny_code`; rebuilt only when its build config changes);
+             (`target=tiny_code` with conf/demo.yaml's shorter pre-training, under
+             `targets/tiny_code_demo`; rebuilt only when its build config changes);
 2. data      cut function-header prompts from the standard library (none overlaps
              HumanEval) and let the target write the continuations (`dflash.regenerate`);
 3. train     `python -m dflash.train experiment=demo eval.after_train=false` (resumes from
@@ -15,8 +16,8 @@ continues where it stopped when run again):
 5. report    print the results table, the wall time of every stage, and write both into
              `<run dir>/demo_summary.json`.
 
-In a log that is not a terminal (`make demo > log 2>&1`), progress bars redraw at most
-every 30 s (`TQDM_MININTERVAL`, unless set) and training writes one line every 30 s
+In a log that is not a terminal (`make demo > log 2>&1`), progress bars redraw every
+15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
 (`dflash.training.progress`).
 
 Configuration: `conf/demo.yaml` (stages 1, 2 and 4) and `experiments/demo.yaml` (stage 3).
