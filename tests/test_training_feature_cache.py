@@ -94,7 +94,19 @@ def test_the_cache_stops_at_its_budget_and_says_so_once(caplog):
     cache.get(torch.tensor([1, 0]), mask[:2], lambda: pytest.fail("both rows are cached"))
 
 
-def test_a_negative_budget_is_a_config_error():
+def test_batches_without_row_index_run_the_target_and_say_so_once(caplog):
+    cache = TargetStateCache(budget_bytes=10**6)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    computed = []
+    with caplog.at_level(logging.WARNING, logger="dflash.training.feature_cache"):
+        for _ in range(3):
+            cache.get(None, mask, lambda: computed.append(1) or torch.randn(2, 4, 5))
+    assert computed == [1, 1, 1] and len(cache) == 0
+    assert sum("no row_index" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("budget", [-1, True, "1"])
+def test_a_budget_that_is_not_a_number_of_gib_is_a_config_error(budget):
     with pytest.raises(ConfigError) as err:
-        TrainingConfig(target_cache_gib=-1)
+        TrainingConfig(target_cache_gib=budget)
     assert err.value.key == "training.target_cache_gib"

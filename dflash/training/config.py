@@ -95,7 +95,9 @@ class TrainingConfig:
         require(0.0 <= self.warmup_ratio < 1.0, "training.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         require(0.0 <= self.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         require(
-            isinstance(self.target_cache_gib, (int, float)) and self.target_cache_gib >= 0,
+            isinstance(self.target_cache_gib, (int, float))
+            and not isinstance(self.target_cache_gib, bool)
+            and self.target_cache_gib >= 0,
             "training.target_cache_gib",
             f"must be a number of GiB >= 0 (0: no cache), got {self.target_cache_gib!r}",
         )

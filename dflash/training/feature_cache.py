@@ -42,20 +42,30 @@ class TargetStateCache:
         self.misses = 0  # batches computed
         self._states: dict[int, torch.Tensor] = {}
         self._warned_full = False
+        self._warned_unkeyed = False
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def get(self, row_index: torch.Tensor, attention_mask: torch.Tensor, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def get(self, row_index: torch.Tensor | None, attention_mask: torch.Tensor, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The batch's target states, from memory when every sequence is cached.
 
         Args:
-            row_index: (b,) long, the batch's sequence keys.
+            row_index: (b,) long, the batch's sequence keys; None (a batch from a loader
+                other than DFlashDataModule) computes every time, with one warning.
             attention_mask: (b, S) bool, right-padded (True on real tokens).
             compute: runs the target on the batch; returns (b, S, F).
         Returns:
             (b, S, F): `compute()`'s result, or the cached rows with zeros on padding.
         """
+        if row_index is None:
+            if not self._warned_unkeyed:
+                self._warned_unkeyed = True
+                log.warning(
+                    "training.target_cache_gib is set but the batches carry no row_index "
+                    "(DFlashDataModule adds it): the target runs on every batch"
+                )
+            return compute()
         keys = row_index.tolist()
         lengths = attention_mask.sum(1).tolist()
         if keys and all(key in self._states for key in keys):

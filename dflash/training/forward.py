@@ -50,9 +50,7 @@ def target_features_and_final_hidden(
     Returns:
         features (b, S, len(layer_ids) * D) and final_hidden (b, S, D), target dtype.
     """
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    taps = [*layer_ids, target.num_layers - 1]
-    states = target.forward(input_ids, positions, cache=None, layer_ids=taps, logits_to_keep=1).features
+    states = target_features(target, input_ids, [*layer_ids, target.num_layers - 1])
     split = len(layer_ids) * target.hidden_size
     return states[..., :split], states[..., split:]
 

@@ -33,7 +33,6 @@ from dflash.training.forward import (
     draft_blocks,
     set_attention_implementation,
     target_features,
-    target_features_and_final_hidden,
     training_attention_implementation,
 )
 from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
@@ -120,13 +119,12 @@ class DFlashTrainingModule(L.LightningModule):
         reads_target = self.loss_settings.reads_target
         if not layer_ids and not reads_target:
             return None, None
-        input_ids = batch["input_ids"]
-        if reads_target:
-            compute = lambda: torch.cat(target_features_and_final_hidden(self.target, input_ids, layer_ids), dim=-1)
-        else:
-            compute = lambda: target_features(self.target, input_ids, layer_ids)
-        if self.state_cache is not None and "row_index" in batch:
-            states = self.state_cache.get(batch["row_index"], attention_mask, compute)
+        # The final hidden states ride along as one more tap ("layer L-1" is post-norm), so
+        # one tensor (b, S, (n_taps + 1) * D) is computed, cached and split below.
+        taps = [*layer_ids, self.target.num_layers - 1] if reads_target else layer_ids
+        compute = lambda: target_features(self.target, batch["input_ids"], taps)
+        if self.state_cache is not None:
+            states = self.state_cache.get(batch.get("row_index"), attention_mask, compute)
         else:
             states = compute()
         split = len(layer_ids) * self.target.hidden_size
