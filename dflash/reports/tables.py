@@ -50,6 +50,7 @@ METHOD_NAMES = {"dflash": "DFlash", "dflash_tree": "DFlash, tree", "eagle3": "EA
 ABLATION_TITLES = {
     "main": "Main results",
     "block_size": "Block size (training B x inference B)",
+    "block_size_controlled": "Training block size at equal supervised positions (training B x anchors)",
     "depth": "Drafter depth",
     "target_features": "Number of tapped target layers",
     "loss_decay": "Loss weights over block positions",
