@@ -53,6 +53,8 @@ PAPER_TRENDS = (
           (("8", "8"), ("10", "10"), ("16", "16"))),
     Trend("block_size", "a larger inference B accepts more for a given drafter (train B 8)", "tau",
           (("8", "8"), ("8", "16"))),
+    Trend("block_size_controlled", "a drafter trained with a larger B accepts more, at equal supervised positions "
+          "(B 8 with 164 anchors, B 16 with 64; each at its own B)", "tau", (("8", "164"), ("16", "64"))),
     Trend("depth", "a deeper drafter accepts more", "tau", (("1",), ("3",), ("5",))),
     Trend("target_features", "more tapped target layers accept more", "tau", (("1",), ("3",), ("5",))),
     Trend("loss", "decaying position weights beat uniform ones (CE)", "tau",
