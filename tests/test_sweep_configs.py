@@ -73,9 +73,9 @@ def test_every_sweep_file_starts_with_the_command_that_runs_it(name):
     assert any(f"sweep {name}" in line or f"sweep-{name}" in line or f"+sweep={name}" in line for line in comments)
 
 
-# CPU sweeps with no full version: block_size_controlled_cpu asks whether the CPU recipe's
+# CPU sweeps with no full version: block_size_controlled_cpu (and its evaluation stage) asks whether the CPU recipe's
 # budget reversed the block-size trend, a question the full recipe does not have.
-CPU_ONLY = {"block_size_controlled_cpu"}
+CPU_ONLY = {"block_size_controlled_cpu", "block_size_controlled_infer_cpu"}
 
 
 def test_cpu_and_full_versions_sweep_the_same_keys_into_the_same_table():
@@ -106,6 +106,12 @@ def test_block_size_sweep_lets_gamma_follow_the_training_block():
 @pytest.mark.parametrize("train_sweep, eval_sweep, train_point, eval_point", [
     ("block_size_cpu", "block_size_infer_cpu", ["drafter.block_size=10", "seed=1"],
      ["train_block_size=10", "train_seed=1", "decoding.block_size=16"]),
+    ("block_size_controlled_cpu", "block_size_controlled_infer_cpu",
+     ["drafter.block_size=16", "seed=2", "training.num_anchors=64"],
+     ["train_block_size=16", "train_seed=2", "decoding.block_size=8"]),
+    ("block_size_controlled_cpu", "block_size_controlled_infer_cpu",
+     ["drafter.block_size=8", "seed=1", "training.num_anchors=164"],
+     ["train_block_size=8", "train_seed=1", "decoding.block_size=16"]),
     ("block_size", "block_size_infer", ["drafter.block_size=8", "seed=0"],
      ["train_block_size=8", "train_seed=0", "decoding.block_size=10"]),
     ("main_cpu", "main_eval_cpu", ["method=dflash", "seed=2"], ["train_seed=2", "decoding=sampling"]),

@@ -51,6 +51,8 @@ ABLATION_TITLES = {
     "main": "Main results",
     "block_size": "Block size (training B x inference B)",
     "block_size_controlled": "Training block size at equal supervised positions (training B x anchors)",
+    "block_size_controlled_infer": "Training block size at equal supervised positions, at a common inference B "
+    "(training B x inference B; B 16 trained with 64 anchors, B 8 with 164)",
     "depth": "Drafter depth",
     "target_features": "Number of tapped target layers",
     "loss_decay": "Loss weights over block positions",
