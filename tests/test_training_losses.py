@@ -13,7 +13,7 @@ from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
 from dflash.training.blocks import Blocks
 from dflash.training.config import TrainingConfig
-from dflash.training.forward import target_features_and_final_hidden
+from dflash.training.forward import target_features
 from dflash.training.loss import OBJECTIVES, LossSettings, block_loss, dpace_weights
 from tests.test_training_settings import batch, module_for
 
@@ -141,7 +141,9 @@ def test_target_final_hidden_gives_the_targets_own_logits():
         model, _ = build_tiny_target(arch)
         target = TargetModel(model)
         input_ids = torch.randint(0, 250, (2, 12), generator=torch.Generator().manual_seed(0))
-        features, final_hidden = target_features_and_final_hidden(target, input_ids, [0, 2])
+        # the training module's layout: the taps, then layer L-1 as the final hidden states
+        states = target_features(target, input_ids, [0, 2, target.num_layers - 1])
+        features, final_hidden = states[..., : 2 * target.hidden_size], states[..., 2 * target.hidden_size :]
         positions = torch.arange(12).expand(2, 12)
         full = target.forward(input_ids, positions, layer_ids=[0, 2])
         torch.testing.assert_close(target.logits(final_hidden), full.logits, atol=1e-5, rtol=1e-5)

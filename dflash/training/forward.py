@@ -37,24 +37,6 @@ def target_features(target: TargetModel, input_ids: torch.Tensor, layer_ids: lis
     return target.forward(input_ids, positions, cache=None, layer_ids=layer_ids, logits_to_keep=1).features
 
 
-def target_features_and_final_hidden(
-    target: TargetModel, input_ids: torch.Tensor, layer_ids: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`target_features` and the target's final normed hidden states, from one forward.
-
-    HF's last hidden state (`hidden_states[L]`, "layer L-1" here) is taken after the final
-    norm, so `target.logits(final_hidden)` are the target's own logits (tested per family
-    in tests/test_training_losses.py); losses that read the target's distribution compute
-    them from it chunk by chunk instead of keeping (b, S, vocab).
-
-    Returns:
-        features (b, S, len(layer_ids) * D) and final_hidden (b, S, D), target dtype.
-    """
-    states = target_features(target, input_ids, [*layer_ids, target.num_layers - 1])
-    split = len(layer_ids) * target.hidden_size
-    return states[..., :split], states[..., split:]
-
-
 def training_attention_implementation(configured: str, device: torch.device) -> str:
     """The kernel that trains the drafter on `device`: flex_attention only on CUDA
     (it has no CPU backward), SDPA with the factored block mask otherwise."""

@@ -119,8 +119,10 @@ class DFlashTrainingModule(L.LightningModule):
         reads_target = self.loss_settings.reads_target
         if not layer_ids and not reads_target:
             return None, None
-        # The final hidden states ride along as one more tap ("layer L-1" is post-norm), so
-        # one tensor (b, S, (n_taps + 1) * D) is computed, cached and split below.
+        # The final hidden states ride along as one more tap: HF's last hidden state ("layer
+        # L-1" here) is taken after the final norm, so target.logits() of it are the target's
+        # own logits (tests/test_training_losses.py, per family); one tensor
+        # (b, S, (n_taps + 1) * D) is computed, cached and split below.
         taps = [*layer_ids, self.target.num_layers - 1] if reads_target else layer_ids
         compute = lambda: target_features(self.target, batch["input_ids"], taps)
         if self.state_cache is not None:
