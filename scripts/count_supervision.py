@@ -35,6 +35,7 @@ def count(data: str, tokenizer: str, max_length: int, val_fraction: float, pairs
     datamodule = DFlashDataModule.from_spec(spec, AutoTokenizer.from_pretrained(tokenizer))
     datamodule.prepare_data()
     datamodule.setup("fit")
+    torch.manual_seed(seed)  # the loader's shuffle: the same batches, so the same counts, every run
     batches = list(datamodule.train_dataloader())
     sequences = sum(batch["input_ids"].shape[0] for batch in batches)
     counts = {}
@@ -66,6 +67,10 @@ def main() -> None:
         if not (block_size.isdigit() and num_anchors.isdigit()):
             parser.error(f"{pair!r} is not B:anchors (e.g. 16:64)")
         pairs.append((int(block_size), int(num_anchors)))
+    for flag, path in (("--data", args.data), ("--tokenizer", args.tokenizer)):
+        # a local directory, or (the tokenizer) a hub id such as Qwen/Qwen3-8B
+        if not os.path.isdir(path) and (flag == "--data" or os.path.isabs(path) or path.startswith(".")):
+            parser.error(f"{flag} {path}: no such directory (build it first, e.g. `make demo`, or set DFLASH_ARTIFACTS)")
     for (block_size, num_anchors), value in count(args.data, args.tokenizer, args.max_length, args.val_fraction,
                                                   pairs, args.sampling).items():
         print(f"B = {block_size:>3}, {num_anchors:>4} anchors: {value:7.1f} supervised positions per sequence "
