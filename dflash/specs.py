@@ -26,6 +26,9 @@ class TargetSpec:
     path: hub id ("Qwen/Qwen3-8B") or local HF directory.
     build: for offline tiny targets: {"arch": "qwen3"|"llama", "seed": int, ...}; the
         target is built and saved at `path` when that directory does not exist yet.
+    gguf_file: a GGUF file (a path, or `pkg:<distribution>:<file>` for one shipped in an
+        installed package) converted once into an HF directory at `path`, and again only
+        when the file changes (`dflash.target.gguf`).
     """
 
     path: str
@@ -33,6 +36,14 @@ class TargetSpec:
     attn_implementation: str | None = "sdpa"
     device: str = "cpu"
     build: dict | None = None
+    gguf_file: str | None = None
+
+    def __post_init__(self):
+        require(
+            self.build is None or self.gguf_file is None,
+            "target.gguf_file",
+            "a target is either built here (target.build) or converted from a GGUF file (target.gguf_file), not both",
+        )
 
 
 @dataclass
@@ -71,9 +82,14 @@ class DrafterSpec:
 
 
 def load_target(spec: TargetSpec) -> TargetModel:
-    """Load (building first, for tiny offline targets) the frozen target."""
+    """Load the frozen target (building or converting it first for offline targets)."""
     if spec.build is not None:
         build_offline_target(spec.path, dict(spec.build))
+    if spec.gguf_file is not None:
+        from dflash.target.gguf import convert_gguf
+
+        check_writable_dir("target.path", os.path.dirname(os.path.abspath(os.path.expanduser(spec.path))))
+        convert_gguf(spec.gguf_file, spec.path)
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("target.device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
     return TargetModel.load(spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device)

@@ -207,7 +207,7 @@ class DFlashDataModule(L.LightningDataModule):
     def _tokenized(self) -> TokenizedRows:
         cache_path = None
         if self.cache_dir is not None:
-            cache_path = os.path.join(self.cache_dir, f"tokenized-{self._fingerprint()}.npz")
+            cache_path = os.path.join(self.cache_dir, f"tokenized-{self.fingerprint()}.npz")
             if os.path.isfile(cache_path):
                 return TokenizedRows.load(cache_path)
         if isinstance(self.source, SourceSpec):
@@ -219,7 +219,7 @@ class DFlashDataModule(L.LightningDataModule):
             rows.save(cache_path)
         return rows
 
-    def _fingerprint(self) -> str:
+    def fingerprint(self) -> str:
         """Hash of everything the tokenised rows depend on."""
         tokenizer = self.tokenizer
         parts = {

@@ -20,7 +20,6 @@ from dflash.eagle3.training import draft_vocab_from_counts, ttt_loss
 from dflash.errors import require
 from dflash.specs import TargetSpec, load_target
 from dflash.training.config import TrainingConfig
-from dflash.training.forward import target_features
 from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
 from dflash.training.module import DRAFTER_CONFIG_KEY, DFlashTrainingModule
@@ -74,8 +73,14 @@ class Eagle3TrainingModule(DFlashTrainingModule):
         self.train_metrics = BlockMetrics(settings.ttt_length + 1)
         self.val_metrics = BlockMetrics(settings.ttt_length + 1)
         self._last_logged_step = -1
+        self.state_cache = None  # the in-memory cache is DFlash's; EAGLE-3 reads the disk cache
+        self.disk_cache = None
+
+    def cached_layers(self) -> list[int]:
+        return list(self.drafter.config.target_layer_ids)
 
     def setup(self, stage: str) -> None:
+        self.setup_disk_cache()
         # Runs before a resumed checkpoint is restored, which then brings its own d2t/t2d.
         # The datamodule's own loader is not yet sharded by rank, so every DDP rank counts
         # the whole training split and picks the same vocabulary.
@@ -98,7 +103,7 @@ class Eagle3TrainingModule(DFlashTrainingModule):
         self._prepare_device()
         input_ids = batch["input_ids"]
         loss_mask = batch["loss_mask"].bool() & batch["attention_mask"].bool()
-        features = target_features(self.target, input_ids, self.drafter.config.target_layer_ids)
+        features = self._states(batch, batch["attention_mask"].bool(), self.cached_layers())
         return ttt_loss(
             self.drafter, self.target.embed, features, input_ids, loss_mask, self.settings.ttt_length, self.settings.step_weight_decay
         )

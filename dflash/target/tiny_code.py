@@ -24,26 +24,21 @@ Invariants:
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import random
-import shutil
 import sys
 import sysconfig
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
-from typing import Iterator
 
 from dflash.errors import require, spec_from_dict
+from dflash.target.builds import BUILD_INFO, Say, build_lock, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
-BUILD_INFO = "build_info.json"
 # Bump when the build procedure changes in a way that changes the weights.
 BUILD_FORMAT_VERSION = 1
 # Path components skipped in the stdlib: tests and test data, vendored or third-party
@@ -302,12 +297,8 @@ def token_stream(tokenizer, texts: list[str]) -> list[int]:
 
 def is_current(out_dir: str, config: TinyCodeConfig) -> bool:
     """True when `out_dir` holds a finished build of exactly this config."""
-    try:
-        with open(os.path.join(out_dir, BUILD_INFO)) as handle:
-            info = json.load(handle)
-    except (OSError, ValueError):
-        return False
-    return info.get("build_hash") == config.build_hash() and os.path.isfile(os.path.join(out_dir, "config.json"))
+    info = read_build_info(out_dir)
+    return info is not None and info.get("build_hash") == config.build_hash()
 
 
 def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress: bool = True) -> str:
@@ -322,30 +313,14 @@ def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     if is_current(out_dir, config):
         return out_dir
-    say = _Say(progress)
+    say = Say("tiny_code", progress)
     # Jobs of a sweep started side by side on a fresh machine all ask for the target: one
     # builds it, the others wait for that build instead of repeating it.
-    with _build_lock(out_dir, say):
+    with build_lock(out_dir, say):
         if is_current(out_dir, config):
             say(f"using the build another process just finished in {out_dir}")
             return out_dir
         return _build(out_dir, config, say, progress)
-
-
-@contextlib.contextmanager
-def _build_lock(out_dir: str, say) -> Iterator[None]:
-    """An exclusive flock on `<out_dir>.build.lock`, waiting (with a message) while another process holds it."""
-    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-    with open(f"{out_dir}.build.lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"another process is building {out_dir}; waiting for it")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(out_dir: str, config: TinyCodeConfig, say, progress: bool) -> str:
@@ -385,43 +360,6 @@ def _build(out_dir: str, config: TinyCodeConfig, say, progress: bool) -> str:
         **stats,
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
-    _save_atomically(out_dir, model, tokenizer, info)
+    save_atomically(out_dir, model, tokenizer, info)
     say(f"saved to {out_dir} in {info['wall_time_s']:.0f} s")
     return out_dir
-
-
-def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
-    """Write everything into a temporary sibling, then swap it in for `out_dir`."""
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.building-", dir=parent)
-    try:
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; the build is an ordinary directory
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        with open(os.path.join(staging, BUILD_INFO), "w") as handle:
-            json.dump(info, handle, indent=2)
-        stale = None
-        if os.path.exists(out_dir):
-            # rename() cannot replace a non-empty directory: move the stale build aside first.
-            stale = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.stale-", dir=parent)
-            os.replace(out_dir, os.path.join(stale, "old"))
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-class _Say:
-    """Stage messages on stderr (through tqdm, so they do not break progress bars)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            from tqdm.auto import tqdm
-
-            tqdm.write(f"[tiny_code] {message}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.errors import require
+from dflash.training.disk_cache import STORAGE_DTYPES
 from dflash.training.loss import OBJECTIVES, POSITION_WEIGHTS
 
 ANCHOR_SAMPLING_MODES = ("random", "stride")
@@ -42,6 +43,12 @@ class TrainingConfig:
         sequence after its first forward, so later epochs skip the target
         (`dflash.training.feature_cache`); 0 turns it off. For small targets only: a
         sequence of S tokens keeps S * (taps + 1) * D values.
+    target_cache_dir: root of the disk cache of the target's states
+        (`dflash.training.disk_cache`): filled once per target and tokenised data, in
+        `target_cache_dtype`, then memory-mapped by every run on that data, which never
+        runs the target; None turns it off. Takes the place of `target_cache_gib`.
+    target_cache_dtype: "bfloat16" (half the disk, rounding as a bf16 target would) or "float32".
+    target_cache_batch_size: sequences per target forward while filling the disk cache.
     """
 
     num_anchors: int = 512
@@ -58,6 +65,9 @@ class TrainingConfig:
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0
     target_cache_gib: float = 0.0
+    target_cache_dir: str | None = None
+    target_cache_dtype: str = "bfloat16"
+    target_cache_batch_size: int = 8
 
     def __post_init__(self):
         require(self.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {self.num_anchors}")
@@ -100,6 +110,16 @@ class TrainingConfig:
             and self.target_cache_gib >= 0,
             "training.target_cache_gib",
             f"must be a number of GiB >= 0 (0: no cache), got {self.target_cache_gib!r}",
+        )
+        require(
+            self.target_cache_dtype in STORAGE_DTYPES,
+            "training.target_cache_dtype",
+            f"unknown {self.target_cache_dtype!r}; choose one of {list(STORAGE_DTYPES)}",
+        )
+        require(
+            self.target_cache_batch_size >= 1,
+            "training.target_cache_batch_size",
+            f"must be >= 1, got {self.target_cache_batch_size}",
         )
 
 

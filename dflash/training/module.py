@@ -28,6 +28,7 @@ from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.config import TrainingConfig
+from dflash.training.disk_cache import DiskStateCache
 from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import (
     draft_blocks,
@@ -73,7 +74,8 @@ class DFlashTrainingModule(L.LightningModule):
             chunk_rows=training.loss_chunk_rows,
         )
         gib = training.target_cache_gib
-        self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 else None
+        self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 and training.target_cache_dir is None else None
+        self.disk_cache: DiskStateCache | None = None  # opened and filled in `setup`
         self.train_metrics = BlockMetrics(block_size)
         self.val_metrics = BlockMetrics(block_size)
         self._last_logged_step = -1
@@ -113,25 +115,66 @@ class DFlashTrainingModule(L.LightningModule):
     def _target_states(self, batch: dict, attention_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The tapped target features (b, S, n_taps * D) (None for a standalone drafter) and,
         for losses that read the target's logits, its final hidden states (b, S, D), else
-        None; from `self.state_cache` when the batch's sequences are in it."""
-        config = self.drafter.config
-        layer_ids = config.target_layer_ids if config.use_target_features else []
-        reads_target = self.loss_settings.reads_target
-        if not layer_ids and not reads_target:
+        None; from a cache when one holds the batch's sequences."""
+        layer_ids = self._feature_layers()
+        taps = self.cached_layers()
+        if not taps:
             return None, None
-        # The final hidden states ride along as one more tap: HF's last hidden state ("layer
-        # L-1" here) is taken after the final norm, so target.logits() of it are the target's
-        # own logits (tests/test_training_losses.py, per family); one tensor
-        # (b, S, (n_taps + 1) * D) is computed, cached and split below.
-        taps = [*layer_ids, self.target.num_layers - 1] if reads_target else layer_ids
-        compute = lambda: target_features(self.target, batch["input_ids"], taps)
-        if self.state_cache is not None:
-            states = self.state_cache.get(batch.get("row_index"), attention_mask, compute)
-        else:
-            states = compute()
+        states = self._states(batch, attention_mask, taps)
         split = len(layer_ids) * self.target.hidden_size
         features = states[..., :split] if layer_ids else None
-        return features, (states[..., split:] if reads_target else None)
+        return features, (states[..., split:] if self.loss_settings.reads_target else None)
+
+    def _feature_layers(self) -> list[int]:
+        config = self.drafter.config
+        return list(config.target_layer_ids) if config.use_target_features else []
+
+    def cached_layers(self) -> list[int]:
+        """The target layers a training step reads, in the order `_states` concatenates them.
+
+        The final hidden states ride along as one more tap for losses that read the
+        target's logits: HF's last hidden state ("layer L-1" here) is taken after the final
+        norm, so target.logits() of it are the target's own logits
+        (tests/test_training_losses.py, per family).
+        """
+        layers = self._feature_layers()
+        return [*layers, self.target.num_layers - 1] if self.loss_settings.reads_target else layers
+
+    def _states(self, batch: dict, attention_mask: torch.Tensor, taps: list[int]) -> torch.Tensor:
+        """(b, S, len(taps) * D) target states of the batch: read from the disk cache, kept
+        in memory, or computed by the target."""
+        if self.disk_cache is not None:
+            row_index = batch.get("row_index")
+            if row_index is None:
+                raise ValueError("training.target_cache_dir needs batches with row_index (DFlashDataModule adds it)")
+            return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
+        compute = lambda: target_features(self.target, batch["input_ids"], taps)
+        if self.state_cache is not None:
+            return self.state_cache.get(batch.get("row_index"), attention_mask, compute)
+        return compute()
+
+    def setup(self, stage: str) -> None:
+        self.setup_disk_cache()
+
+    def setup_disk_cache(self) -> None:
+        """With `training.target_cache_dir`: open the disk cache of this target on the
+        trainer's data, fill what is missing (ranks split the work), wait for every rank."""
+        config = self.training_config
+        if config.target_cache_dir is None or self.disk_cache is not None or self.trainer is None:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        rows = getattr(datamodule, "rows", None)
+        require(
+            rows is not None and hasattr(datamodule, "fingerprint"),
+            "training.target_cache_dir",
+            "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+        )
+        self._prepare_device()
+        self.disk_cache = open_disk_cache(
+            config, self.target, rows, datamodule.fingerprint(), self.cached_layers(),
+            rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+        )
+        self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         result = self.compute_loss(batch)
@@ -190,6 +233,22 @@ class DFlashTrainingModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[DRAFTER_CONFIG_KEY] = self.drafter.config.to_hf_dict()
+
+
+def open_disk_cache(config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1) -> DiskStateCache:
+    """The disk cache of `target` on tokenised `rows` (`dflash.data.tokenize.TokenizedRows`),
+    with this rank's share of the missing `layers` filled."""
+    lengths = rows.offsets[1:] - rows.offsets[:-1]
+    cache = DiskStateCache.open(config.target_cache_dir, target, data_fingerprint, lengths, dtype=config.target_cache_dtype)
+    cache.fill(
+        target,
+        lambda row: rows.input_ids[rows.offsets[row] : rows.offsets[row + 1]],
+        layers,
+        batch_size=config.target_cache_batch_size,
+        rank=rank,
+        world_size=world_size,
+    )
+    return cache
 
 
 _BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"

@@ -1,0 +1,95 @@
+"""Targets built or converted here: one build per directory, never half a directory.
+
+Offline targets (the tiny code LM pre-trained here, a GGUF file converted to an HF
+directory) are made once and reused by every later stage. Both kinds share these rules:
+
+Invariants:
+- A build writes everything into a temporary sibling of its directory and renames it
+  into place last (`save_atomically`): a killed build never leaves a directory that
+  looks finished, and a stale build is replaced whole.
+- Processes that want the same directory at once (the jobs of a sweep on a fresh
+  machine, test workers) serialise on an flock of `<dir>.build.lock` (`build_lock`):
+  one builds, the others wait and then find the build current.
+- "Current" is decided by `build_info.json` in the directory (each kind writes what
+  its build depends on there and checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Callable, Iterator
+
+BUILD_INFO = "build_info.json"
+
+
+def read_build_info(out_dir: str) -> dict | None:
+    """`out_dir/build_info.json` as a dict, or None when it is missing or not JSON, or the
+    directory holds no config.json (then it is no model)."""
+    try:
+        with open(os.path.join(out_dir, BUILD_INFO)) as handle:
+            info = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not os.path.isfile(os.path.join(out_dir, "config.json")):
+        return None
+    return info
+
+
+@contextlib.contextmanager
+def build_lock(out_dir: str, say: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive flock on `<out_dir>.build.lock`, waiting (with a message) while another process holds it."""
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    with open(f"{out_dir}.build.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another process is building {out_dir}; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
+    """Write the model, its tokenizer and `info` (as build_info.json) into a temporary
+    sibling, then swap it in for `out_dir`."""
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.building-", dir=parent)
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; the build is an ordinary directory
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        with open(os.path.join(staging, BUILD_INFO), "w") as handle:
+            json.dump(info, handle, indent=2)
+        stale = None
+        if os.path.exists(out_dir):
+            # rename() cannot replace a non-empty directory: move the stale build aside first.
+            stale = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.stale-", dir=parent)
+            os.replace(out_dir, os.path.join(stale, "old"))
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+class Say:
+    """Stage messages `[<name>] ...` on stderr (through tqdm, so they do not break progress bars)."""
+
+    def __init__(self, name: str, enabled: bool = True):
+        self.name, self.enabled = name, enabled
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"[{self.name}] {message}", file=sys.stderr)
