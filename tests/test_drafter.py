@@ -176,6 +176,29 @@ def test_mask_token_uses_existing_then_adds_then_errors():
     assert named == tok.pad_token_id
 
 
+def test_without_a_spare_row_an_unused_special_token_becomes_the_mask(caplog):
+    """SmolLM2 and Llama-3 have no embedding row for a new token: a special token that has
+    no role and that the chat template never writes is taken, a reserved one first."""
+    import logging
+
+    from dflash.drafter.mask_token import unused_special_token
+
+    tok = byte_tokenizer(chat_template=True, mask_token=False)  # <|im_start|>/<|im_end|> are in the template
+    tok.add_tokens(["<legacy_a>", "<legacy_b>"], special_tokens=True)  # as SmolLM2's StarCoder-era tokens
+    with caplog.at_level(logging.INFO, logger="dflash.drafter.mask_token"):
+        chosen = resolve_mask_token_id(tok, embedding_rows=len(tok))
+    assert tok.convert_ids_to_tokens(chosen) == "<legacy_b>" and tok.mask_token == "<legacy_b>"
+    assert any("'<legacy_b>'" in r.getMessage() for r in caplog.records)  # says which
+    tok = byte_tokenizer(chat_template=True, mask_token=False)
+    tok.add_tokens(["<legacy>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>"], special_tokens=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<has_a_role>"]})  # listed as special: never taken
+    assert unused_special_token(tok, len(tok)) == "<|reserved_special_token_0|>"
+    assert unused_special_token(tok, len(tok) - 3) == "<legacy>"  # tokens without an embedding row are not candidates
+    tok = byte_tokenizer(chat_template=True, mask_token=False)  # only tokens with a role or in the template
+    with pytest.raises(ConfigError, match="no unused special token"):
+        resolve_mask_token_id(tok, embedding_rows=len(tok))
+
+
 def test_standalone_drafter_without_target_features_round_trips_and_decodes_losslessly(tiny_target, tmp_path):
     from dflash.decoding import DFlashProposer, generate
     from tests.conftest import hf_greedy

@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dflash.data.builtin_prompts import builtin_rows, is_builtin
 from dflash.data.token_ids import TOKEN_IDS
 from dflash.errors import ConfigError, require
 
@@ -49,7 +50,8 @@ class SourceSpec:
     """Where conversations come from and how to read them.
 
     path: a hub dataset id ("HuggingFaceH4/ultrachat_200k"), or a local .jsonl/.json/
-        .parquet file, or a local directory of such files (e.g. regenerated shards).
+        .parquet file, or a local directory of such files (e.g. regenerated shards), or
+        `builtin:<family>`, prompts read from installed packages (`dflash.data.builtin_prompts`).
     format: "auto" (pick by columns), "messages", "sharegpt" or "prompt_response".
     split, subset, data_files: passed to `datasets.load_dataset` for hub datasets.
     input_column: optional extra prompt text appended after the prompt (Alpaca's `input`).
@@ -131,6 +133,8 @@ def _open_dataset(spec: SourceSpec, key: str) -> tuple[list[str], object]:
     import datasets
     from datasets.exceptions import DatasetGenerationError
 
+    if is_builtin(spec.path):
+        return ["messages"], builtin_rows(spec.path, spec.limit, key)
     path = os.path.expanduser(spec.path)
     if _looks_local(path):
         files = _local_files(path, key)
@@ -175,7 +179,7 @@ def check_local_source(spec: SourceSpec, key: str = "data") -> None:
     """ConfigError now, before any model loads, when a local source names no data files
     (hub datasets are checked when they load)."""
     path = os.path.expanduser(spec.path)
-    if _looks_local(path):
+    if _looks_local(path) and not is_builtin(path):
         _local_files(path, key)
 
 

@@ -57,9 +57,10 @@ def build_lock(out_dir: str, say: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
+def save_atomically(out_dir: str, model, tokenizer, info: dict, config_keys: dict | None = None) -> None:
     """Write the model, its tokenizer and `info` (as build_info.json) into a temporary
-    sibling, then swap it in for `out_dir`."""
+    sibling, then swap it in for `out_dir`. `config_keys` are added to config.json as
+    written (keys the running transformers would not write itself)."""
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.building-", dir=parent)
@@ -67,6 +68,12 @@ def save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
         os.chmod(staging, 0o755)  # mkdtemp makes it private; the build is an ordinary directory
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        if config_keys:
+            config_path = os.path.join(staging, "config.json")
+            with open(config_path) as handle:
+                config = json.load(handle)
+            with open(config_path, "w") as handle:
+                json.dump({**config, **config_keys}, handle, indent=2, sort_keys=True)
         with open(os.path.join(staging, BUILD_INFO), "w") as handle:
             json.dump(info, handle, indent=2)
         stale = None

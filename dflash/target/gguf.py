@@ -20,7 +20,8 @@ Invariants:
 - Conversion follows `dflash.target.builds`: one process converts under the build lock,
   into a temporary sibling renamed into place last.
 - The converted model is the dequantised GGUF model itself: same logits (tested), the
-  quantisation marker cleared so that `save_pretrained` writes plain float tensors.
+  quantisation marker cleared so that `save_pretrained` writes plain float tensors, and
+  config.json carries the rope settings in both transformers generations' keys.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dflash.target.builds import Say, build_lock, read_build_info, save_atomical
 
 PACKAGE_PREFIX = "pkg:"
 # Bump when the conversion writes something different from the same GGUF file.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 KEY = "target.gguf_file"
 
 
@@ -105,6 +106,20 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def transformers_4_rope_keys(config) -> dict:
+    """transformers 4's `rope_theta` / `rope_scaling` for `config`'s rope, to write beside
+    transformers 5's `rope_parameters`: a 4.x loader (serving stacks, the DFlash
+    reference) that finds only `rope_parameters` silently uses theta 10000 (DESIGN.md
+    rule 11). Rope keyed by layer type has no 4.x spelling: nothing is added."""
+    from dflash.drafter.rope_keys import rope_config_keys
+
+    parameters = getattr(config, "rope_parameters", None)
+    if not isinstance(parameters, dict) or any(isinstance(v, dict) for v in parameters.values()):
+        return {}
+    keys = rope_config_keys(config)
+    return {"rope_theta": keys["rope_theta"], "rope_scaling": keys["rope_scaling"]}
+
+
 def _convert(gguf_path: str, out_dir: str, say, key: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -135,5 +150,5 @@ def _convert(gguf_path: str, out_dir: str, say, key: str) -> None:
         "dtype": "float32",
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
-    save_atomically(out_dir, model, tokenizer, info)
+    save_atomically(out_dir, model, tokenizer, info, config_keys=transformers_4_rope_keys(model.config))
     say(f"converted in {time.perf_counter() - started:.0f} s")

