@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -164,3 +165,39 @@ def test_data_spec_from_dict_checks_keys_and_builds_sources():
     with pytest.raises(ConfigError) as err:
         DataSpec.from_dict({"path": "out", "sources": [{"path": "org/a", "colum": "x"}]})
     assert err.value.key == "data.sources[0].colum"
+
+
+def _prompts(path: str, limit: int | None, key: str = "data") -> list[str]:
+    rows = load_conversations(SourceSpec(path=path, limit=limit, response_column=None), key)
+    assert all(len(row["messages"]) == 1 and row["messages"][0]["role"] == "user" for row in rows)
+    return [row["messages"][0]["content"] for row in rows]
+
+
+def test_builtin_prompt_families_are_seeded_samples_in_the_benchmarks_wording():
+    from dflash.eval.benchmarks import HUMANEVAL_TEMPLATE, MATH_SUFFIX
+    from dflash.target.tiny_code_prompts import humaneval_prompts
+
+    code = _prompts("builtin:code", 40)
+    assert len(code) == len(set(code)) == 40 and code == _prompts("builtin:code", 40)
+    assert any(p.startswith(HUMANEVAL_TEMPLATE.split("{")[0]) for p in code)  # the harness's wording among others
+    assert all("```python\ndef " in p or "```python\nasync def " in p for p in code)
+    evaluation = [p.strip() for p in humaneval_prompts()]
+    assert not any(e in p for p in code for e in evaluation)
+    math = _prompts("builtin:math", 300)
+    assert len(set(math)) == 300 and all(p.endswith(MATH_SUFFIX.format()) for p in math)
+    assert _prompts("builtin:math", 10) == math[:10]  # a limit takes the first of one seeded order
+    chat = _prompts("builtin:chat", 300)
+    assert len(set(chat)) == 300 and not set(chat) & set(math)
+
+
+@pytest.mark.parametrize(
+    "path, limit, key, message",
+    [
+        ("builtin:poetry", 5, "data.sources[1].path", "choose one of ['builtin:code', 'builtin:math', 'builtin:chat']"),
+        ("builtin:chat", 100_000, "data.sources[1].limit", "distinct prompts"),
+    ],
+)
+def test_a_bad_builtin_source_is_one_config_error(path, limit, key, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        _prompts(path, limit, "data.sources[1]")
+    assert err.value.key == key

@@ -123,11 +123,11 @@ def test_the_mask_token_is_an_unused_special_token_recorded_in_the_drafter(smoll
     assert (drafter.config.mask_token, drafter.config.mask_token_id) == ("<empty_output>", 16)
     assert 16 not in _stops(smollm2) and "<empty_output>" not in smollm2.tokenizer.chat_template
     save_drafter(drafter, str(tmp_path / "drafter"))
-    config = json.loads((tmp_path / "drafter" / "config.json").read_text())
-    assert config["mask_token_id"] == 16
+    written = json.loads((tmp_path / "drafter" / "config.json").read_text())["dflash_config"]
+    assert (written["mask_token_id"], written["mask_token"]) == (16, "<empty_output>")
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("block_size", [8, 16])
 def test_random_drafters_decode_exactly_the_targets_greedy_output(smollm2, prompt, block_size):
     drafter = build_drafter(DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=block_size), smollm2)
     expected = hf_greedy(smollm2, prompt, NEW_TOKENS, eos=_stops(smollm2))
@@ -139,9 +139,11 @@ def test_random_drafters_decode_exactly_the_targets_greedy_output(smollm2, promp
 
 
 def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy_output(smollm2, spec, prompt):
-    """A drafter overfit on the target's own continuation of the prompt: long accepted runs
-    on what it learned, partial ones where it is unsure, and the output never changes."""
-    block_size = 8
+    """A drafter half-way to memorising the target's own continuation of the prompt (60
+    steps at lr 5e-3, clipped as the recipe clips; by 100 steps it accepts every block of
+    what it learned): whole blocks, partial blocks and rejections, and the output never
+    changes."""
+    block_size = 4
     continuation = hf_greedy(smollm2, prompt, 64)
     ids = torch.cat([prompt, torch.tensor([continuation])], dim=1)
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -150,24 +152,24 @@ def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy
     module = DFlashTrainingModule(
         spec,
         DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=0),
-        TrainingConfig(num_anchors=32, learning_rate=3e-3, target_cache_gib=0.1),
+        TrainingConfig(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step
     )
-    optimizer = torch.optim.AdamW(module.drafter.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(module.drafter.parameters(), lr=5e-3)
     for _ in range(60):
         optimizer.zero_grad()
         module.compute_loss(batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.drafter.parameters(), 1.0)
         optimizer.step()
-    drafter = module.drafter.eval()
     expected = hf_greedy(smollm2, prompt, 80, eos=_stops(smollm2))
     result = generate(
         smollm2, prompt, max_new_tokens=80, block_size=block_size,
-        proposer=DFlashProposer(drafter, smollm2.embed, smollm2.logits), stop_token_ids=_stops(smollm2),
+        proposer=DFlashProposer(module.drafter.eval(), smollm2.embed, smollm2.logits), stop_token_ids=_stops(smollm2),
     )
     assert result.output_ids == expected
     lengths = result.acceptance_lengths
-    assert any(length == block_size for length in lengths), lengths  # whole blocks accepted
-    assert any(1 < length < block_size for length in lengths), lengths  # and partial ones
-    assert len(result.output_ids) / len(lengths) > 2.5, lengths
+    assert block_size in lengths and 1 in lengths, lengths  # whole blocks accepted, and rejections
+    assert any(1 < length < block_size for length in lengths), lengths  # partial acceptance
+    assert len(result.output_ids) / len(lengths) > 1.8, lengths  # it learned (a random drafter: about 1.0)
 
 
 def test_regeneration_training_and_evaluation_use_one_chat_template(smollm2):
@@ -176,7 +178,8 @@ def test_regeneration_training_and_evaluation_use_one_chat_template(smollm2):
     answer = generator([messages])[0]
     evaluation = PromptBuilder(smollm2.tokenizer, use_chat_template=True).encode([messages[0]["content"]])[0].tolist()
     assert answer.prompt_ids == prompt_token_ids(smollm2.tokenizer, messages) == evaluation
-    assert evaluation[-3:] == smollm2.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    header = smollm2.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert evaluation[-len(header) :] == header
     row = {"messages": [*messages, {"role": "assistant", "content": answer.text}]}
     rows = tokenize_conversations(smollm2.tokenizer, [row], TokenizeSettings(max_length=256, enable_thinking=None))
     trained = rows[0]

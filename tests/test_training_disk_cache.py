@@ -142,8 +142,8 @@ def test_runs_with_other_taps_fill_only_the_layers_they_add(tmp_path, target):
     assert calls == [] and again.directory == first.directory
     more = _cache(tmp_path, target, datamodule, [1, 3, 5])
     assert len(calls) > 0
-    layers = sorted(os.listdir(more.directory))
-    assert layers == ["layer-01", "layer-03", "layer-05", "manifest.json"]
+    layers = sorted(name for name in os.listdir(more.directory) if name.startswith("layer-"))
+    assert layers == ["layer-01", "layer-03", "layer-05"]
 
 
 def test_a_killed_fill_resumes_and_a_damaged_file_is_filled_again(tmp_path, target, caplog):
@@ -190,3 +190,24 @@ def test_a_missing_layer_file_while_reading_names_the_cache(tmp_path, target):
     cache = _cache(tmp_path, target, datamodule, [1])
     with pytest.raises(ConfigError, match="missing"):
         cache.read(torch.tensor([0]), int(np.max(cache.lengths)), [4], torch.float32)
+
+
+def test_eagle3_trains_from_the_same_cache_without_the_target(tmp_path, target_spec):
+    from dflash.eagle3.module import Eagle3Settings, Eagle3TrainingModule
+
+    losses = []
+    for cache_dir in (None, str(tmp_path)):
+        module = Eagle3TrainingModule(
+            target_spec, Eagle3Settings(ttt_length=2, seed=0), TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32")
+        )
+        datamodule = _datamodule(module.target.tokenizer)
+        calls = _counting(module.target)
+        if cache_dir is not None:
+            module.disk_cache = open_disk_cache(module.training_config, module.target, datamodule.rows, datamodule.fingerprint(), module.cached_layers())
+            stored = sorted(name for name in os.listdir(module.disk_cache.directory) if name.startswith("layer-"))
+            assert stored == [f"layer-{i:02d}" for i in sorted(set(module.cached_layers()))]  # a repeated tap is one file
+            calls.clear()
+        losses.append((module.compute_loss(next(iter(datamodule.train_dataloader()))).loss.detach(), len(calls)))
+    (live, live_calls), (cached, cached_calls) = losses
+    assert live_calls == 1 and cached_calls == 0
+    torch.testing.assert_close(cached, live, rtol=1e-5, atol=1e-6)

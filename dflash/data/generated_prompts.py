@@ -125,15 +125,19 @@ def _chat_templates(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
+MAX_MISSES = 20_000  # consecutive repeats after which a template family counts as exhausted
+
+
 def _distinct(make, count: int, seed: int, family: str) -> list[str]:
     rng = random.Random(seed)
     prompts: dict[str, None] = {}
-    attempts = 0
+    misses = 0
     while len(prompts) < count:
-        attempts += 1
-        if attempts > 50 * count:
-            raise ValueError(f"the {family} templates gave only {len(prompts)} distinct prompts of the {count} asked for")
+        before = len(prompts)
         prompts.setdefault(make(rng), None)
+        misses = misses + 1 if len(prompts) == before else 0
+        if misses > MAX_MISSES:
+            raise ValueError(f"the {family} templates gave only {len(prompts)} distinct prompts of the {count} asked for")
     return list(prompts)
 
 

@@ -27,7 +27,8 @@ Invariants:
   rounding (and the storage dtype's rounding): fill batches are right-padded, and causal
   attention keeps padding out of real positions, as in training.
 - Ranks split the fill by shard (shard i by rank i % world_size); the caller then waits for
-  all ranks before reading (`DFlashTrainingModule.setup`).
+  all ranks before reading (`DFlashTrainingModule.setup`). Processes filling the same share
+  (jobs of a sweep started together) take turns on a file lock, so each file is computed once.
 """
 
 from __future__ import annotations
@@ -202,6 +203,15 @@ class DiskStateCache:
             layers: target layers to have on disk (0-based; L-1 for the final hidden state).
             batch_size: rows per target forward.
         """
+        from dflash.target.builds import build_lock
+
+        # Jobs started together on a fresh cache (a seed sweep) wait for the one that fills
+        # their share instead of computing it too; ranks of one job fill their shares at once.
+        lock = os.path.join(self.directory, f"fill-{rank}-of-{world_size}")
+        with build_lock(lock, lambda message: log.info("target state cache: %s", message)):
+            return self._fill(target, row_ids, layers, batch_size, rank, world_size, progress)
+
+    def _fill(self, target, row_ids, layers, batch_size, rank, world_size, progress) -> int:
         from dflash.training.forward import target_features
 
         todo = {s: absent for s, absent in self.missing(layers).items() if s % world_size == rank}
@@ -212,8 +222,7 @@ class DiskStateCache:
             "target state cache: computing layers %s for %d rows (%d shards) into %s",
             sorted({layer for absent in todo.values() for layer in absent}), rows, len(todo), self.directory,
         )
-        interactive = progress and _is_interactive()
-        bar = tqdm(total=rows, desc="target states", unit="row", disable=not progress, mininterval=1.0 if interactive else 30.0)
+        report = _FillProgress(rows, progress)
         began, tokens = time.perf_counter(), 0
         for shard, absent in todo.items():
             start, stop = self._rows(shard)
@@ -235,13 +244,12 @@ class DiskStateCache:
                     for j, layer in enumerate(absent):
                         buffers[layer][at : at + length] = states[i, :length, j * self.hidden_size : (j + 1) * self.hidden_size]
                     tokens += length
-                bar.update(len(batch_rows))
-                bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - began, 1e-9):.0f}", refresh=False)
+                report.update(len(batch_rows), tokens)
             for layer, values in buffers.items():
                 raw = values.view(torch.int16) if self.torch_dtype == torch.bfloat16 else values
                 data = raw.numpy().tobytes()
                 atomic_write(self._path(shard, layer), lambda temporary, data=data: _write_bytes(temporary, data))
-        bar.close()
+        report.close()
         elapsed = time.perf_counter() - began
         log.info(
             "target state cache: %d tokens in %.0f s (%.0f tokens/s); %.1f MiB on disk in %s",
@@ -295,7 +303,38 @@ def _write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def _is_interactive() -> bool:
-    from dflash.training.progress import is_interactive
+class _FillProgress:
+    """A progress bar on a terminal; elsewhere (a log file, a batch job) one log line every
+    `PROGRESS_INTERVAL_S` seconds: `target states: 136/512 rows (27%), 965 tokens/s, ETA 0:02:20`."""
 
-    return is_interactive()
+    def __init__(self, total_rows: int, enabled: bool):
+        from dflash.training.progress import PROGRESS_INTERVAL_S, is_interactive
+
+        self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S
+        self.began = self.last_line = time.perf_counter()
+        self.bar = tqdm(total=total_rows, desc="target states", unit="row") if enabled and is_interactive() else None
+        self.lines = enabled and self.bar is None
+
+    def update(self, rows: int, tokens: int) -> None:
+        self.done += rows
+        now = time.perf_counter()
+        rate = tokens / max(now - self.began, 1e-9)
+        if self.bar is not None:
+            self.bar.update(rows)
+            self.bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
+        elif self.lines and now - self.last_line >= self.interval:
+            self.last_line = now
+            eta = (now - self.began) / self.done * (self.total - self.done)
+            log.info(
+                "target states: %d/%d rows (%d%%), %.0f tokens/s, ETA %s",
+                self.done, self.total, 100 * self.done // self.total, rate, _clock(eta),
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

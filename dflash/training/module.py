@@ -7,6 +7,11 @@ Invariants:
 - Checkpoints hold the drafter weights (`drafter.*`) and, under `DRAFTER_CONFIG_KEY`,
   the drafter's config.json dict, so `dflash.training.export.export_checkpoint` rebuilds
   the drafter without loading the target.
+- A step's target states come from the disk cache when `training.target_cache_dir` is set
+  (filled in `setup`, `dflash.training.disk_cache`), else from the in-memory cache when
+  `training.target_cache_gib` > 0, else from a target forward; all three give the same
+  states up to float rounding (tests/test_training_disk_cache.py,
+  tests/test_training_feature_cache.py).
 - Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
   (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
 
