@@ -41,6 +41,19 @@ def read_build_info(out_dir: str) -> dict | None:
     return info
 
 
+def build_once(out_dir: str, is_current: Callable[[], bool], build: Callable[[], None], say: Callable[[str], None]) -> str:
+    """Run `build()` (which writes `out_dir`) unless `is_current()`; under the build lock,
+    checking again after waiting, so processes started side by side build it once."""
+    if is_current():
+        return out_dir
+    with build_lock(out_dir, say):
+        if is_current():
+            say(f"using the build another process just finished in {out_dir}")
+            return out_dir
+        build()
+    return out_dir
+
+
 @contextlib.contextmanager
 def build_lock(out_dir: str, say: Callable[[str], None]) -> Iterator[None]:
     """An exclusive flock on `<out_dir>.build.lock`, waiting (with a message) while another process holds it."""

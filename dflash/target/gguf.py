@@ -31,7 +31,7 @@ import os
 import time
 
 from dflash.errors import ConfigError, reading, require
-from dflash.target.builds import Say, build_lock, read_build_info, save_atomically
+from dflash.target.builds import Say, build_once, read_build_info, save_atomically
 
 PACKAGE_PREFIX = "pkg:"
 # Bump when the conversion writes something different from the same GGUF file.
@@ -74,15 +74,8 @@ def convert_gguf(source: str, out_dir: str, progress: bool = True, key: str = KE
     unless `out_dir` already holds this file's conversion. Returns `out_dir`."""
     gguf_path = locate_gguf(source, key)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    if _is_current(out_dir, gguf_path):
-        return out_dir
     say = Say("gguf", progress)
-    with build_lock(out_dir, say):
-        if _is_current(out_dir, gguf_path):
-            say(f"using the conversion another process just finished in {out_dir}")
-            return out_dir
-        _convert(gguf_path, out_dir, say, key)
-    return out_dir
+    return build_once(out_dir, lambda: _is_current(out_dir, gguf_path), lambda: _convert(gguf_path, out_dir, say, key), say)
 
 
 def _is_current(out_dir: str, gguf_path: str) -> bool:

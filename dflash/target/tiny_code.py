@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from dflash.errors import require, spec_from_dict
-from dflash.target.builds import BUILD_INFO, Say, build_lock, read_build_info, save_atomically
+from dflash.target.builds import BUILD_INFO, Say, build_once, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
 # Bump when the build procedure changes in a way that changes the weights.
@@ -311,16 +311,10 @@ def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress
     if isinstance(config, dict):
         config = TinyCodeConfig.from_dict(config)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    if is_current(out_dir, config):
-        return out_dir
     say = Say("tiny_code", progress)
     # Jobs of a sweep started side by side on a fresh machine all ask for the target: one
     # builds it, the others wait for that build instead of repeating it.
-    with build_lock(out_dir, say):
-        if is_current(out_dir, config):
-            say(f"using the build another process just finished in {out_dir}")
-            return out_dir
-        return _build(out_dir, config, say, progress)
+    return build_once(out_dir, lambda: is_current(out_dir, config), lambda: _build(out_dir, config, say, progress), say)
 
 
 def _build(out_dir: str, config: TinyCodeConfig, say, progress: bool) -> str:
