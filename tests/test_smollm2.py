@@ -119,6 +119,17 @@ def test_a_missing_package_or_file_is_one_config_error():
     assert err.value.key == "target.gguf_file"
 
 
+def test_a_damaged_gguf_file_is_one_config_error_and_leaves_no_directory(tmp_path):
+    from dflash.errors import ConfigError
+
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="cannot read") as err:
+        gguf.convert_gguf(str(bad), str(tmp_path / "converted"), progress=False)
+    assert err.value.key == "target.gguf_file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted.build.lock", "model.gguf"]
+
+
 def test_the_mask_token_is_an_unused_special_token_recorded_in_the_drafter(smollm2, tmp_path):
     drafter = build_drafter(DrafterSpec(num_layers=1, block_size=4, num_target_features=2), smollm2)
     assert (drafter.config.mask_token, drafter.config.mask_token_id) == ("<empty_output>", 16)
