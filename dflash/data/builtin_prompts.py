@@ -1,4 +1,4 @@
-"""Prompt families that need no network: read from installed packages, for regeneration.
+"""Prompt families that need no network (from installed packages or made here), for regeneration.
 
 A data source whose path is `builtin:<family>` (conf/data/smollm2_prompts.yaml) yields
 user prompts `{"messages": [{"role": "user", "content": ...}]}` of that family, in a

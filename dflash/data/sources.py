@@ -51,7 +51,7 @@ class SourceSpec:
 
     path: a hub dataset id ("HuggingFaceH4/ultrachat_200k"), or a local .jsonl/.json/
         .parquet file, or a local directory of such files (e.g. regenerated shards), or
-        `builtin:<family>`, prompts read from installed packages (`dflash.data.builtin_prompts`).
+        `builtin:<family>`, prompts that need no network (`dflash.data.builtin_prompts`).
     format: "auto" (pick by columns), "messages", "sharegpt" or "prompt_response".
     split, subset, data_files: passed to `datasets.load_dataset` for hub datasets.
     input_column: optional extra prompt text appended after the prompt (Alpaca's `input`).
