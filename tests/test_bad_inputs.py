@@ -108,6 +108,7 @@ TRAIN_CASES = {
     "more anchors than positions": (["training.num_anchors=100000"], "training.num_anchors", "<= 3072"),
     "artifacts under a file": (["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
     "cache dir under a file": (["data.cache_dir={ws}/blocker/cache"], "data.cache_dir", "is a file"),
+    "target state cache under a file": (["training.target_cache_dir={ws}/blocker/states"], "training.target_cache_dir", "is a file"),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
     "target dir without a model": (["target.build=null", "target.path={ws}/empty_target"], "target.path", "holds no config.json"),
     "data dir without data files": (["data.path={ws}/empty_target", "target.path={ws}/no_target_yet"], "data.path", "holds no .jsonl"),

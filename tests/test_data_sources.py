@@ -195,6 +195,7 @@ def test_builtin_prompt_families_are_seeded_samples_in_the_benchmarks_wording():
     [
         ("builtin:poetry", 5, "data.sources[1].path", "choose one of ['builtin:code', 'builtin:math', 'builtin:chat']"),
         ("builtin:chat", 100_000, "data.sources[1].limit", "distinct prompts"),
+        ("builtin:code", 100_000, "data.sources[1].limit", "builtin:code: asked for 100000 prompts but the stdlib has only"),
     ],
 )
 def test_a_bad_builtin_source_is_one_config_error(path, limit, key, message):

@@ -11,8 +11,8 @@ import torch
 
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
+from dflash.target.builds import BUILD_INFO
 from dflash.target.tiny_code import (
-    BUILD_INFO,
     SPECIAL_TOKENS,
     TinyCodeConfig,
     build_tiny_code_target,
@@ -228,7 +228,7 @@ def test_a_second_build_waits_for_the_first_and_reuses_it(tmp_path, monkeypatch,
     assert waiter.is_alive() and not builds  # waiting, not building
     out.mkdir()  # the holder's build lands
     (out / "config.json").write_text("{}")
-    (out / tiny_code.BUILD_INFO).write_text(json.dumps({"build_hash": config.build_hash()}))
+    (out / BUILD_INFO).write_text(json.dumps({"build_hash": config.build_hash()}))
     fcntl.flock(holder, fcntl.LOCK_UN)
     holder.close()
     waiter.join(10.0)

@@ -75,7 +75,6 @@ def test_a_batch_read_from_disk_equals_the_live_targets_states(tmp_path, target,
     else:  # bf16 storage: the live states rounded to bf16, up to a rounding flip of one step
         torch.testing.assert_close(read[real], live[real].bfloat16().float(), rtol=8e-3, atol=1e-2)
     per_token = 3 * target.hidden_size * (2 if dtype == "bfloat16" else 4)
-    assert cache.bytes_per_token(3) == per_token
     assert cache.disk_bytes() == per_token * int(datamodule.rows.offsets[-1])
 
 

@@ -214,4 +214,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "train", output_dirs=("paths.artifacts", "data.cache_dir"))
+    run_app(_hydra_main, "train", output_dirs=("paths.artifacts", "data.cache_dir", "training.target_cache_dir"))

@@ -72,13 +72,7 @@ def builtin_rows(path: str, limit: int | None, key: str, seed: int = 0) -> list[
     require(limit is None or limit > 0, f"{key}.limit", f"must be positive or null, got {limit}")
     try:
         prompts = FAMILIES[family](limit, seed)
-    except ValueError as err:  # a template family with fewer distinct prompts than asked for
-        raise ConfigError(f"{key}.limit", f"{path}: {err}") from None
-    if limit is not None:
-        require(
-            len(prompts) >= limit,
-            f"{key}.limit",
-            f"{path} has {len(prompts)} prompts, fewer than the {limit} asked for",
-        )
-        prompts = prompts[:limit]
+    except ValueError as err:  # fewer distinct prompts than asked for (a ConfigError of the stdlib cutter too)
+        reason = str(err).removeprefix(f"{err.key}: ") if isinstance(err, ConfigError) else str(err)
+        raise ConfigError(f"{key}.limit", f"{path}: {reason}") from None
     return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]

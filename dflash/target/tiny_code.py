@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from dflash.errors import require, spec_from_dict
-from dflash.target.builds import BUILD_INFO, Say, build_once, read_build_info, save_atomically
+from dflash.target.builds import Say, build_once, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
 # Bump when the build procedure changes in a way that changes the weights.

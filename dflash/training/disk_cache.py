@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, write_json
+from dflash.training.progress import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +144,6 @@ class DiskStateCache:
     @property
     def num_shards(self) -> int:
         return (len(self.lengths) + self.shard_rows - 1) // self.shard_rows
-
-    def bytes_per_token(self, num_layers: int) -> int:
-        return num_layers * self.hidden_size * torch.finfo(self.torch_dtype).bits // 8
 
     def disk_bytes(self) -> int:
         """Bytes of every layer file of this cache."""
@@ -310,6 +308,7 @@ class _FillProgress:
     def __init__(self, total_rows: int, enabled: bool):
         from dflash.training.progress import PROGRESS_INTERVAL_S, is_interactive
 
+
         self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S
         self.began = self.last_line = time.perf_counter()
         self.bar = tqdm(total=total_rows, desc="target states", unit="row") if enabled and is_interactive() else None
@@ -327,14 +326,10 @@ class _FillProgress:
             eta = (now - self.began) / self.done * (self.total - self.done)
             log.info(
                 "target states: %d/%d rows (%d%%), %.0f tokens/s, ETA %s",
-                self.done, self.total, 100 * self.done // self.total, rate, _clock(eta),
+                self.done, self.total, 100 * self.done // self.total, rate, format_duration(eta),
             )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
