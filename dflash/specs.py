@@ -66,6 +66,8 @@ class DrafterSpec:
         run's `seed`, so a seed sweep trains different drafters).
     use_target_features: False builds a standalone block-diffusion drafter whose context
         is the prefix's token embeddings (the target-context ablation); taps are ignored.
+    init_from_target: start a new drafter from the target's top layers and final norm
+        (`dflash.drafter.target_init`) instead of random weights.
     """
 
     path: str | None = None
@@ -80,9 +82,15 @@ class DrafterSpec:
     dtype: str = "float32"
     seed: int | None = None
     use_target_features: bool = True
+    init_from_target: bool = False
 
     def __post_init__(self):
-        check_attn_implementation(self.attn_implementation)  # now, not after the target has loaded
+        check_attn_implementation(self.attn_implementation)
+        require(
+            not self.init_from_target or (self.path is None and self.init_from is None),
+            "drafter.init_from_target",
+            "starts a new drafter from the target's weights; it cannot be combined with drafter.path or drafter.init_from",
+        )  # now, not after the target has loaded
 
 
 def load_target(spec: TargetSpec) -> TargetModel:
@@ -174,6 +182,10 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     drafter = DFlashDrafter(config)
     if spec.init_from is not None:
         init_drafter_from(drafter, spec.init_from)
+    if spec.init_from_target:
+        from dflash.drafter.target_init import init_from_target
+
+        init_from_target(drafter, target)
     return place_drafter(drafter, target.device, dtype)
 
 

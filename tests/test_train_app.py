@@ -259,6 +259,8 @@ BAD_INPUTS = {
     "bad_type": (["trainer.max_steps=many"], "trainer.max_steps"),
     "select": (["checkpoint.select=worst"], "checkpoint.select"),
     "monitor": (["checkpoint.monitor=train/loss"], "checkpoint.monitor"),
+    "max_minutes": (["trainer.max_minutes=0"], "trainer.max_minutes"),
+    "init_from_target": (["drafter.init_from_target=true", "drafter.intermediate_size=24"], "drafter.init_from_target"),
 }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import lightning as L
 import torch
@@ -227,12 +228,14 @@ class DFlashTrainingModule(L.LightningModule):
         ]
         optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
         total_steps = self.trainer.estimated_stepping_batches
+        time_fraction = training_time_fraction(self.trainer)
         require(
-            math.isfinite(total_steps),
+            math.isfinite(total_steps) or time_fraction is not None,
             "trainer.max_steps",
-            "the cosine schedule needs a finite length; set trainer.max_steps or trainer.max_epochs",
+            "the cosine schedule needs a finite length; set trainer.max_steps, trainer.max_epochs or trainer.max_minutes",
         )
-        schedule = warmup_cosine_schedule(int(total_steps), config.warmup_ratio, config.min_lr_ratio)
+        total = int(total_steps) if math.isfinite(total_steps) else None
+        schedule = warmup_cosine_schedule(total, config.warmup_ratio, config.min_lr_ratio, time_fraction)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -259,15 +262,57 @@ def open_disk_cache(config: TrainingConfig, target, rows, data_fingerprint: str,
 _BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
 
 
-def warmup_cosine_schedule(total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0):
-    """LR multiplier per optimizer step: linear from ~0 to 1 over ceil(warmup_ratio *
-    total_steps) steps, then cosine down to `min_lr_ratio` at `total_steps`."""
-    warmup_steps = math.ceil(warmup_ratio * total_steps)
+def warmup_cosine_schedule(
+    total_steps: int | None,
+    warmup_ratio: float,
+    min_lr_ratio: float = 0.0,
+    time_fraction: Callable[[], float] | None = None,
+):
+    """LR multiplier per optimizer step: a linear warm-up over the first `warmup_ratio` of
+    training, then a cosine down to `min_lr_ratio` at its end.
+
+    Without `time_fraction`, training is `total_steps` steps: the warm-up goes from ~0 to 1
+    over ceil(warmup_ratio * total_steps) steps. With it (a time budget, `trainer.max_minutes`),
+    progress is the larger of the step fraction (when `total_steps` is known) and the
+    fraction of the budget spent, so whichever limit ends training also ends the schedule;
+    the warm-up then starts at 1% of the peak.
+    """
+    if time_fraction is None:
+        require(total_steps is not None, "trainer.max_steps", "a schedule without a time budget needs a step count")
+        warmup_steps = math.ceil(warmup_ratio * total_steps)
+
+    def cosine(progress: float) -> float:
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     def multiplier(step: int) -> float:
+        if time_fraction is not None:
+            progress = max(time_fraction(), step / total_steps if total_steps else 0.0)
+            if progress < warmup_ratio:
+                return max(progress, 0.01 * warmup_ratio) / warmup_ratio
+            return cosine((progress - warmup_ratio) / (1.0 - warmup_ratio))
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cosine((step - warmup_steps) / max(1, total_steps - warmup_steps))
 
     return multiplier
+
+
+def training_time_fraction(trainer) -> Callable[[], float] | None:
+    """With a time budget (`trainer.max_minutes`: Lightning's Timer, restored on resume),
+    a function giving the fraction of it spent, the same on every rank (rank 0's); else None."""
+    from lightning.pytorch.callbacks import Timer
+
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    if not timers:
+        return None
+    timer = timers[0]
+
+    def fraction() -> float:
+        elapsed = timer.time_elapsed("train")
+        budget = elapsed + (timer.time_remaining("train") or 0.0)
+        value = elapsed / budget if budget > 0 else 1.0
+        if trainer.world_size > 1:  # ranks must step the same learning rate
+            value = float(trainer.strategy.broadcast(value, src=0))
+        return min(1.0, value)
+
+    return fraction

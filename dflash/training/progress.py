@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from typing import Callable
@@ -83,7 +84,8 @@ class LineProgress(Callback):
             self._loss_sum += float(loss)
             self._loss_count += 1
         now = self.clock()
-        last_step = trainer.global_step >= _total_steps(trainer)
+        total = _total_steps(trainer)
+        last_step = total is not None and trainer.global_step >= total
         if now - self._last_line >= self.interval_s or last_step:
             self._write(trainer, now)
 
@@ -100,19 +102,36 @@ class LineProgress(Callback):
         step, total = trainer.global_step, _total_steps(trainer)
         elapsed = now - self._started
         done = step - self._start_step
-        parts = [f"step {step}/{total} ({100 * step / max(1, total):.0f}%)"]
+        parts = [f"step {step}/{total} ({100 * step / max(1, total):.0f}%)" if total is not None else f"step {step}"]
         if self._loss_count:
             parts.append(f"loss {self._loss_sum / self._loss_count:.3f}")
         if done > 0 and elapsed > 0:
             rate = done / elapsed
-            parts += [f"{rate:.2f} steps/s", f"elapsed {format_duration(elapsed)}", f"ETA {format_duration((total - step) / rate)}"]
+            parts += [f"{rate:.2f} steps/s", f"elapsed {format_duration(elapsed)}"]
+            eta = (total - step) / rate if total is not None else None
+            remaining = _time_remaining(trainer)
+            if remaining is not None:  # a time budget: it ends training unless the steps run out first
+                eta = remaining if eta is None else min(eta, remaining)
+            parts.append(f"ETA {format_duration(eta)}")
         self._loss_sum, self._loss_count = 0.0, 0
         if trainer.is_global_zero:
             log.info("%s: %s", self.label, ", ".join(parts))
 
 
-def _total_steps(trainer) -> int:
-    """The optimizer steps this fit will run in all (max_steps, else Lightning's estimate)."""
+def _total_steps(trainer) -> int | None:
+    """The optimizer steps this fit will run in all (max_steps, else Lightning's estimate);
+    None when only a time budget bounds it."""
     if trainer.max_steps is not None and trainer.max_steps > 0:
         return trainer.max_steps
-    return int(trainer.estimated_stepping_batches)
+    estimate = trainer.estimated_stepping_batches
+    return int(estimate) if math.isfinite(estimate) else None
+
+
+def _time_remaining(trainer) -> float | None:
+    """Seconds left of the time budget (`trainer.max_minutes`), if there is one."""
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, Timer):
+            return callback.time_remaining("train")
+    return None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import os
 import uuid
@@ -78,6 +79,10 @@ class TrainerSettings:
     """The `trainer` config group: arguments of `lightning.Trainer` (see conf/trainer/*.yaml).
 
     fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
+    max_minutes: a wall-clock budget for the fit (Lightning's `max_time`, kept across
+        resumes): training stops when it is spent, and the learning-rate schedule follows
+        the fraction spent (`dflash.training.module.warmup_cosine_schedule`). With
+        max_steps too, the first limit reached ends training.
     """
 
     accelerator: str = "cpu"
@@ -96,12 +101,18 @@ class TrainerSettings:
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     fsdp: dict | None = None
+    max_minutes: float | None = None
 
     def __post_init__(self):
         require(
-            self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0),
+            self.max_minutes is None or (not isinstance(self.max_minutes, bool) and self.max_minutes > 0),
+            "trainer.max_minutes",
+            f"must be a number of minutes > 0 (null: no time budget), got {self.max_minutes!r}",
+        )
+        require(
+            self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0) or self.max_minutes is not None,
             "trainer.max_steps",
-            "set trainer.max_steps > 0 or trainer.max_epochs > 0: the cosine schedule needs a finite length",
+            "set trainer.max_steps > 0, trainer.max_epochs > 0 or trainer.max_minutes: the cosine schedule needs a finite length",
         )
         require(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
         require(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
@@ -284,6 +295,7 @@ def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, cal
             precision=settings.precision,
             max_epochs=settings.max_epochs,
             max_steps=settings.max_steps,
+            max_time=None if settings.max_minutes is None else datetime.timedelta(minutes=settings.max_minutes),
             gradient_clip_val=settings.gradient_clip_val,
             accumulate_grad_batches=settings.accumulate_grad_batches,
             log_every_n_steps=settings.log_every_n_steps,
