@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sample-efficiency levers on SmolLM2-135M-Instruct, each at the same step budget, from the
-# disk cache of experiments/smollm2.yaml (filled once; every lever reads it):
-#   scripts/smollm2_levers.sh [NAME ...]      # default: every lever below, in order
+# Sample-efficiency levers on SmolLM2-135M-Instruct, from the disk cache of
+# experiments/smollm2.yaml (filled once; every lever reads it):
+#   scripts/smollm2_levers.sh [NAME ...]          # default: every lever below, in order
+#   MINUTES=9 scripts/smollm2_levers.sh NAME      # equal CPU minutes (trainer.max_minutes)
+#   STEPS=250 scripts/smollm2_levers.sh NAME      # equal steps (the first two levers ran so)
 # Each lever trains `python -m dflash.train experiment=smollm2` with its overrides
 # (validation tau_sim every 50 steps) into artifacts/runs/lever-NAME, then evaluates the
 # exported drafter on 10 HumanEval prompts (measured tau, speedup) into .../eval.
@@ -9,7 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-STEPS=${STEPS:-250}
+if [ -n "${MINUTES:-}" ]; then
+  BUDGET="trainer.max_steps=-1 trainer.max_epochs=null trainer.max_minutes=$MINUTES"
+else
+  BUDGET="trainer.max_steps=${STEPS:-250}"
+fi
 
 declare -A LEVERS=(
   [random_lr1e-3]="training.learning_rate=1e-3"
@@ -21,8 +27,11 @@ declare -A LEVERS=(
   [init_depth1]="drafter.init_from_target=true training.learning_rate=1e-3 drafter.num_layers=1"
   [init_depth2]="drafter.init_from_target=true training.learning_rate=1e-3 drafter.num_layers=2"
   [init_kl]="drafter.init_from_target=true training.learning_rate=1e-3 training.loss=kl"
+  [init_vocab8k]="drafter.init_from_target=true training.learning_rate=1e-3 training.draft_vocab_size=8192"
+  [init_bf16]="drafter.init_from_target=true training.learning_rate=1e-3 trainer.precision=bf16-mixed"
+  [init_vocab8k_anchors256]="drafter.init_from_target=true training.learning_rate=1e-3 training.draft_vocab_size=8192 training.num_anchors=256"
 )
-ORDER=(random_lr1e-3 init_lr1e-3 init_lr3e-4 init_anchors256 init_b16 init_depth1 init_b4 init_depth2 init_kl)
+ORDER=(random_lr1e-3 init_lr1e-3 init_lr3e-4 init_vocab8k init_bf16 init_anchors256 init_vocab8k_anchors256 init_b16 init_depth1 init_b4 init_depth2 init_kl)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
@@ -31,7 +40,7 @@ for name in "${ORDER[@]}"; do
   if [ ! -f "$run/drafter/model.safetensors" ]; then
     echo "=== $(date -u +%H:%M:%S) train $name: $overrides"
     # shellcheck disable=SC2086
-    $PY -m dflash.train experiment=smollm2 run_name=lever-$name trainer.max_steps=$STEPS \
+    $PY -m dflash.train experiment=smollm2 run_name=lever-$name $BUDGET \
       trainer.val_check_interval=50 checkpoint.every_n_train_steps=50 eval.after_train=false logger=csv $overrides
   fi
   if [ ! -f "$run/eval/results.json" ]; then

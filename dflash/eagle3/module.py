@@ -98,8 +98,9 @@ class Eagle3TrainingModule(DFlashTrainingModule):
         if self.target.device != self.device:
             self.target.model.to(self.device)
 
-    def compute_loss(self, batch: dict, generator: torch.Generator | None = None) -> BlockLoss:
-        """TTT loss of right-padded `input_ids` / `loss_mask` / `attention_mask` (b, S)."""
+    def compute_loss(self, batch: dict, generator: torch.Generator | None = None, full_vocab: bool = True) -> BlockLoss:
+        """TTT loss of right-padded `input_ids` / `loss_mask` / `attention_mask` (b, S);
+        `full_vocab` is DFlash's (EAGLE-3 scores its own draft vocabulary either way)."""
         self._prepare_device()
         input_ids = batch["input_ids"]
         loss_mask = batch["loss_mask"].bool() & batch["attention_mask"].bool()

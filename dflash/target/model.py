@@ -252,12 +252,18 @@ class TargetModel:
             embeds = embeds * self._embedding_multiplier
         return embeds
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, head_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The target's logits for final-normed hidden states (..., D), as float32 (..., V).
 
         Computed in the head's dtype, like the target's own forward, then upcast.
+        head_rows: (K, D) rows of the head's weight (those of K token ids, `head_rows_of`):
+            the logits of those tokens only, (..., K), through the same transform.
         """
-        logits = self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        hidden = hidden.to(self.lm_head.weight.dtype)
+        if head_rows is None:
+            logits = self.lm_head(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden, head_rows)
         if self._logit_scale is not None:
             logits = logits * self._logit_scale
         if self._logits_divisor is not None:
@@ -265,6 +271,13 @@ class TargetModel:
         if self._logit_softcap is not None:
             logits = torch.tanh(logits / self._logit_softcap) * self._logit_softcap
         return logits.float()
+
+    def head_rows_of(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """(K, D) head weight rows of `token_ids` (K,), for `logits(..., head_rows=...)`;
+        a head with a bias is refused (no supported family has one)."""
+        if self.lm_head.bias is not None:
+            raise ConfigError("training.draft_vocab_size", "this target's LM head has a bias; set it to null")
+        return self.lm_head.weight.detach()[token_ids.to(self.lm_head.weight.device)]
 
     @torch.no_grad()
     def forward(

@@ -49,6 +49,9 @@ class TrainingConfig:
         runs the target; None turns it off. Takes the place of `target_cache_gib`.
     target_cache_dtype: "bfloat16" (half the disk, rounding as a bf16 target would) or "float32".
     target_cache_batch_size: sequences per target forward while filling the disk cache.
+    draft_vocab_size: score training steps over the K most frequent response tokens of the
+        training rows (`dflash.training.draft_vocab`); validation and decoding keep the
+        whole vocabulary. None (or K >= the vocabulary) scores everything.
     """
 
     num_anchors: int = 512
@@ -68,6 +71,7 @@ class TrainingConfig:
     target_cache_dir: str | None = None
     target_cache_dtype: str = "bfloat16"
     target_cache_batch_size: int = 8
+    draft_vocab_size: int | None = None
 
     def __post_init__(self):
         require(self.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {self.num_anchors}")
@@ -115,6 +119,11 @@ class TrainingConfig:
             self.target_cache_dtype in STORAGE_DTYPES,
             "training.target_cache_dtype",
             f"unknown {self.target_cache_dtype!r}; choose one of {list(STORAGE_DTYPES)}",
+        )
+        require(
+            self.draft_vocab_size is None or self.draft_vocab_size >= 1,
+            "training.draft_vocab_size",
+            f"must be a number of tokens >= 1 or null (the whole vocabulary), got {self.draft_vocab_size}",
         )
         require(
             self.target_cache_batch_size >= 1,

@@ -191,6 +191,7 @@ def block_loss(
     blocks: Blocks,
     settings: LossSettings,
     target_hidden: torch.Tensor | None = None,
+    vocab_lookup: torch.Tensor | None = None,
 ) -> BlockLoss:
     """Weighted per-slot loss of the drafter's block predictions.
 
@@ -201,12 +202,19 @@ def block_loss(
         settings: objective, position weights, chunking.
         target_hidden: (b, S, D) the target's final normed hidden states; needed when
             `settings.reads_target`.
+        vocab_lookup: (V,) with a training vocabulary (`dflash.training.draft_vocab`): each
+            token's index among the K logits `to_logits` returns, -1 outside; slots whose
+            label is outside are not scored.
     """
     valid = blocks.label_valid
+    if vocab_lookup is not None:
+        valid = valid & (vocab_lookup[blocks.labels] >= 0)
     batch, queries = valid.shape
     block_size = settings.block_size
     rows = hidden[valid]
     labels = blocks.labels[valid]
+    if vocab_lookup is not None:
+        labels = vocab_lookup[labels]
     slots = blocks.slots.expand_as(valid)[valid]
     target_rows = None
     if settings.reads_target:

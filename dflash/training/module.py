@@ -35,6 +35,7 @@ from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
+from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import (
     draft_blocks,
@@ -82,6 +83,7 @@ class DFlashTrainingModule(L.LightningModule):
         gib = training.target_cache_gib
         self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 and training.target_cache_dir is None else None
         self.disk_cache: DiskStateCache | None = None  # opened and filled in `setup`
+        self.draft_vocab: DraftVocab | None = None  # counted on the first training step
         self.train_metrics = BlockMetrics(block_size)
         self.val_metrics = BlockMetrics(block_size)
         self._last_logged_step = -1
@@ -94,12 +96,14 @@ class DFlashTrainingModule(L.LightningModule):
         if self.drafter.config.attn_implementation != implementation:
             set_attention_implementation(self.drafter, implementation)
 
-    def compute_loss(self, batch: dict, generator: torch.Generator | None = None) -> BlockLoss:
+    def compute_loss(self, batch: dict, generator: torch.Generator | None = None, full_vocab: bool = False) -> BlockLoss:
         """Sample anchors, draft every block and score it (see `dflash.training.loss`).
 
         Args:
             batch: `input_ids` (b, S), `loss_mask` (b, S), `attention_mask` (b, S).
             generator: RNG for anchor sampling (None: the global one).
+            full_vocab: score the whole vocabulary even with `training.draft_vocab_size`
+                (validation does).
         """
         self._prepare_device()
         input_ids = batch["input_ids"]
@@ -116,7 +120,30 @@ class DFlashTrainingModule(L.LightningModule):
         )
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
         hidden = draft_blocks(self.drafter, self.target.embed, features, attention_mask, anchors, blocks)
-        return block_loss(hidden, self.target.logits, blocks, self.loss_settings, final_hidden)
+        vocab = None if full_vocab else self.training_vocab()
+        if vocab is None:
+            return block_loss(hidden, self.target.logits, blocks, self.loss_settings, final_hidden)
+        to_logits = lambda rows: self.target.logits(rows, head_rows=vocab.head_rows)  # noqa: E731
+        return block_loss(hidden, to_logits, blocks, self.loss_settings, final_hidden, vocab.lookup)
+
+    def training_vocab(self) -> DraftVocab | None:
+        """The training vocabulary (`training.draft_vocab_size`) on this module's device, or None."""
+        size = self.training_config.draft_vocab_size
+        if size is None or size >= self.target.embedding_rows:
+            return None
+        if self.draft_vocab is None:
+            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+            rows, train_set = getattr(datamodule, "rows", None), getattr(datamodule, "train_set", None)
+            require(
+                rows is not None and train_set is not None,
+                "training.draft_vocab_size",
+                "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+            )
+            ids = frequent_response_tokens(rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, self.target.embedding_rows)
+            self.draft_vocab = DraftVocab.build(ids, self.target.head_rows_of(ids), self.target.embedding_rows)
+        if self.draft_vocab.ids.device != self.device:
+            self.draft_vocab = self.draft_vocab.to(self.device)
+        return self.draft_vocab
 
     def _target_states(self, batch: dict, attention_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The tapped target features (b, S, n_taps * D) (None for a standalone drafter) and,
@@ -199,7 +226,7 @@ class DFlashTrainingModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # A fixed seed per batch gives the same anchors every validation run.
         generator = torch.Generator(device=self.device).manual_seed(batch_idx)
-        self.val_metrics.update(self.compute_loss(batch, generator))
+        self.val_metrics.update(self.compute_loss(batch, generator, full_vocab=True))
 
     def on_validation_epoch_start(self) -> None:
         self.val_metrics.reset()

@@ -1,0 +1,205 @@
+"""`make demo-tiny` / `python -m dflash.demo_tiny`: the whole DFlash pipeline on a toy target,
+offline, on a CPU, in about 10 minutes (`make demo` runs it on a real model: `dflash.cli.demo`).
+
+Stages, each skipped when its output exists and is current (an interrupted demo
+continues where it stopped when run again):
+
+1. target    build or reuse the tiny code LM pre-trained on the Python standard library
+             (`target=tiny_code` with conf/demo_tiny.yaml's shorter pre-training, under
+             `targets/tiny_code_demo`; rebuilt only when its build config changes);
+2. data      cut function-header prompts from the standard library (none overlaps
+             HumanEval) and let the target write the continuations (`dflash.regenerate`);
+3. train     `python -m dflash.train experiment=demo eval.after_train=false` (resumes from
+             its last checkpoint), which also exports the drafter directory;
+4. evaluate  `python -m dflash.evaluate` on HumanEval (autoregressive baseline and DFlash,
+             interleaved; one torch thread, so that timings are not split between cores
+             the way training uses them) into `<run dir>/eval/results.json`;
+5. report    print the results table, the wall time of every stage, and write both into
+             `<run dir>/demo_summary.json`.
+
+In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress bars redraw every
+15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
+(`dflash.training.progress`).
+
+Configuration: `conf/demo_tiny.yaml` (stages 1, 2 and 4) and `experiments/demo.yaml` (stage 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig, ListConfig
+
+from dflash.cli.common import (
+    CONF_DIR,
+    check_overrides,
+    exits_on_config_error,
+    quiet_third_party_logs,
+    resolved_config,
+    run_app,
+)
+from dflash.cli.pipeline import SUMMARY, StageClock, quiet_progress_bars, read_json, run_stage, short_hash, stage
+from dflash.errors import ConfigError, check_field_types, require, spec_from_dict
+
+RESULTS = "results.json"
+EVAL_DIR = "eval"
+
+
+def build_target(target_cfg: dict):
+    """Stage 1: the tiny code target (built once per build config), loaded."""
+    from dflash.specs import TargetSpec, load_target
+    from dflash.target.tiny_code import TinyCodeConfig, is_current
+
+    config = TinyCodeConfig.from_dict(target_cfg["build"])
+    current = is_current(target_cfg["path"], config)
+    stage(1, "target", f"{'reusing' if current else 'building'} the tiny code LM at {target_cfg['path']}")
+    target = load_target(TargetSpec(**target_cfg))
+    with open(os.path.join(target_cfg["path"], "build_info.json")) as f:
+        info = json.load(f)
+    print(f"    {target.num_layers} layers, hidden {target.hidden_size}; validation loss {info.get('val_loss', float('nan')):.3f}")
+    return target, config.build_hash()
+
+
+def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict, artifacts: str) -> str:
+    """Stage 2: stdlib prompts continued by the target; returns the data directory."""
+    from dflash.data.regenerate import RegenerateSettings, regenerate
+    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+
+    data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts_cfg, regen_cfg)}")
+    stage(2, "data", f"{prompts_cfg['num_prompts']} standard-library prompts continued by the target -> {data_dir}")
+    prompts = stdlib_code_prompts(**prompts_cfg)
+    rows = [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
+    regenerate(target, rows, data_dir, RegenerateSettings(**regen_cfg))
+    return data_dir
+
+
+def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts: str) -> str:
+    """Stage 3: the train app (resumable), which exports the drafter; returns the run dir.
+
+    The train app loads the target that stage 1 built (`target.build=null`): composing
+    `target=tiny_code` afresh would not see this demo's build overrides.
+    """
+    # The recipe's text is part of the name: editing experiments/demo.yaml trains anew.
+    with open(os.path.join(CONF_DIR, "experiment", "demo.yaml")) as f:
+        recipe = f.read()
+    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"
+    run_dir = os.path.join(artifacts, "runs", run_name)
+    command = [
+        sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",
+        f"target.path={target_path}", "target.build=null", "eval.after_train=false",
+        f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides,
+    ]
+    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
+        stage(3, "train", f"done already in {run_dir}")
+        return run_dir
+    stage(3, "train", " ".join(["python", *command[1:]]))
+    run_stage(3, "train", command)
+    return run_dir
+
+
+def evaluate(target_path: str, run_dir: str, eval_overrides: list[str], artifacts: str) -> str:
+    """Stage 4: `python -m dflash.evaluate` on the exported drafter; returns results.json."""
+    eval_dir = os.path.join(run_dir, EVAL_DIR)
+    results_path = os.path.join(eval_dir, RESULTS)
+    command = [
+        sys.executable, "-m", "dflash.evaluate", "target=tiny_code", f"target.path={target_path}", "target.build=null",
+        f"drafter.path={os.path.join(run_dir, 'drafter')}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
+        *eval_overrides,
+    ]
+    # The overrides are part of the check: evaluating under other settings runs again.
+    settings_path = os.path.join(eval_dir, "demo_eval_overrides.json")
+    if os.path.isfile(results_path) and read_json(settings_path) == command[2:]:
+        stage(4, "evaluate", f"done already in {eval_dir}")
+        return results_path
+    stage(4, "evaluate", " ".join(["python", *command[1:]]))
+    run_stage(4, "evaluate", command)
+    with open(settings_path, "w") as f:
+        json.dump(command[2:], f)
+    return results_path
+
+
+def report(run_dir: str, results_path: str, clock: StageClock) -> None:
+    """Stage 5: print the evaluation table and the stage times; write demo_summary.json."""
+    from dflash.eval import format_results
+
+    with open(results_path) as f:
+        results = json.load(f)
+    stage(5, "report", f"HumanEval, {results['num_prompts']} prompts")
+    print(format_results(results))
+    summary = {
+        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
+        "tau": results["tau"],
+        "tau_per_prompt_mean": results["tau_per_prompt_mean"],
+        "speedup": results["speedup"],
+        "speedup_decode_only": results["speedup_decode_only"],
+        "tokens_per_s": results["tokens_per_s"],
+        "lossless": results["lossless"],
+        "results": results_path,
+    }
+    summary_path = os.path.join(run_dir, SUMMARY)
+    with open(summary_path, "w") as f:
+        json.dump(summary, f, indent=2)
+    print("\nwall time per stage (the install before it not counted):")
+    print(clock.table())
+    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs")
+
+
+def check_app_overrides(cfg: DictConfig) -> None:
+    """ConfigError unless `train_overrides` compose with `experiment=demo` and
+    `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
+    are checked by those apps themselves at stages 3 and 4."""
+    for key, app, base, example in (
+        ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
+        ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
+    ):
+        overrides = cfg[key]
+        require(
+            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
+            key,
+            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
+        )
+        try:
+            check_overrides(app, [*base, *overrides])
+        except ConfigError as err:
+            raise ConfigError(key, str(err)) from None
+
+
+def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:
+    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
+    target for minutes)."""
+    from dflash.data.regenerate import RegenerateSettings
+    from dflash.target.tiny_code import TinyCodeConfig
+    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+
+    require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
+    TinyCodeConfig.from_dict(target_cfg["build"])
+    check_field_types(stdlib_code_prompts, prompts_cfg, "prompts")
+    spec_from_dict(RegenerateSettings, regen_cfg, "regenerate").validate()
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo_tiny")
+@exits_on_config_error
+def _hydra_main(cfg: DictConfig) -> None:
+    artifacts = os.path.abspath(cfg.paths.artifacts)
+    target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
+    check_settings(target_cfg, prompts_cfg, regen_cfg)
+    quiet_third_party_logs()
+    clock = StageClock()
+    with clock.time("target"):
+        target, target_hash = build_target(target_cfg)
+    with clock.time("data"):
+        data_dir = regenerate_data(target, target_hash, prompts_cfg, regen_cfg, artifacts)
+    del target  # the train app loads its own copy
+    with clock.time("train"):
+        run_dir = train(cfg.target.path, data_dir, list(cfg.train_overrides), artifacts)
+    with clock.time("evaluate"):
+        results_path = evaluate(cfg.target.path, run_dir, list(cfg.eval_overrides), artifacts)
+    report(run_dir, results_path, clock)
+
+
+def main() -> None:
+    quiet_progress_bars()
+    run_app(_hydra_main, "demo_tiny", output_dirs=("paths.artifacts",), check=check_app_overrides)

@@ -1,0 +1,6 @@
+"""`python -m dflash.demo_tiny`: see `dflash.cli.demo_tiny` and conf/demo_tiny.yaml."""
+
+from dflash.cli.demo_tiny import main
+
+if __name__ == "__main__":
+    main()
