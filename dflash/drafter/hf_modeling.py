@@ -19,6 +19,8 @@ from the config, so config.json must carry rope settings that both generations r
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -194,7 +196,8 @@ class DFlashDraftModel(PreTrainedModel):
         embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         device, prompt_len = input_ids.device, input_ids.shape[1]
         target_cache, draft_cache = DynamicCache(), DynamicCache()
-        out = target(input_ids, past_key_values=target_cache, use_cache=True, output_hidden_states=True)
+        cache_kwarg = _cache_argument(target)
+        out = target(input_ids, **{cache_kwarg: target_cache}, use_cache=True, output_hidden_states=True)
         tokens = input_ids[0].tolist() + [int(_sample(out.logits[:, -1:], temperature))]
         context = self._features(out.hidden_states, embed, input_ids)
         stops = set(stop_token_ids or [])
@@ -208,7 +211,7 @@ class DFlashDraftModel(PreTrainedModel):
                 _crop(draft_cache, anchor_pos)
                 block[0, 1:] = lm_head(hidden[:, 1:]).argmax(-1)[0]
             positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device)[None]
-            out = target(block, position_ids=positions, past_key_values=target_cache, use_cache=True, output_hidden_states=True)
+            out = target(block, position_ids=positions, **{cache_kwarg: target_cache}, use_cache=True, output_hidden_states=True)
             posterior = _sample(out.logits, temperature)
             matches = (block[0, 1:] == posterior[:-1]).int()
             accepted = int(matches.cumprod(0).sum())
@@ -241,3 +244,8 @@ def _sample(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature <= 0:
         return logits.argmax(-1)
     return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1)[:, 0]
+
+
+def _cache_argument(model) -> str:
+    """The name of the KV-cache argument: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

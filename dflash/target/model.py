@@ -19,6 +19,7 @@ Invariants (DESIGN.md, "Getting it right"):
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -171,6 +172,8 @@ class TargetModel:
         self._logit_scale = getattr(self.config, "logit_scale", None)
         self._logits_divisor = getattr(self.config, "logits_scaling", None)
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
+        # transformers >= 5.24 calls the KV cache `cache` (`past_key_values` warns, then goes in 5.40).
+        self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @classmethod
     def load(
@@ -305,7 +308,7 @@ class TargetModel:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=cache,
+            **{self._cache_argument: cache},
             use_cache=cache is not None,
             output_hidden_states=layer_ids is not None,
             logits_to_keep=logits_to_keep,
