@@ -115,3 +115,27 @@ def test_lightning_lines_reach_the_root_handlers_once_and_tips_are_dropped(monke
     assert lightning_handler not in lightning_logger.handlers
     assert lightning_stream.getvalue() == ""
     assert stream.getvalue() == "GPU available: False, used: False\n"
+
+
+def test_a_time_budget_shows_its_eta_and_the_end_gets_a_line(caplog):
+    import datetime
+
+    from lightning.pytorch.callbacks import Timer
+
+    caplog.set_level(logging.INFO, logger="dflash.training.progress")
+    clock = FakeClock()
+    timer = Timer(duration=datetime.timedelta(seconds=90))  # not started: 90 s remain
+    trainer = fake_trainer(max_steps=-1)
+    trainer.estimated_stepping_batches, trainer.callbacks = float("inf"), [timer]
+    callback = LineProgress("train", interval_s=30, clock=clock)
+    callback.on_train_start(trainer, None)
+    for step in range(1, 17):
+        clock.now += 2.0
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, {"loss": 1.0}, None, step)
+    # no step count to reach: the line gives the step and the budget's remaining time
+    assert progress_lines(caplog) == ["train: step 15, loss 1.000, 0.50 steps/s, elapsed 0:00:30, ETA 0:01:30"]
+    callback.on_train_end(trainer, None)  # the budget ended training after step 16
+    assert progress_lines(caplog)[-1].startswith("train: step 16, loss 1.000")
+    callback.on_train_end(trainer, None)  # nothing new since: no second line
+    assert len(progress_lines(caplog)) == 2

@@ -89,6 +89,11 @@ class LineProgress(Callback):
         if now - self._last_line >= self.interval_s or last_step:
             self._write(trainer, now)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        # A time budget ends training at a step no one knew in advance: its line comes here.
+        if self._loss_count:
+            self._write(trainer, self.clock())
+
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return  # the sanity check, or trainer.validate() outside training
@@ -131,7 +136,7 @@ def _time_remaining(trainer) -> float | None:
     """Seconds left of the time budget (`trainer.max_minutes`), if there is one."""
     from lightning.pytorch.callbacks import Timer
 
-    for callback in trainer.callbacks:
+    for callback in getattr(trainer, "callbacks", ()):
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
     return None
