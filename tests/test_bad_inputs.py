@@ -190,6 +190,9 @@ OTHER_APPS = {
     "demo_tiny: artifacts under a file": ("demo_tiny", ["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
     "demo_tiny: prompt setting type": ("demo_tiny", ["paths.artifacts={tmp}", "prompts.num_prompts=two"], "prompts.num_prompts", "expected int"),
     "demo_tiny: target build type": ("demo_tiny", ["paths.artifacts={tmp}", "target.build.lr=fast"], "target.build.lr", "expected float"),
+    "demo: unknown train override": ("demo", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
+    "demo: unknown data override": ("demo", ["paths.artifacts={tmp}", 'data_overrides=["data.bogus=3"]'], "data_overrides", "data.bogus"),
+    "demo: budget": ("demo", ["paths.artifacts={tmp}", "budget_minutes=-5"], "budget_minutes", "must be a number > 0"),
     "demo_tiny: unknown train override": ("demo_tiny", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
 }
 

@@ -38,10 +38,10 @@ import sys
 import time
 
 import hydra
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, check_overrides, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
-from dflash.cli.pipeline import SUMMARY, StageClock, quiet_progress_bars, read_json, run_stage, short_hash, stage
+from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
+from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
 from dflash.errors import ConfigError, require
 
 RESULTS = "results.json"
@@ -272,21 +272,11 @@ def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budge
 def check_app_overrides(cfg: DictConfig) -> None:
     """ConfigError unless `train_overrides` compose with the recipe and `eval_overrides`
     with the evaluate app; their values are checked by those apps at stages 3 and 4."""
-    for key, app, base, example in (
+    check_stage_overrides(cfg, (
         ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={cfg.data}"], "data.sources.0.limit=64"),
         ("train_overrides", "train", ["experiment=smollm2"], "drafter.num_layers=2"),
         ("eval_overrides", "evaluate", ["target=smollm2_135m"], "decoding.block_size=4"),
-    ):
-        overrides = cfg[key]
-        require(
-            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
-            key,
-            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
-        )
-        try:
-            check_overrides(app, [*base, *overrides])
-        except ConfigError as err:
-            raise ConfigError(key, str(err)) from None
+    ))
     check_settings(cfg)
 
 

@@ -31,18 +31,17 @@ import os
 import sys
 
 import hydra
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
 from dflash.cli.common import (
     CONF_DIR,
-    check_overrides,
     exits_on_config_error,
     quiet_third_party_logs,
     resolved_config,
     run_app,
 )
-from dflash.cli.pipeline import SUMMARY, StageClock, quiet_progress_bars, read_json, run_stage, short_hash, stage
-from dflash.errors import ConfigError, check_field_types, require, spec_from_dict
+from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
+from dflash.errors import check_field_types, require, spec_from_dict
 
 RESULTS = "results.json"
 EVAL_DIR = "eval"
@@ -151,20 +150,10 @@ def check_app_overrides(cfg: DictConfig) -> None:
     """ConfigError unless `train_overrides` compose with `experiment=demo` and
     `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
     are checked by those apps themselves at stages 3 and 4."""
-    for key, app, base, example in (
+    check_stage_overrides(cfg, (
         ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
         ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
-    ):
-        overrides = cfg[key]
-        require(
-            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
-            key,
-            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
-        )
-        try:
-            check_overrides(app, [*base, *overrides])
-        except ConfigError as err:
-            raise ConfigError(key, str(err)) from None
+    ))
 
 
 def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:

@@ -69,6 +69,30 @@ def read_json(path: str):
         return None
 
 
+def check_stage_overrides(cfg, stages) -> None:
+    """ConfigError unless each list of overrides composes with the app of its stage.
+
+    stages: (config key, app config name, base overrides, example override) per list; the
+        values are the app's own to check when the stage runs.
+    """
+    from omegaconf import ListConfig
+
+    from dflash.cli.common import check_overrides
+    from dflash.errors import ConfigError, require
+
+    for key, app, base, example in stages:
+        overrides = cfg[key]
+        require(
+            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
+            key,
+            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
+        )
+        try:
+            check_overrides(app, [*base, *overrides])
+        except ConfigError as err:
+            raise ConfigError(key, str(err)) from None
+
+
 def quiet_progress_bars() -> None:
     """In a log that is not a terminal, progress bars cannot redraw: let them write at most
     every 30 s (read by tqdm at import, here and in the apps each stage runs)."""
