@@ -85,12 +85,13 @@ class DrafterSpec:
     init_from_target: bool = False
 
     def __post_init__(self):
+        # now, not after the target has loaded
         check_attn_implementation(self.attn_implementation)
         require(
             not self.init_from_target or (self.path is None and self.init_from is None),
             "drafter.init_from_target",
             "starts a new drafter from the target's weights; it cannot be combined with drafter.path or drafter.init_from",
-        )  # now, not after the target has loaded
+        )
 
 
 def load_target(spec: TargetSpec) -> TargetModel:

@@ -71,3 +71,14 @@ def test_a_resumed_run_spends_only_the_rest_of_the_budget(tmp_path):
     # the budget was shared: fewer steps after the resume than a whole budget holds
     assert len(resumed.steps) <= (budget_s - 3 * STEP_S) / STEP_S + 1
     assert any("Timer" in key for key in spent_before)
+
+
+def test_a_timer_without_a_duration_is_not_a_budget():
+    from types import SimpleNamespace
+
+    from dflash.training.module import training_time_fraction
+
+    budget = Timer(duration={"minutes": 5})
+    assert training_time_fraction(SimpleNamespace(callbacks=[Timer()], world_size=1)) is None
+    fraction = training_time_fraction(SimpleNamespace(callbacks=[Timer(), budget], world_size=1))
+    assert fraction is not None and fraction() == pytest.approx(0.0)  # not started: nothing spent

@@ -308,7 +308,6 @@ class _FillProgress:
     def __init__(self, total_rows: int, enabled: bool):
         from dflash.training.progress import PROGRESS_INTERVAL_S, is_interactive
 
-
         self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S
         self.began = self.last_line = time.perf_counter()
         self.bar = tqdm(total=total_rows, desc="target states", unit="row") if enabled and is_interactive() else None

@@ -12,7 +12,8 @@ Invariants:
 - Only training steps use it. Validation scores the whole vocabulary, so `val/tau_sim` is
   the figure decoding would see, out-of-vocabulary tokens included.
 - A slot whose label is outside the vocabulary is not supervised in that step and is not
-  counted in the `train/*` metrics.
+  counted in the `train/*` metrics. With `training.loss=kl` the target's distribution is
+  taken over the same K tokens (renormalised), like the drafter's.
 - The vocabulary is counted on the training rows' response tokens only (never on held-out
   rows); ties go to the lower id, so every rank and every rerun picks the same one.
 """

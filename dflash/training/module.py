@@ -45,6 +45,7 @@ from dflash.training.forward import (
 )
 from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
 from dflash.training.metrics import BlockMetrics
+from dflash.training.progress import budget_timer
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
 
@@ -327,12 +328,9 @@ def warmup_cosine_schedule(
 def training_time_fraction(trainer) -> Callable[[], float] | None:
     """With a time budget (`trainer.max_minutes`: Lightning's Timer, restored on resume),
     a function giving the fraction of it spent, the same on every rank (rank 0's); else None."""
-    from lightning.pytorch.callbacks import Timer
-
-    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-    if not timers:
+    timer = budget_timer(trainer)
+    if timer is None:
         return None
-    timer = timers[0]
 
     def fraction() -> float:
         elapsed = timer.time_elapsed("train")

@@ -132,11 +132,18 @@ def _total_steps(trainer) -> int | None:
     return int(estimate) if math.isfinite(estimate) else None
 
 
-def _time_remaining(trainer) -> float | None:
-    """Seconds left of the time budget (`trainer.max_minutes`), if there is one."""
+def budget_timer(trainer):
+    """Lightning's Timer of the time budget (`trainer.max_minutes`), or None without one
+    (a Timer with no duration is not a budget)."""
     from lightning.pytorch.callbacks import Timer
 
     for callback in getattr(trainer, "callbacks", ()):
-        if isinstance(callback, Timer):
-            return callback.time_remaining("train")
+        if isinstance(callback, Timer) and callback.time_remaining("train") is not None:
+            return callback
     return None
+
+
+def _time_remaining(trainer) -> float | None:
+    """Seconds left of the time budget, if there is one."""
+    timer = budget_timer(trainer)
+    return None if timer is None else timer.time_remaining("train")
