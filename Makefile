@@ -48,7 +48,7 @@ bench: install
 gpu-check: install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-# Ablation sweeps (sweeps/NAME.yaml): make sweep-depth_cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
+# Ablation sweeps (dflash/conf/sweep/NAME.yaml): make sweep-depth_cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
 sweep-%: install
 	$(PY) -m dflash.sweep $* $(if $(GPUS),--gpus $(GPUS)) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 

@@ -1,4 +1,4 @@
-"""`python -m dflash.demo`: see `dflash.cli.demo` and conf/demo.yaml."""
+"""`python -m dflash.demo`: see `dflash.cli.demo` and dflash/conf/demo.yaml."""
 
 from dflash.cli.demo import main
 

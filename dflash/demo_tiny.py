@@ -1,4 +1,4 @@
-"""`python -m dflash.demo_tiny`: see `dflash.cli.demo_tiny` and conf/demo_tiny.yaml."""
+"""`python -m dflash.demo_tiny`: see `dflash.cli.demo_tiny` and dflash/conf/demo_tiny.yaml."""
 
 from dflash.cli.demo_tiny import main
 

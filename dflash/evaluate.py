@@ -1,4 +1,4 @@
-"""`python -m dflash.evaluate`: see `dflash.cli.evaluate` and conf/evaluate.yaml."""
+"""`python -m dflash.evaluate`: see `dflash.cli.evaluate` and dflash/conf/evaluate.yaml."""
 
 from dflash.cli.evaluate import main
 

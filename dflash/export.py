@@ -1,4 +1,4 @@
-"""`python -m dflash.export`: see `dflash.cli.export` and conf/export.yaml."""
+"""`python -m dflash.export`: see `dflash.cli.export` and dflash/conf/export.yaml."""
 
 from dflash.cli.export import main
 

@@ -1,4 +1,4 @@
-"""`python -m dflash.regenerate`: see `dflash.cli.regenerate` and conf/regenerate.yaml."""
+"""`python -m dflash.regenerate`: see `dflash.cli.regenerate` and dflash/conf/regenerate.yaml."""
 
 from dflash.cli.regenerate import main
 

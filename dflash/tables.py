@@ -1,4 +1,4 @@
-"""`python -m dflash.tables`: see `dflash.cli.tables` and conf/tables.yaml."""
+"""`python -m dflash.tables`: see `dflash.cli.tables` and dflash/conf/tables.yaml."""
 
 from dflash.cli.tables import main
 

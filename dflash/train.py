@@ -1,4 +1,4 @@
-"""`python -m dflash.train`: see `dflash.cli.train` and conf/train.yaml."""
+"""`python -m dflash.train`: see `dflash.cli.train` and dflash/conf/train.yaml."""
 
 from dflash.cli.train import main
 

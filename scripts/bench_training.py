@@ -1,6 +1,6 @@
 """Training measurements on this machine (prints numbers; not a test).
 
-1. `recipe`: the tiny CPU recipe (experiments/tiny_cpu.yaml) trained through the real
+1. `recipe`: the tiny CPU recipe (dflash/conf/experiment/tiny_cpu.yaml) trained through the real
    `run_training` path for `--steps` optimizer steps after `--warmup` untimed ones:
    training tokens/s (real sequence tokens; and drafted block slots, N anchors x B), and
    the share of the step time spent in the frozen target's forward (`target_features`).

@@ -1,6 +1,6 @@
 """Build the tiny code target ahead of time and show what it does.
 
-    python scripts/build_tiny_code.py                              # conf/target/tiny_code.yaml
+    python scripts/build_tiny_code.py                              # dflash/conf/target/tiny_code.yaml
     python scripts/build_tiny_code.py --out /tmp/tc --set max_steps=50 seq_len=256
 
 Prints build_info.json, then a greedy continuation of a HumanEval prompt and the mean
@@ -33,7 +33,7 @@ def main() -> int:
     from dflash.target.tiny_code import TinyCodeConfig, build_tiny_code_target
 
     args = parse_args()
-    with open(os.path.join(ROOT, "conf", "target", "tiny_code.yaml")) as handle:
+    with open(os.path.join(ROOT, "dflash", "conf", "target", "tiny_code.yaml")) as handle:
         conf = yaml.safe_load(handle)
     build = dict(conf["build"])
     for item in args.set:

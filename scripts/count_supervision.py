@@ -6,7 +6,7 @@ a sequence with fewer valid anchors than asked for gets all of them (`dflash.tra
 anchors`), so "B - 1 positions per anchor" overstates what short responses train on. This
 counts it over one epoch of the training split, with the same tokenisation, split,
 anchor sampling and block layout as training; use it to pick anchor counts that give two
-block sizes the same supervision (sweeps/block_size_controlled_cpu.yaml).
+block sizes the same supervision (dflash/conf/sweep/block_size_controlled_cpu.yaml).
 
     python scripts/count_supervision.py 16:64 8:137 8:164       # the CPU sweeps' data
     python scripts/count_supervision.py 16:512 8:1024 --data artifacts/data/qwen3_8b \\

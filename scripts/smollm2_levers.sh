@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sample-efficiency levers on SmolLM2-135M-Instruct, from the disk cache of
-# experiments/smollm2.yaml (filled once; every lever reads it):
+# dflash/conf/experiment/smollm2.yaml (filled once; every lever reads it):
 #   scripts/smollm2_levers.sh [NAME ...]          # default: every lever below, in order
 #   MINUTES=9 scripts/smollm2_levers.sh NAME      # equal CPU minutes (trainer.max_minutes)
 #   STEPS=250 scripts/smollm2_levers.sh NAME      # equal steps (the first two levers ran so)

@@ -127,7 +127,7 @@ def test_unknown_experiment_lists_the_experiments_and_writes_nothing(ws, tmp_pat
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "dflash.train", "experiment=nope", f"paths.artifacts={tmp_path}", f"data.path={ws / 'chats.jsonl'}"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
+    experiments = sorted(p.stem for p in (REPO / "dflash" / "conf" / "experiment").glob("*.yaml"))
     assert_one_error_line(result.returncode, result.stderr.strip().splitlines(), "experiment", f"choose one of {experiments}")
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []  # it used to train the default recipe
 

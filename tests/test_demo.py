@@ -24,7 +24,7 @@ SHARED_ARTIFACTS = os.environ.get("DFLASH_ARTIFACTS", str(REPO / "artifacts"))
 
 
 def demo_config(**overrides):
-    cfg = OmegaConf.load(REPO / "conf" / "demo.yaml")
+    cfg = OmegaConf.load(REPO / "dflash" / "conf" / "demo.yaml")
     cfg.pop("defaults"), cfg.pop("hydra")
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value)
@@ -94,7 +94,7 @@ def run_demo(artifacts: Path, started: float):
 @pytest.mark.slow
 def test_shortened_demo_runs_every_stage_reports_each_family_and_resumes(tmp_path):
     # The converted target is shared with the other SmolLM2 tests (converted once, read here).
-    config = OmegaConf.load(REPO / "conf" / "target" / "smollm2_135m.yaml")
+    config = OmegaConf.load(REPO / "dflash" / "conf" / "target" / "smollm2_135m.yaml")
     shared = os.path.join(SHARED_ARTIFACTS, "targets", "smollm2_135m")
     load_target(TargetSpec(path=shared, gguf_file=config.gguf_file, dtype="float32"))
     (tmp_path / "targets").mkdir()

@@ -374,7 +374,7 @@ def train_workspace(tmp_path_factory):
     save_tiny_target(str(target_dir), arch="qwen3", seed=0)
     write_conversations(root / "chats.jsonl", 8)
     target = load_target(TargetSpec(path=str(target_dir)))
-    # The tiny recipe's drafter shape (conf/drafter/tiny.yaml, block 8), other weights than
+    # The tiny recipe's drafter shape (dflash/conf/drafter/tiny.yaml, block 8), other weights than
     # the run's own random init (seed 0), saved in bf16 as published drafters are.
     start = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=8, seed=123), target)
     save_drafter(start, str(root / "start"), dtype=torch.bfloat16)

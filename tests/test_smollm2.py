@@ -41,7 +41,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TF4 = REPO / ".tf4"
-CONFIG = OmegaConf.load(REPO / "conf" / "target" / "smollm2_135m.yaml")
+CONFIG = OmegaConf.load(REPO / "dflash" / "conf" / "target" / "smollm2_135m.yaml")
 # The directory the shipped config converts into, so the tests and a user's runs convert once.
 ARTIFACTS = os.environ.get("DFLASH_ARTIFACTS", str(REPO / "artifacts"))
 NEW_TOKENS = 40

@@ -17,9 +17,9 @@ from dflash.sweep.dirnames import grid_dirname, register_resolver
 from dflash.sweep.stages import available_sweeps, sweep_plan
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
+CONF = REPO / "dflash" / "conf"
 SWEEPS = available_sweeps()
-# The target-context ablation needs a drafter switch that conf/drafter does not have yet.
+# The target-context ablation needs a drafter switch that dflash/conf/drafter does not have yet.
 HAS_TARGET_FEATURE_SWITCH = "use_target_features" in (CONF / "drafter" / "dflash.yaml").read_text()
 
 register_resolver()
@@ -67,7 +67,7 @@ def test_every_sweep_composes_at_its_first_grid_point(name):
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_file_starts_with_the_command_that_runs_it(name):
-    text = (REPO / "sweeps" / f"{name}.yaml").read_text()
+    text = (REPO / "dflash" / "conf" / "sweep" / f"{name}.yaml").read_text()
     comments = [line for line in text.splitlines() if line.startswith("#")]
     assert comments[0] == "# @package _global_"
     assert any(f"sweep {name}" in line or f"sweep-{name}" in line or f"+sweep={name}" in line for line in comments)
@@ -84,7 +84,7 @@ def test_cpu_and_full_versions_sweep_the_same_keys_into_the_same_table():
     for name in SWEEPS:
         if not name.endswith("_cpu") or name.startswith("main") or name in CPU_ONLY:
             continue
-        full, cpu = (yaml.safe_load((REPO / "sweeps" / f"{n}.yaml").read_text()) for n in (name[: -len("_cpu")], name))
+        full, cpu = (yaml.safe_load((REPO / "dflash" / "conf" / "sweep" / f"{n}.yaml").read_text()) for n in (name[: -len("_cpu")], name))
         assert cpu["sweep"]["ablation"] == full["sweep"]["ablation"]
         assert cpu["sweep"].get("axes") == full["sweep"].get("axes")
         assert set(cpu["hydra"]["sweeper"]["params"]) == set(full["hydra"]["sweeper"]["params"])

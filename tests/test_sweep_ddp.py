@@ -1,6 +1,6 @@
 """Lightning DDP inside a sweep job must start more ranks of that job, never the sweep again.
 
-A 2-point sweep (sweeps/anchors_cpu.yaml, shrunk to seconds) in which each job trains
+A 2-point sweep (dflash/conf/sweep/anchors_cpu.yaml, shrunk to seconds) in which each job trains
 with DDP on 2 CPU processes, through the gpu_pool launcher, then evaluates.
 """
 

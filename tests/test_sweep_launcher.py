@@ -49,7 +49,7 @@ def _toy_config(sweep_dir: Path) -> str:
         duration: 0.1
         fail: false
         hydra:
-          searchpath: [file://{REPO / "conf"}]
+          searchpath: [file://{REPO / "dflash" / "conf"}]
           sweep:
             dir: {sweep_dir}
             subdir: ${{hydra.job.override_dirname}}

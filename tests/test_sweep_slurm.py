@@ -18,7 +18,7 @@ from hydra.core.utils import JobReturn, JobStatus  # noqa: E402
 import hydra_plugins.dflash_launcher.slurm as slurm  # noqa: E402
 from dflash.sweep.jobs import SweepJob  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "dflash" / "conf"
 
 
 @pytest.mark.parametrize("app, sweep", [("train", "depth"), ("train", "main"), ("train", "depth_cpu"), ("evaluate", "block_size_infer_cpu")])

@@ -198,7 +198,7 @@ def test_shipped_config_is_the_default_config():
     import yaml
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "conf", "target", "tiny_code.yaml")) as handle:
+    with open(os.path.join(root, "dflash", "conf", "target", "tiny_code.yaml")) as handle:
         conf = yaml.safe_load(handle)
     assert conf["build"]["kind"] == "tiny_code"
     assert conf["path"] == "${paths.artifacts}/targets/tiny_code"

@@ -25,7 +25,7 @@ from dflash.target.tiny import save_tiny_target
 from tests.test_multiprocess import write_conversations
 
 REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (REPO / "dflash" / "conf" / "experiment").glob("*.yaml"))
 QUICK = ["eval.after_train=false", "logger=none", "trainer.enable_progress_bar=false"]
 
 
@@ -42,7 +42,7 @@ def compose_train(overrides: list[str]):
 def test_experiments_exist_and_start_with_their_command():
     assert {"qwen3_4b", "qwen3_8b", "llama31_8b", "tiny_cpu"} <= set(EXPERIMENTS)
     for name in EXPERIMENTS:
-        lines = (REPO / "experiments" / f"{name}.yaml").read_text().splitlines()
+        lines = (REPO / "dflash" / "conf" / "experiment" / f"{name}.yaml").read_text().splitlines()
         assert lines[0] == "# @package _global_"  # Hydra reads the package from the first lines only
         header = [line for line in lines[1:] if line.startswith("#")]
         assert any(line.strip("# ").startswith(f"python -m dflash.train experiment={name}") for line in header), name

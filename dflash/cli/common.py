@@ -22,7 +22,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandat
 
 from dflash.errors import ConfigError, check_writable_dir, first_line, spec_from_dict
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 EXIT_CONFIG_ERROR = 2
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
@@ -215,7 +215,7 @@ def _override_values(arg: str) -> list[str] | None:
     group_dir = CONF_DIR / override.key_or_group
     if not group_dir.is_dir():
         return values[:1]
-    if not override.key_or_group.startswith("hydra"):  # Hydra's own groups have options outside conf/
+    if not override.key_or_group.startswith("hydra"):  # Hydra's own groups have options outside dflash/conf/
         for option in options:
             _check_group_option(override.key_or_group, group_dir, option)
     return values

@@ -24,7 +24,7 @@ The budget counts from `DFLASH_DEMO_STARTED` (epoch seconds; `make demo` sets it
 installs, so the install counts) or else from this process's start. Training gets what is
 left after the evaluation's reserve and a margin, and at least `min_train_minutes`.
 
-Configuration: `conf/demo.yaml` (budget, data, evaluation) and `experiments/smollm2.yaml`
+Configuration: `dflash/conf/demo.yaml` (budget, data, evaluation) and `dflash/conf/experiment/smollm2.yaml`
 (the training recipe). The toy demo is `make demo-tiny` (`dflash.cli.demo_tiny`).
 """
 

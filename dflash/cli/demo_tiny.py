@@ -5,7 +5,7 @@ Stages, each skipped when its output exists and is current (an interrupted demo
 continues where it stopped when run again):
 
 1. target    build or reuse the tiny code LM pre-trained on the Python standard library
-             (`target=tiny_code` with conf/demo_tiny.yaml's shorter pre-training, under
+             (`target=tiny_code` with dflash/conf/demo_tiny.yaml's shorter pre-training, under
              `targets/tiny_code_demo`; rebuilt only when its build config changes);
 2. data      cut function-header prompts from the standard library (none overlaps
              HumanEval) and let the target write the continuations (`dflash.regenerate`);
@@ -21,7 +21,7 @@ In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress bars red
 15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
 (`dflash.training.progress`).
 
-Configuration: `conf/demo_tiny.yaml` (stages 1, 2 and 4) and `experiments/demo.yaml` (stage 3).
+Configuration: `dflash/conf/demo_tiny.yaml` (stages 1, 2 and 4) and `dflash/conf/experiment/demo.yaml` (stage 3).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts
     The train app loads the target that stage 1 built (`target.build=null`): composing
     `target=tiny_code` afresh would not see this demo's build overrides.
     """
-    # The recipe's text is part of the name: editing experiments/demo.yaml trains anew.
+    # The recipe's text is part of the name: editing dflash/conf/experiment/demo.yaml trains anew.
     with open(os.path.join(CONF_DIR, "experiment", "demo.yaml")) as f:
         recipe = f.read()
     run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"

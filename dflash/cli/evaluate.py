@@ -1,4 +1,4 @@
-"""`python -m dflash.evaluate`: evaluate drafting methods on a benchmark (config: conf/evaluate.yaml).
+"""`python -m dflash.evaluate`: evaluate drafting methods on a benchmark (config: dflash/conf/evaluate.yaml).
 
 `methods` lists the methods compared (`dflash.eval.methods`); dflash is configured by
 `drafter.*` and `decoding.block_size`, every other method by its own group (`ngram.*`,

@@ -1,5 +1,5 @@
 """`python -m dflash.export ckpt=... out=...`: write the drafter of a training checkpoint
-as a drafter directory (config: conf/export.yaml). The target is not loaded."""
+as a drafter directory (config: dflash/conf/export.yaml). The target is not loaded."""
 
 from __future__ import annotations
 

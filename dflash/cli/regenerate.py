@@ -1,5 +1,5 @@
 """`python -m dflash.regenerate`: the target writes the responses of a prompt mix
-(config: conf/regenerate.yaml, data sources: conf/data/*.yaml).
+(config: dflash/conf/regenerate.yaml, data sources: dflash/conf/data/*.yaml).
 
 Reads the prompts of `data.sources` (or of `data.path` when there are none) and writes
 JSONL shards to `regenerate.output_dir` (by default `data.path`, where training then

@@ -1,4 +1,4 @@
-"""`python -m dflash.tables`: the paper's tables and figures from sweep results (conf/tables.yaml).
+"""`python -m dflash.tables`: the paper's tables and figures from sweep results (dflash/conf/tables.yaml).
 
 Reads result directories under `root` (results.json, error.json of failed jobs,
 .hydra/config.yaml of unfinished ones, csv/*/metrics.csv for accuracy curves) or the
@@ -23,7 +23,7 @@ SOURCES = ("dirs", "wandb")
 
 @dataclass
 class TablesSettings:
-    """The `tables` config (see conf/tables.yaml for each key)."""
+    """The `tables` config (see dflash/conf/tables.yaml for each key)."""
 
     source: str = "dirs"
     root: str = "artifacts/sweeps"

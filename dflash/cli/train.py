@@ -1,5 +1,5 @@
-"""`python -m dflash.train`: train a DFlash drafter (config: conf/train.yaml, named runs:
-experiments/*.yaml, selected with `experiment=NAME`).
+"""`python -m dflash.train`: train a DFlash drafter (config: dflash/conf/train.yaml, named runs:
+dflash/conf/experiment/*.yaml, selected with `experiment=NAME`).
 
 The run directory is `${paths.artifacts}/runs/${run_name}`, where `run_name` is derived
 from the command line (experiment name + a short hash of the other overrides), not from
@@ -44,7 +44,7 @@ def run_name_for(experiment: str | None, overrides: str) -> str:
 
     overrides: Hydra's `job.override_dirname`: the command-line overrides, sorted, without
     `experiment` and the keys that do not change what is trained (the `exclude_keys` of
-    conf/train.yaml: run_name, checkpoint.resume, logger, ...). Same command -> same name.
+    dflash/conf/train.yaml: run_name, checkpoint.resume, logger, ...). Same command -> same name.
     """
     base = (experiment or "train").replace("/", "_")
     if not overrides:

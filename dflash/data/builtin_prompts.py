@@ -1,6 +1,6 @@
 """Prompt families that need no network (from installed packages or made here), for regeneration.
 
-A data source whose path is `builtin:<family>` (conf/data/smollm2_prompts.yaml) yields
+A data source whose path is `builtin:<family>` (dflash/conf/data/smollm2_prompts.yaml) yields
 user prompts `{"messages": [{"role": "user", "content": ...}]}` of that family, in a
 seeded order, so a source `limit` of N takes a random sample of N. The target answers
 them (`python -m dflash.regenerate`), which makes the drafter's training data.

@@ -24,7 +24,7 @@ _TOKENIZE_FIELDS = [f.name for f in dataclasses.fields(TokenizeSettings)]
 
 @dataclass
 class DataSpec(SourceSpec):
-    """Everything in the `data` config group (see conf/data/*.yaml for meanings): the
+    """Everything in the `data` config group (see dflash/conf/data/*.yaml for meanings): the
     training conversations' source fields (inherited), regeneration sources,
     tokenisation and DataModule settings."""
 

@@ -27,7 +27,7 @@ from dflash.training.module import DRAFTER_CONFIG_KEY, DFlashTrainingModule
 
 @dataclass
 class Eagle3Settings:
-    """The `method` config group for `method=eagle3` (conf/method/eagle3.yaml).
+    """The `method` config group for `method=eagle3` (dflash/conf/method/eagle3.yaml).
 
     ttt_length: training-time-test steps (published: 7). step_weight_decay: loss weight
     of step j is decay^j (published: 0.8). draft_vocab_size: None = the full target

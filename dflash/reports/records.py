@@ -6,7 +6,7 @@ plots have one code path. A record holds the run's resolved config, its results
 derived from the config and logged metrics), its status and, when training metrics
 were logged, the last per-position accuracies.
 
-Which table a record feeds comes from its config's `sweep` node (sweeps/_layout.yaml):
+Which table a record feeds comes from its config's `sweep` node (dflash/conf/sweep/_layout.yaml):
 `sweep.ablation` (the table), `sweep.name` and `sweep.axes` (the row keys).
 """
 

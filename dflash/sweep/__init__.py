@@ -2,7 +2,7 @@
 its error record, and the `python -m dflash.sweep NAME` driver (prepare, stages).
 
 The Hydra launcher that uses them lives in `hydra_plugins/dflash_launcher` (Hydra only
-finds launchers in the `hydra_plugins` namespace); the grids live in `sweeps/`.
+finds launchers in the `hydra_plugins` namespace); the grids live in `dflash/conf/sweep/`.
 """
 
 from dflash.sweep.jobs import ERROR_FILE, RESULTS_FILE, JobOutcome, JobRunner, SweepJob, error_record, is_finished

@@ -1,4 +1,4 @@
-"""`python -m dflash.sweep NAME`: run an ablation sweep (sweeps/NAME.yaml) end to end.
+"""`python -m dflash.sweep NAME`: run an ablation sweep (dflash/conf/sweep/NAME.yaml) end to end.
 
     python -m dflash.sweep depth_cpu                      # CPU version, tiny code target
     python -m dflash.sweep block_size --gpus 8            # both stages, 8 GPUs, one job each
@@ -63,7 +63,7 @@ def sweep_commands(name: str, overrides: list[str], gpus: str | None = None, see
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash.sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("name", help=f"a sweep in sweeps/: {', '.join(available_sweeps())}")
+    parser.add_argument("name", help=f"a sweep in dflash/conf/sweep/: {', '.join(available_sweeps())}")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (hydra.* ones apply to every stage)")
     parser.add_argument("--gpus", help="GPU count N (ids 0..N-1) or ids 0,2,5 (default: the sweep's, usually all visible)")
     parser.add_argument("--seeds", help="training seeds to sweep, e.g. 0,1,2")

@@ -7,7 +7,7 @@ directory listing. Any other command-line override (a data path, a step count) a
 short hash (`drafter.num_layers=3,seed=0+3fa2c1d9`): such a sweep gets directories of
 its own, and a long or path-valued override never becomes a path component.
 
-Registered as the OmegaConf resolver `dflash_grid_dirname` (used by sweeps/_layout.yaml)
+Registered as the OmegaConf resolver `dflash_grid_dirname` (used by dflash/conf/sweep/_layout.yaml)
 when Hydra loads the dflash launcher plugin, which it does in every Hydra app.
 """
 

@@ -1,6 +1,6 @@
 """Which Hydra app runs a sweep, what it needs first, and which sweep follows it.
 
-A sweep file (sweeps/NAME.yaml, a Hydra config of the `sweep` group) holds a `sweep:`
+A sweep file (dflash/conf/sweep/NAME.yaml, a Hydra config of the `sweep` group) holds a `sweep:`
 node: `app` (train | evaluate), `prepare` (commands to run first), `next` (a sweep to
 run afterwards, e.g. the evaluation stage of a two-stage ablation). Those keys may come
 from the `_*.yaml` bases it includes, so `sweep_plan` merges the `sweep:` nodes along
@@ -16,7 +16,7 @@ import yaml
 
 from dflash.errors import ConfigError, require
 
-SWEEPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sweeps")
+SWEEPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "sweep")
 APPS = ("train", "evaluate")
 
 
@@ -39,7 +39,7 @@ def available_sweeps(sweeps_dir: str = SWEEPS_DIR) -> list[str]:
 
 
 def sweep_plan(name: str, sweeps_dir: str = SWEEPS_DIR) -> SweepPlan:
-    """The merged `sweep:` node of sweeps/NAME.yaml as a `SweepPlan`."""
+    """The merged `sweep:` node of dflash/conf/sweep/NAME.yaml as a `SweepPlan`."""
     require(
         not name.startswith("_") and os.path.isfile(os.path.join(sweeps_dir, f"{name}.yaml")),
         "sweep",
@@ -47,12 +47,12 @@ def sweep_plan(name: str, sweeps_dir: str = SWEEPS_DIR) -> SweepPlan:
     )
     node = _merged_sweep_node(name, sweeps_dir, seen=())
     app = node.get("app")
-    require(app in APPS, "sweep.app", f"sweeps/{name}.yaml: expected one of {list(APPS)}, got {app!r}")
+    require(app in APPS, "sweep.app", f"dflash/conf/sweep/{name}.yaml: expected one of {list(APPS)}, got {app!r}")
     prepare = node.get("prepare") or []
     require(
         all(isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd) for cmd in prepare),
         "sweep.prepare",
-        f"sweeps/{name}.yaml: expected a list of argv lists (module first), got {prepare!r}",
+        f"dflash/conf/sweep/{name}.yaml: expected a list of argv lists (module first), got {prepare!r}",
     )
     follow = node.get("next")
     if follow is not None:
@@ -62,7 +62,7 @@ def sweep_plan(name: str, sweeps_dir: str = SWEEPS_DIR) -> SweepPlan:
 
 def _merged_sweep_node(name: str, sweeps_dir: str, seen: tuple[str, ...]) -> dict:
     if name in seen:
-        raise ConfigError("sweep", f"sweeps/{name}.yaml includes itself through {' -> '.join(seen)}")
+        raise ConfigError("sweep", f"dflash/conf/sweep/{name}.yaml includes itself through {' -> '.join(seen)}")
     with open(os.path.join(sweeps_dir, f"{name}.yaml")) as f:
         content = yaml.safe_load(f) or {}
     merged: dict = {}

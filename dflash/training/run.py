@@ -76,7 +76,7 @@ FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 
 @dataclass
 class TrainerSettings:
-    """The `trainer` config group: arguments of `lightning.Trainer` (see conf/trainer/*.yaml).
+    """The `trainer` config group: arguments of `lightning.Trainer` (see dflash/conf/trainer/*.yaml).
 
     fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
     max_minutes: a wall-clock budget for the fit (Lightning's `max_time`, kept across

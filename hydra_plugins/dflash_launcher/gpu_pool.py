@@ -7,7 +7,7 @@ scheduling guarantees and `dflash.sweep.jobs` for what a job leaves on disk.
 Points whose directory already holds the result file are skipped, so re-running a
 sweep runs only what is missing or failed.
 
-Options (conf/hydra/launcher/gpu_pool.yaml): gpus, gpus_per_job, cpu_jobs,
+Options (dflash/conf/hydra/launcher/gpu_pool.yaml): gpus, gpus_per_job, cpu_jobs,
 skip_finished, result_file, log_file.
 """
 
