@@ -5,7 +5,7 @@ At the paper's shapes (vocabulary 151,936 as Qwen3's, 512 anchors x block 16, se
 reports its peak resident memory (ru_maxrss) before and after the measured work:
 
 - `loss`: `block_loss` forward + backward on random drafter hidden states, float32;
-- `step`: one training step of `DFlashTrainingModule` (target forward, drafter forward,
+- `step`: one training step of `DrafterTrainingModule` (target forward, drafter forward,
   loss, backward) on a random 6-layer target of that vocabulary and width (2 taps).
 
     PYTHONPATH=$PWD python scripts/bench_memory.py                      # loss, dense and chunked
@@ -81,14 +81,14 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
 
     from dflash.specs import DrafterSpec, TargetSpec
     from dflash.target.tiny import save_tiny_target
-    from dflash.training import DFlashTrainingModule
+    from dflash.training import dflash_training_module
     from dflash.training.config import TrainingConfig
 
     directory = tempfile.mkdtemp(prefix="bench_memory_target_")
     save_tiny_target(directory, "qwen3", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=6, max_positions=4096)
     training = TrainingConfig(num_anchors=ANCHORS, loss=objective, loss_chunk_rows=chunk_rows)
     drafter = DrafterSpec(num_layers=1, block_size=BLOCK, num_target_features=2)
-    module = DFlashTrainingModule(TargetSpec(path=directory, dtype="float32"), drafter, training)
+    module = dflash_training_module(TargetSpec(path=directory, dtype="float32"), drafter, training)
     generator = torch.Generator().manual_seed(0)
     input_ids, loss_mask, _ = _blocks(SEQ_LEN, generator)
     batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask)}

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from dflash.decoding import Drafts, SamplingConfig, generate
-from dflash.decoding.ngram import NgramProposer, NgramSettings, lookup_continuation
+from dflash.decoding.ngram import NgramProposer, lookup_continuation
+from dflash.methods.ngram import NgramSettings
 from dflash.decoding.verify import verify
 from dflash.errors import ConfigError
 from dflash.target import TargetModel

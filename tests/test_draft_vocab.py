@@ -65,7 +65,7 @@ def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_pa
     full = full_module.compute_loss(data, torch.Generator().manual_seed(0))
     assert val.loss.item() == pytest.approx(full.loss.item(), abs=1e-6)
     step = module.compute_loss(data, torch.Generator().manual_seed(0))
-    assert module.draft_vocab.ids.numel() == 64
+    assert module.objective.draft_vocab.ids.numel() == 64
     assert step.loss.item() < full.loss.item()  # softmax over 64 tokens, not the whole vocabulary
     # every response token of these rows is in the vocabulary, so every slot is still scored
     assert step.slots.numel() == full.slots.numel()

@@ -5,6 +5,7 @@ vllm/model_executor/models/llama_eagle3.py), plus `method=eagle3` training plumb
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -13,13 +14,14 @@ from safetensors import safe_open
 from dflash.cli.train import job_from_config
 from dflash.drafter.rope_keys import full_attention_rope
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
-from dflash.eagle3.module import Eagle3Settings, Eagle3TrainingModule
+from dflash.eagle3.objective import eagle3_training_module
 from dflash.errors import ConfigError
 from dflash.specs import TargetSpec
 from dflash.training.checkpoints import check_checkpoint_fits
 from dflash.training.config import TrainingConfig
 from dflash.training.module import DRAFTER_CONFIG_KEY
-from dflash.training.run import export_final_drafter
+from dflash.methods.dflash import DFlashTrainSettings
+from dflash.methods.eagle3 import Eagle3TrainSettings
 from tests.test_train_app import compose_train
 
 STACKED = [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"), (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]
@@ -135,15 +137,17 @@ def test_dtypes_and_the_vocabulary_maps(exported):
 
 def test_method_group_selects_eagle3():
     job = job_from_config(compose_train(["method=eagle3", "method.ttt_length=3", "data.path=chats.jsonl"]))
-    assert isinstance(job.method, Eagle3Settings) and job.method.ttt_length == 3
-    assert job_from_config(compose_train(["data.path=chats.jsonl"])).method is None  # DFlash stays the default
+    assert isinstance(job.method_settings, Eagle3TrainSettings) and job.method_settings.ttt_length == 3
+    assert job.method.architectures == ("LlamaForCausalLMEagle3",)
+    default = job_from_config(compose_train(["data.path=chats.jsonl"]))  # DFlash stays the default
+    assert isinstance(default.method_settings, DFlashTrainSettings) and default.method.architectures == ("DFlashDraftModel",)
     with pytest.raises(ConfigError, match="method"):
         job_from_config(compose_train(["method=eagle3", "method.ttt_length=0", "data.path=chats.jsonl"]))
 
 
-def test_training_module_loss_and_export_of_its_checkpoint(tmp_path):
+def test_training_module_loss_and_export_of_its_checkpoint_by_the_export_app(tmp_path, monkeypatch, capsys):
     spec = TargetSpec(path=str(tmp_path / "target"), dtype="float32", build={"arch": "llama", "seed": 0})
-    module = Eagle3TrainingModule(spec, Eagle3Settings(ttt_length=3), TrainingConfig())
+    module = eagle3_training_module(spec, Eagle3TrainSettings(ttt_length=3), TrainingConfig())
     ids = torch.randint(0, 200, (2, 24))
     batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids, dtype=torch.bool), "attention_mask": torch.ones_like(ids, dtype=torch.bool)}
     batch["attention_mask"][1, 20:] = False
@@ -155,10 +159,15 @@ def test_training_module_loss_and_export_of_its_checkpoint(tmp_path):
     module.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
     check_checkpoint_fits(str(tmp_path / "last.ckpt"), module, "run_name")  # resume accepts it
-    other = Eagle3TrainingModule(spec, Eagle3Settings(intermediate_size=32), TrainingConfig())
+    other = eagle3_training_module(spec, Eagle3TrainSettings(intermediate_size=32), TrainingConfig())
     with pytest.raises(ConfigError, match="intermediate_size"):
         check_checkpoint_fits(str(tmp_path / "last.ckpt"), other, "run_name")
-    out = export_final_drafter(str(tmp_path / "last.ckpt"), str(tmp_path / "drafter"), None)
+    from dflash.cli.export import main as export_main
+
+    out = str(tmp_path / "drafter")
+    monkeypatch.setattr(sys, "argv", ["dflash.export", f"ckpt={tmp_path / 'last.ckpt'}", f"out={out}"])
+    export_main()  # `python -m dflash.export` tells the method from the checkpoint
+    assert f"drafter: {out}" in capsys.readouterr().out
     assert json.load(open(os.path.join(out, "config.json")))["architectures"] == ["LlamaForCausalLMEagle3"]
     hidden = torch.randn(2, module.drafter.config.hidden_size)
     torch.testing.assert_close(load_eagle3(out).target_logits(hidden), module.drafter.target_logits(hidden))

@@ -13,7 +13,7 @@ import dflash.eval.evaluator as evaluator
 from dflash.decoding import SamplingConfig, generate
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
-from dflash.eval.methods import METHODS, Method, MethodSetup, build_method, check_method_names
+from dflash.methods import METHODS, Method, MethodSetup, build_method, check_method_names
 from dflash.specs import DrafterSpec, build_drafter
 from tests.conftest import PartialOracleProposer
 from tests.test_evaluate import run_cli
@@ -53,7 +53,7 @@ calls: list = []
 @pytest.fixture
 def with_fake_method(monkeypatch):
     """Registers method "fake" and logs every generation: (method, generator seed, stop ids)."""
-    monkeypatch.setitem(METHODS, "fake", Method(FakeSettings, build_fake))
+    monkeypatch.setitem(METHODS, "fake", Method(name="fake", label="Fake", build=lambda target, settings, context: build_fake(target, settings), settings=FakeSettings))
     calls.clear()
 
     def logged_generate(target, input_ids, *, block_size=1, proposer=None, generator=None, stop_token_ids=(), **kwargs):
@@ -206,6 +206,7 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
     """The divergence replay issues a run's own target forwards when the proposer drafted
     fewer than B - 1 tokens (`draft_counts`), in bf16 where other shapes round differently."""
     from dflash.decoding.ngram import NgramProposer
+    from dflash.methods.ngram import NgramSettings
     from dflash.eval.divergence import replay_logits
     from dflash.target import TargetModel
     from dflash.target.tiny import build_tiny_target
@@ -224,7 +225,7 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
         return out
 
     monkeypatch.setattr(target, "forward", recording_forward)
-    run = generate(target, input_ids, max_new_tokens=20, block_size=8, proposer=NgramProposer())
+    run = generate(target, input_ids, max_new_tokens=20, block_size=8, proposer=NgramProposer(NgramSettings()))
     monkeypatch.undo()
     assert 0 in run.draft_counts and max(run.draft_counts) > 0 and max(run.acceptance_lengths) > 1
     for position in (1, 7, 13, len(run.output_ids) - 1):
@@ -236,7 +237,7 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
 def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget(qwen3_target, monkeypatch):
     """methods=[dflash, dflash_tree]: the same drafter, the tree loop with dflash_tree.budget nodes."""
     import dflash.decoding.tree as tree
-    from dflash.eval.methods import TreeSettings
+    from dflash.methods.dflash_tree import TreeSettings
 
     seen, real = [], tree.generate_tree
 
@@ -268,7 +269,7 @@ def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(
             drafted.append((logits.shape[0], num_drafts))
             return logits
 
-    monkeypatch.setattr(evaluator, "ThresholdProposer", Spy)
+    monkeypatch.setattr("dflash.decoding.adaptive.ThresholdProposer", Spy)  # the dflash method imports it when it builds
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
     decoding = DecodingSettings(block_size=4, max_new_tokens=16, draft_threshold=0.999)  # a random drafter is never this sure
     settings = EvalSettings(decoding=decoding, hf_generate=False, warmup_tokens=0, methods=["dflash"])

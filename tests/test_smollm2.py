@@ -33,7 +33,7 @@ from dflash.eval import BenchmarkSpec, load_benchmark
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target import gguf
-from dflash.training import DFlashTrainingModule, TrainingConfig
+from dflash.training import dflash_training_module, TrainingConfig
 from tests.conftest import hf_greedy
 from tests.loader_probe import probe
 
@@ -161,7 +161,7 @@ def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
     loss_mask[0, prompt.shape[1] :] = True
     batch = {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask), "row_index": torch.tensor([0])}
-    module = DFlashTrainingModule(
+    module = dflash_training_module(
         spec,
         DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=0),
         TrainingConfig(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step

@@ -14,7 +14,7 @@ import torch
 from dflash.data.datamodule import DFlashDataModule
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.training import DFlashTrainingModule, TrainingConfig
+from dflash.training import dflash_training_module, TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.forward import target_features
 from dflash.training.module import open_disk_cache
@@ -84,7 +84,7 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
     results = []
     for cache_dir in (None, str(tmp_path)):
         torch.manual_seed(0)
-        module = DFlashTrainingModule(
+        module = dflash_training_module(
             target_spec,
             DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
             TrainingConfig(num_anchors=6, loss=loss, target_cache_dir=cache_dir, target_cache_dtype="float32"),
@@ -93,7 +93,7 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
         calls = _counting(module.target)
         if cache_dir is not None:
             rows = datamodule.rows
-            module.disk_cache = open_disk_cache(module.training_config, module.target, rows, datamodule.fingerprint(), module.cached_layers())
+            module.disk_cache = open_disk_cache(module.training_config, module.target, rows, datamodule.fingerprint(), module.objective.taps())
             calls.clear()  # the fill ran the target; training must not
         batch = next(iter(datamodule.train_dataloader()))
         result = module.compute_loss(batch, torch.Generator().manual_seed(3))
@@ -111,7 +111,7 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
 def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_target(tmp_path, target_spec):
     def fit():
         torch.manual_seed(0)
-        module = DFlashTrainingModule(
+        module = dflash_training_module(
             target_spec,
             DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
             TrainingConfig(num_anchors=4, target_cache_dir=str(tmp_path)),
@@ -192,19 +192,20 @@ def test_a_missing_layer_file_while_reading_names_the_cache(tmp_path, target):
 
 
 def test_eagle3_trains_from_the_same_cache_without_the_target(tmp_path, target_spec):
-    from dflash.eagle3.module import Eagle3Settings, Eagle3TrainingModule
+    from dflash.eagle3.objective import eagle3_training_module
+    from dflash.methods.eagle3 import Eagle3TrainSettings
 
     losses = []
     for cache_dir in (None, str(tmp_path)):
-        module = Eagle3TrainingModule(
-            target_spec, Eagle3Settings(ttt_length=2, seed=0), TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32")
+        module = eagle3_training_module(
+            target_spec, Eagle3TrainSettings(ttt_length=2, seed=0), TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32")
         )
         datamodule = _datamodule(module.target.tokenizer)
         calls = _counting(module.target)
         if cache_dir is not None:
-            module.disk_cache = open_disk_cache(module.training_config, module.target, datamodule.rows, datamodule.fingerprint(), module.cached_layers())
+            module.disk_cache = open_disk_cache(module.training_config, module.target, datamodule.rows, datamodule.fingerprint(), module.objective.taps())
             stored = sorted(name for name in os.listdir(module.disk_cache.directory) if name.startswith("layer-"))
-            assert stored == [f"layer-{i:02d}" for i in sorted(set(module.cached_layers()))]  # a repeated tap is one file
+            assert stored == [f"layer-{i:02d}" for i in sorted(set(module.objective.taps()))]  # a repeated tap is one file
             calls.clear()
         losses.append((module.compute_loss(next(iter(datamodule.train_dataloader()))).loss.detach(), len(calls)))
     (live, live_calls), (cached, cached_calls) = losses

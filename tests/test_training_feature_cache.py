@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import DFlashTrainingModule, TrainingConfig
+from dflash.training import dflash_training_module, TrainingConfig
 from dflash.training.feature_cache import TargetStateCache
 
 
@@ -38,7 +38,7 @@ def _batches(count, batch_size=3, seq_len=24, seed=0):
 
 def _fit(target_spec, batches, epochs, **training):
     torch.manual_seed(0)
-    module = DFlashTrainingModule(
+    module = dflash_training_module(
         target_spec,
         DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
         TrainingConfig(num_anchors=4, learning_rate=3e-3, **training),

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from dflash.decoding import DFlashProposer, generate
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import DFlashTrainingModule, TrainingConfig
+from dflash.training import dflash_training_module, TrainingConfig
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
@@ -78,7 +78,7 @@ def simulated_engine_acceptance(module, sequences: torch.Tensor) -> list[int]:
 def test_drafter_learns_and_engine_acceptance_matches_training(tmp_path):
     L.seed_everything(0)
     training = TrainingConfig(num_anchors=8, learning_rate=1e-2)
-    module = DFlashTrainingModule(
+    module = dflash_training_module(
         TargetSpec(path=str(tmp_path / "target"), build={"arch": "qwen3", "seed": 0}),
         DrafterSpec(num_layers=2, block_size=BLOCK_SIZE),
         training,

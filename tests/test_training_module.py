@@ -11,7 +11,7 @@ from dflash.decoding import DFlashProposer, generate
 from dflash.drafter import load_drafter, save_drafter
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.training import DFlashTrainingModule, TrainingConfig, export_checkpoint, export_drafter
+from dflash.training import dflash_training_module, TrainingConfig, export_checkpoint, export_drafter
 from dflash.training.module import warmup_cosine_schedule
 
 
@@ -21,7 +21,7 @@ def target_spec(tmp_path_factory):
 
 
 def _module(target_spec, block_size=4, **training):
-    return DFlashTrainingModule(
+    return dflash_training_module(
         target_spec, DrafterSpec(num_layers=1, block_size=block_size, num_target_features=2), TrainingConfig(**training)
     )
 
@@ -51,7 +51,7 @@ def test_bad_config_is_a_config_error_naming_the_key(target_spec, tmp_path):
         _module(target_spec, block_size=1)
     assert err.value.key == "drafter.block_size"
     with pytest.raises(ConfigError) as err:
-        DFlashTrainingModule(target_spec, DrafterSpec(num_layers=1, attn_implementation="flash_attention_2"), TrainingConfig())
+        dflash_training_module(target_spec, DrafterSpec(num_layers=1, attn_implementation="flash_attention_2"), TrainingConfig())
     assert err.value.key == "drafter.attn_implementation"
     with pytest.raises(ConfigError) as err:
         TrainingConfig(anchor_sampling="everywhere")
@@ -62,7 +62,7 @@ def test_a_drafter_for_another_target_width_is_rejected(target_spec, tmp_path):
     narrow = load_target(TargetSpec(path=str(tmp_path / "narrow"), build={"arch": "qwen3", "hidden_size": 32}))
     save_drafter(build_drafter(DrafterSpec(num_layers=1, block_size=4), narrow), str(tmp_path / "drafter"))
     with pytest.raises(ConfigError) as err:
-        DFlashTrainingModule(target_spec, DrafterSpec(path=str(tmp_path / "drafter")), TrainingConfig())
+        dflash_training_module(target_spec, DrafterSpec(path=str(tmp_path / "drafter")), TrainingConfig())
     assert "hidden size" in str(err.value)
 
 

@@ -2,7 +2,7 @@
 what the module trains on.
 
 Each module is built the way `python -m dflash.train` builds it: the composed Hydra
-config, `job_from_config`, then `DFlashTrainingModule`. The tests look at the weights
+config, `job_from_config`, then `DrafterTrainingModule`. The tests look at the weights
 inside the loss the module computes and at the anchors its blocks open at, recomputed
 here from the published formulas, so an ablation whose setting is dropped on the way
 (and so would silently measure nothing) fails.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dflash.cli.train import job_from_config
-from dflash.training import DFlashTrainingModule
+from dflash.training import DrafterTrainingModule, dflash_training_module
 from tests.test_train_app import compose_train
 
 # float32 sums over a few hundred weighted slots: relative rounding well below 1e-5
@@ -28,12 +28,12 @@ def artifacts(tmp_path_factory):
     return tmp_path_factory.mktemp("settings_artifacts")
 
 
-def module_for(artifacts, *overrides: str) -> DFlashTrainingModule:
+def module_for(artifacts, *overrides: str) -> DrafterTrainingModule:
     """The training module of `python -m dflash.train <overrides>` on the tiny target."""
     # data is read only by training runs; the module never opens it
     base = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "drafter.num_layers=1"]
     job = job_from_config(compose_train([*base, *overrides]))
-    return DFlashTrainingModule(job.target, job.drafter, job.training)
+    return dflash_training_module(job.target, job.drafter, job.training)
 
 
 def batch(seq_len=48, seed=0) -> dict:
@@ -92,10 +92,10 @@ def valid_positions(loss_mask: torch.Tensor, block_size: int) -> list[int]:
     return [a for a in range(len(mask)) if mask[a] and any(mask[a + 1 : a + block_size])]
 
 
-def anchors_used(module: DFlashTrainingModule, data: dict, monkeypatch, seed: int | None = 0) -> list[list[int]]:
+def anchors_used(module: DrafterTrainingModule, data: dict, monkeypatch, seed: int | None = 0) -> list[list[int]]:
     """The anchor positions per sequence that the module's blocks were built at (seed None:
     drawn from torch's global generator, as training steps draw them)."""
-    import dflash.training.module as module_code
+    import dflash.training.objective as module_code
 
     seen = []
     real_build_blocks = module_code.build_blocks
@@ -134,7 +134,7 @@ def trained_start(artifacts, monkeypatch, *overrides: str) -> tuple[torch.Tensor
     base = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "drafter.num_layers=1", "drafter.block_size=8", "training.num_anchors=5"]
     job = job_from_config(compose_train([*base, *overrides]))
     L.seed_everything(job.seed, workers=True, verbose=False)  # dflash.training.run._train, then the module
-    module = DFlashTrainingModule(job.target, job.drafter, job.training)
+    module = dflash_training_module(job.target, job.drafter, job.training)
     weight = next(p for p in module.drafter.parameters() if p.dim() == 2).detach().clone()
     return weight, anchors_used(module, batch(), monkeypatch, seed=None)
 
@@ -153,5 +153,5 @@ def test_the_run_seed_changes_the_drafter_and_its_anchors(artifacts, monkeypatch
     assert torch.equal(fixed0, fixed1) and not torch.equal(fixed0, weight0)
     # EAGLE-3's drafter follows the run seed the same way
     eagle3 = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "method=eagle3"]
-    assert [job_from_config(compose_train([*eagle3, f"seed={s}"])).method.seed for s in (0, 3)] == [0, 3]
-    assert job_from_config(compose_train([*eagle3, "seed=3", "method.seed=7"])).method.seed == 7
+    assert [job_from_config(compose_train([*eagle3, f"seed={s}"])).method_settings.seed for s in (0, 3)] == [0, 3]
+    assert job_from_config(compose_train([*eagle3, "seed=3", "method.seed=7"])).method_settings.seed == 7

@@ -1,8 +1,8 @@
 """`python -m dflash.evaluate`: evaluate drafting methods on a benchmark (config: dflash/conf/evaluate.yaml).
 
-`methods` lists the methods compared (`dflash.eval.methods`); dflash is configured by
-`drafter.*` and `decoding.block_size`, every other method by its own group (`ngram.*`,
-`eagle3.*`).
+`methods` lists the methods compared (`dflash.methods`): methods that draft with the
+DFlash drafter read `drafter.*` and `decoding.block_size`, and every method with settings
+has its own group named after it (`ngram.*`, `eagle3.*`, `dflash_tree.*`).
 
 Checks every setting and loads the prompts before loading any model, so a bad value
 fails in seconds, not after an 8B model has loaded. The run directory is locked
@@ -40,7 +40,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.drafter.io import check_drafter_dir
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
-    from dflash.eval.methods import DRAFTER_METHODS, METHODS, check_method_names
+    from dflash.methods import METHODS, check_method_names
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 
     config = resolved_config(cfg)
@@ -56,20 +56,19 @@ def _hydra_main(cfg: DictConfig) -> None:
         enable_thinking=benchmark.enable_thinking,
         methods=methods,
         # every method's group is checked, listed or not: a typo fails now, not in a later run
-        method_settings={name: to_spec(METHODS[name].settings, cfg[name], name) for name in METHODS if name in cfg},
+        method_settings={
+            name: to_spec(method.settings, cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg
+        },
         **top_level,
     )
     target_spec = to_spec(TargetSpec, cfg.target, "target")
     drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
-    uses_drafter = any(name in DRAFTER_METHODS for name in methods)
+    uses_drafter = any(METHODS[name].uses_dflash_drafter for name in methods)
     if uses_drafter and drafter_spec.path is not None:
         check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
-    eagle3_path = settings.method_settings["eagle3"].path if "eagle3" in methods else None
-    if eagle3_path is not None:
-        from dflash.eagle3.io import read_eagle3_config
-
-        read_eagle3_config(eagle3_path)  # likewise
+    for name in methods:  # likewise every method's own files (e.g. eagle3.path)
+        METHODS[name].check(settings.method_settings.get(name) or METHODS[name].default_settings())
 
     with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
         target = load_target(target_spec)

@@ -1,5 +1,7 @@
 """`python -m dflash.export ckpt=... out=...`: write the drafter of a training checkpoint
-as a drafter directory (config: dflash/conf/export.yaml). The target is not loaded."""
+as its method's drafter directory (config: dflash/conf/export.yaml). The method is the
+trained method of `dflash.methods` whose architectures the checkpoint's drafter config
+names (DFlash: a drafter directory; EAGLE-3: the EAGLE-3 layout). The target is not loaded."""
 
 from __future__ import annotations
 
@@ -26,14 +28,24 @@ def checkpoint_path(ckpt: str) -> str:
 @hydra.main(config_path=str(CONF_DIR), config_name="export", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    from dflash.training.export import export_checkpoint
+    from dflash.methods import method_of_checkpoint, trained_methods
+    from dflash.training.export import read_checkpoint
+    from dflash.training.module import DRAFTER_CONFIG_KEY
     from dflash.training.run import weight_dtype
 
     options = resolved_config(cfg)
     require(isinstance(options["out"], str) and options["out"] != "", "out", "must be a directory path")
     path = checkpoint_path(str(options["ckpt"]))
     dtype = weight_dtype(options["dtype"], "dtype")
-    out = export_checkpoint(path, os.path.abspath(os.path.expanduser(options["out"])), dtype=dtype)
+    drafter_config = read_checkpoint(path)[DRAFTER_CONFIG_KEY]
+    method = method_of_checkpoint(drafter_config)
+    require(
+        method is not None,
+        "ckpt",
+        f"{path!r} holds a drafter of architectures {drafter_config.get('architectures')}, which no trained method "
+        f"({', '.join(sorted(trained_methods()))}) exports",
+    )
+    out = method.training().export(path, os.path.abspath(os.path.expanduser(options["out"])), dtype)
     print(f"drafter: {out}")
 
 

@@ -58,38 +58,23 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 def job_from_config(cfg: DictConfig):
     """The `TrainJob` described by a composed `train` config (all groups validated)."""
     from dflash.data.config import DataSpec
-    from dflash.drafter.io import check_drafter_dir
     from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training.config import TrainingConfig, check_block_fits
+    from dflash.training.config import TrainingConfig
     from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
 
     require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
+    method, settings = _method(cfg)
+    trained = method.training()
     # The drafter's initialisation follows the run's seed unless set on its own: building the
     # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order.
-    drafter = to_spec(DrafterSpec, cfg.drafter, "drafter")
-    if drafter.seed is None:
-        drafter = dataclasses.replace(drafter, seed=cfg.seed)
-    method = _method(cfg)  # [eagle3] None for DFlash; Eagle3Settings for method=eagle3
-    if method is not None and method.seed is None:
-        method = dataclasses.replace(method, seed=cfg.seed)
-    if method is not None:
-        block_size = None  # the drafter group (and its block checks) do not apply
-    elif drafter.path is None:
-        require(
-            drafter.block_size >= 2,
-            "drafter.block_size",
-            f"must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {drafter.block_size}",
-        )
-        block_size = drafter.block_size
-    else:  # a damaged or mismatched drafter directory fails now, before the target loads
-        block_size = check_drafter_dir(drafter.path).block_size
+    drafter = _seeded(to_spec(DrafterSpec, cfg.drafter, "drafter"), cfg.seed)
+    settings = _seeded(settings, cfg.seed)
     training_dict = resolved_config(cfg.training)
     if isinstance(training_dict.get("betas"), list):
         training_dict["betas"] = tuple(training_dict["betas"])
     training = spec_from_dict(TrainingConfig, training_dict, "training")
     data = DataSpec.from_dict(resolved_config(cfg.data))
-    if block_size is not None:
-        check_block_fits(block_size, data.max_length, training.num_anchors)
+    trained.check(settings, drafter, data, training)  # e.g. a drafter directory is read now, before the target loads
     return TrainJob(
         target=to_spec(TargetSpec, cfg.target, "target"),
         drafter=drafter,
@@ -99,32 +84,38 @@ def job_from_config(cfg: DictConfig):
         output_dir=cfg.paths.output_dir,
         checkpoint=to_spec(CheckpointSettings, cfg.checkpoint, "checkpoint"),
         logger=to_spec(LoggerSettings, cfg.logger, "logger"),
-        evaluation=_evaluation(cfg.eval),
+        evaluation=_evaluation(cfg.eval, trained, settings),
         seed=cfg.seed,
         config=resolved_config(cfg),
-        method=method,
+        method=trained,
+        method_settings=settings,
     )
 
 
-METHODS = ("dflash", "eagle3")
+def _seeded(settings, seed: int):
+    """`settings` with its `seed` field set to the run's seed when it is None."""
+    if dataclasses.is_dataclass(settings) and getattr(settings, "seed", 0) is None:
+        return dataclasses.replace(settings, seed=seed)
+    return settings
 
 
 def _method(cfg: DictConfig):
-    """[eagle3] The `method` group: None for DFlash (the default), `Eagle3Settings` for eagle3."""
+    """The trained method of the `method` group (`dflash.methods`) and its settings."""
+    from dflash.methods import METHODS, trained_methods
+
     node = cfg.get("method")
-    name = None if node is None else node.get("name")
-    require(name in (None, *METHODS), "method", f"unknown method {name!r}; choose one of {list(METHODS)}")
-    if name != "eagle3":
-        return None
-    from dflash.eagle3.module import Eagle3Settings
+    name = "dflash" if node is None else node.get("name")
+    choices = sorted(trained_methods())
+    require(name in choices, "method", f"unknown method {name!r}; choose one of {choices}")
+    method = METHODS[name]
+    method.check_installed()
+    return method, to_spec(method.train_settings, node, "method")
 
-    return to_spec(Eagle3Settings, node, "method")
 
-
-def _evaluation(node: DictConfig):
-    """The `eval` group as an `AfterTrainEval`, or None when `eval.after_train` is false."""
+def _evaluation(node: DictConfig, trained, train_settings):
+    """The `eval` group as an `AfterTrainEval` of the trained method, or None when `eval.after_train` is false."""
     from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings
-    from dflash.training.run import AfterTrainEval
+    from dflash.eval.after_train import AfterTrainEval
 
     top_level = {"after_train": node.after_train, "hf_generate": node.hf_generate, "warmup_tokens": node.warmup_tokens}
     check_field_types(_EvalSwitches, top_level, "eval")
@@ -138,7 +129,7 @@ def _evaluation(node: DictConfig):
         hf_generate=node.hf_generate,
         warmup_tokens=node.warmup_tokens,
     )
-    return AfterTrainEval(benchmark=benchmark, settings=settings)
+    return AfterTrainEval(benchmark=benchmark, settings=settings, trained=trained, train_settings=train_settings)
 
 
 class _EvalSwitches:

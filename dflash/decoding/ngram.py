@@ -22,31 +22,10 @@ probability p(x) and otherwise resamples from p without x, which is exactly loss
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from dflash.decoding.sampling import SamplingConfig
 from dflash.decoding.verify import Drafts
-from dflash.errors import require
-
-
-@dataclass(frozen=True)
-class NgramSettings:
-    """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
-
-    max_ngram: int = 2
-    min_ngram: int = 1
-    num_draft_tokens: int = 10
-
-    def __post_init__(self):
-        require(self.min_ngram >= 1, "ngram.min_ngram", f"must be >= 1, got {self.min_ngram}")
-        require(
-            self.max_ngram >= self.min_ngram,
-            "ngram.max_ngram",
-            f"must be >= ngram.min_ngram ({self.min_ngram}), got {self.max_ngram}",
-        )
-        require(self.num_draft_tokens >= 1, "ngram.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
 
 
 def lookup_continuation(ids: list[int], max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
@@ -67,7 +46,8 @@ class NgramProposer:
 
     target_layer_ids = None
 
-    def __init__(self, settings: NgramSettings = NgramSettings()):
+    def __init__(self, settings):
+        """settings: max_ngram, min_ngram, num_draft_tokens (`dflash.methods.ngram.NgramSettings`)."""
         self.settings = settings
 
     def reset(self) -> None:

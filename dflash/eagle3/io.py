@@ -79,10 +79,18 @@ def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtyp
 
 
 def eagle3_from_checkpoint(checkpoint: dict) -> Eagle3Drafter:
-    """The drafter of a loaded `Eagle3TrainingModule` checkpoint (CPU, eval mode)."""
+    """The drafter of a loaded EAGLE-3 training checkpoint (CPU, eval mode)."""
+    from dflash.training.export import drafter_state
     from dflash.training.module import DRAFTER_CONFIG_KEY
 
     drafter = Eagle3Drafter(Eagle3Config.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY]))
-    state = {k.removeprefix("drafter."): v for k, v in checkpoint["state_dict"].items() if k.startswith("drafter.")}
-    drafter.load_state_dict(state, strict=True)
+    drafter.load_state_dict(drafter_state(checkpoint), strict=True)
     return drafter.eval()
+
+
+def export_eagle3_checkpoint(ckpt_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Write the drafter of an EAGLE-3 training checkpoint as an EAGLE-3 directory; returns out_dir."""
+    from dflash.training.export import read_checkpoint
+
+    save_eagle3(eagle3_from_checkpoint(read_checkpoint(ckpt_path)), out_dir, dtype=dtype)
+    return out_dir

@@ -3,7 +3,7 @@
 Per generation (every user turn of every conversation), with the same prompt, seed, stop
 ids and sampling settings, interleaved so that machine noise hits all methods alike:
   1. autoregressive: `generate(block_size=1)`, the in-run baseline (same loop, no drafts);
-  2. every method of `EvalSettings.methods` in order (registry: `dflash.eval.methods`),
+  2. every method of `EvalSettings.methods` in order (registry: `dflash.methods`),
      e.g. dflash: `generate(block_size=B, proposer=DFlashProposer(...))`, ngram: prompt
      lookup; the first listed is the primary method;
   3. hf_generate: the target's own `model.generate()`, the baseline a user would
@@ -20,24 +20,21 @@ No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
-from dflash.decoding import DFlashProposer, SamplingConfig, generate
-from dflash.decoding.adaptive import ThresholdProposer
+from dflash.decoding import SamplingConfig, generate
 from dflash.decoding.engine import GenerationResult, synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
 from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
-from dflash.eval.methods import DRAFTER_METHODS, METHODS, DFlashMethod, DFlashTreeMethod, MethodSetup, build_method
-from dflash.eval.methods import check_method_names
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
+from dflash.methods import METHODS, EvalContext, MethodSetup, build_method, check_method_names
 from dflash.target import TargetModel
 
 
@@ -86,11 +83,11 @@ class EvalSettings:
     chat_template / enable_thinking: prompt rendering (see `PromptBuilder`).
     hf_generate: also time the target's `model.generate()`.
     warmup_tokens: length of the untimed warm-up generation on the first prompt (0: none).
-    methods: the drafting methods compared (names in `dflash.eval.methods.METHODS`), the
-        primary first. dflash drafts with the `drafter` given to `evaluate` at
-        `decoding.block_size`.
-    method_settings: name -> that method's settings (its config group, e.g. NgramSettings);
-        a method without an entry uses its defaults.
+    methods: the drafting methods compared (names in `dflash.methods.METHODS`), the
+        primary first. Methods with `uses_dflash_drafter` draft with the `drafter` given
+        to `evaluate` at `decoding.block_size`.
+    method_settings: name -> that method's settings (its config group's schema,
+        `Method.settings`); a method without an entry uses its defaults.
     """
 
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
@@ -133,10 +130,8 @@ def evaluate(
     """
     require(len(samples) > 0, "benchmark.max_samples", "no prompts to evaluate")
     decoding = settings.decoding
-    setups = {
-        name: build_method(name, target, _settings_of(name, settings, target, drafter, drafter_label))
-        for name in settings.methods
-    }
+    context = EvalContext(drafter, drafter_label, decoding.block_size, decoding.draft_threshold)
+    setups = {name: build_method(name, target, _own_settings(name, settings), context) for name in settings.methods}
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
     methods = _Methods(target, setups, decoding.sampling, stops, settings.hf_generate)
     prompts = PromptBuilder(target.tokenizer, settings.chat_template, settings.enable_thinking)
@@ -159,7 +154,7 @@ def evaluate(
             conversation.append(target.tokenizer.decode(record.outputs[primary], skip_special_tokens=True))
 
     infos = {
-        name: MethodInfo(setup.label, setup.block_size, setup.trained_block_size, _recorded_settings(name, settings))
+        name: MethodInfo(setup.label, setup.block_size, setup.trained_block_size, METHODS[name].recorded(_own_settings(name, settings), context))
         for name, setup in setups.items()
     }
     first = infos[primary]
@@ -180,34 +175,9 @@ def evaluate(
     )
 
 
-def _settings_of(name: str, settings: EvalSettings, target: TargetModel, drafter, drafter_label: str):
-    """The settings object the registry's builder of `name` takes."""
-    if name in DRAFTER_METHODS:
-        require(drafter is not None, "methods", f"{name} needs a drafter (drafter.path, or null for a random one)")
-        threshold = settings.decoding.draft_threshold
-        proposer = DFlashProposer(drafter, target.embed, target.logits)
-        if name == "dflash" and threshold > 0:
-            proposer = ThresholdProposer(proposer, threshold)
-        chain = DFlashMethod(proposer, drafter.config.block_size, settings.decoding.block_size, drafter_label)
-        return chain if name == "dflash" else DFlashTreeMethod(chain, _own_settings(name, settings), threshold)
-    return _own_settings(name, settings)
-
-
 def _own_settings(name: str, settings: EvalSettings):
     found = settings.method_settings.get(name)
-    return found if found is not None else METHODS[name].settings()
-
-
-def _recorded_settings(name: str, settings: EvalSettings) -> dict:
-    """A method's settings as results.json records them."""
-    decoding = settings.decoding
-    if name == "dflash":
-        return {"block_size": decoding.block_size, "draft_threshold": decoding.draft_threshold}
-    if name == "dflash_tree":
-        tree = dataclasses.asdict(_own_settings(name, settings))
-        return {"block_size": decoding.block_size, **tree, "draft_threshold": decoding.draft_threshold}
-    found = _own_settings(name, settings)
-    return dataclasses.asdict(found) if dataclasses.is_dataclass(found) else {}
+    return found if found is not None else METHODS[name].default_settings()
 
 
 @dataclass

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dflash.eval.results import BASELINES, METHOD
-
-NAMES = {"dflash": "DFlash", "ngram": "prompt lookup (n-gram)", "eagle3": "EAGLE-3"}
+from dflash.methods import label
 
 
 def format_results(results: dict) -> str:
@@ -15,7 +14,7 @@ def format_results(results: dict) -> str:
         mode = f"sampling T={results['temperature']} top_p={results['top_p']} top_k={results['top_k']}"
         mode += f" ({results['verify_rule']} verification)"
     primary = results.get("method", METHOD)
-    name = NAMES.get(primary, primary)
+    name = label(primary)
     trained = f" (drafter trained with {results['drafter_block_size']})" if results["drafter_block_size"] is not None else ""
     lines = [
         f"{name} evaluation: {results['benchmark']}, {results['num_prompts']} prompts "

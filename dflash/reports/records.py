@@ -15,6 +15,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from dflash.methods import METHODS
+
+# results.json files written before the `method` field existed hold DFlash runs (the
+# schema of `dflash.eval.results`); so do train-app configs without an evaluation yet.
+UNNAMED_METHOD = "dflash"
+
 FINISHED, FAILED, PENDING = "finished", "failed", "pending"
 
 
@@ -52,7 +58,7 @@ class RunRecord:
 
     @property
     def method(self) -> str:
-        return str(self.results.get("method") or "dflash")
+        return str(self.results.get("method") or UNNAMED_METHOD)
 
     @property
     def target(self) -> str:
@@ -113,7 +119,8 @@ class RunRecord:
         return [self]
 
     def _configured_width(self, method: str) -> int | None:
-        if method == "dflash":
+        known = METHODS.get(method)
+        if known is not None and known.uses_dflash_drafter:
             return self.results.get("block_size")
         drafts = lookup(self.config, f"{method}.num_draft_tokens")
         return drafts + 1 if isinstance(drafts, int) else None
@@ -170,7 +177,7 @@ def results_from_config(config: dict) -> dict:
     trained_block = drafter.get("block_size") if not drafter.get("path") else None
     return {
         "benchmark": lookup(evaluation, "benchmark.name"),
-        "method": "dflash",
+        "method": UNNAMED_METHOD,
         "target": lookup(config, "target.path"),
         "block_size": decoding.get("block_size") or trained_block,
         "drafter_block_size": trained_block,

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 
 from dflash.errors import require
+from dflash.methods import label as method_label
+from dflash.methods import width_label as method_width_label
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, axis_value
 
 METRICS = (("speedup", "Speedup"), ("tau", "τ"))
@@ -46,7 +48,6 @@ BENCHMARK_NAMES = {
     "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
     "swe_bench_lite": "SWE-Bench", "mt_bench": "MT-Bench", "alpaca": "Alpaca",
 }
-METHOD_NAMES = {"dflash": "DFlash", "dflash_tree": "DFlash, tree", "eagle3": "EAGLE-3", "ngram": "Prompt lookup"}
 ABLATION_TITLES = {
     "main": "Main results",
     "block_size": "Block size (training B x inference B)",
@@ -218,14 +219,9 @@ def _main_row(record: RunRecord) -> Row:
     """(target, method label): DFlash with its block size B (and tree budget N), chain and
     lookup methods with their drafts per step k (= verify width - 1)."""
     block = record.results.get("block_size")
-    name = METHOD_NAMES.get(record.method, record.method)
+    name = method_label(record.method)
     if isinstance(block, int) and block > 0:
-        if record.method == "dflash":
-            name += f" (B={block})"
-        elif record.method == "dflash_tree":
-            name += f" (B={block}, N={(record.results.get('settings') or {}).get('budget')})"
-        else:
-            name += f" (k={block - 1})"
+        name += " " + method_width_label(record.method, block, record.results.get("settings") or {})
     return Row(f"T = {_temperature(record)}", (record.target, name))
 
 

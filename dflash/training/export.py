@@ -11,13 +11,13 @@ import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError, reading
-from dflash.training.module import DRAFTER_CONFIG_KEY, DFlashTrainingModule
+from dflash.training.module import DRAFTER_CONFIG_KEY
 
 _DRAFTER_PREFIX = "drafter."
 
 
-def export_drafter(module: DFlashTrainingModule, out_dir: str, dtype: torch.dtype | None = None) -> str:
-    """Save `module.drafter` into `out_dir` (config.json + model.safetensors); returns out_dir.
+def export_drafter(module, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Save `module.drafter` (a DFlash drafter of a `DrafterTrainingModule`) into `out_dir` (config.json + model.safetensors); returns out_dir.
 
     dtype: weight dtype on disk (default: the training dtype).
     """
@@ -25,8 +25,9 @@ def export_drafter(module: DFlashTrainingModule, out_dir: str, dtype: torch.dtyp
     return out_dir
 
 
-def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
-    """Rebuild the drafter stored in a `DFlashTrainingModule` checkpoint (CPU, eval mode)."""
+def read_checkpoint(ckpt_path: str) -> dict:
+    """A training checkpoint (`DrafterTrainingModule`, any method) as a dict, on the CPU;
+    ConfigError naming `ckpt` for a missing, damaged or foreign file."""
     if not os.path.isfile(ckpt_path):
         raise ConfigError("ckpt", f"no checkpoint file at {ckpt_path!r}")
     fix = "give a checkpoints/*.ckpt file that python -m dflash.train wrote"
@@ -36,12 +37,23 @@ def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     if not isinstance(checkpoint, dict) or DRAFTER_CONFIG_KEY not in checkpoint:
         raise ConfigError("ckpt", f"{ckpt_path!r} is not a dflash training checkpoint (no drafter config); {fix}")
-    config = DrafterConfig.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY])
-    state = {
+    return checkpoint
+
+
+def drafter_state(checkpoint: dict) -> dict:
+    """The drafter's weights of a training checkpoint, without the `drafter.` prefix."""
+    return {
         name.removeprefix(_DRAFTER_PREFIX): tensor
         for name, tensor in checkpoint["state_dict"].items()
         if name.startswith(_DRAFTER_PREFIX)
     }
+
+
+def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
+    """Rebuild the DFlash drafter stored in a training checkpoint (CPU, eval mode)."""
+    checkpoint = read_checkpoint(ckpt_path)
+    config = DrafterConfig.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY])
+    state = drafter_state(checkpoint)
     drafter = DFlashDrafter(config)
     drafter.load_state_dict(state, strict=True)
     return drafter.to(next(iter(state.values())).dtype).eval()

@@ -1,14 +1,18 @@
-"""The LightningModule that trains a DFlash drafter against a frozen target.
+"""The LightningModule that trains a drafter against a frozen target, composed from a
+method's `Objective` (`dflash.training.objective`): the module owns the target, its
+state caches, metrics, logging, optimizer and schedule; the objective owns the drafter
+and its loss. No method subclasses this module.
 
 Invariants:
 - The target (`dflash.target.TargetModel`) is a plain attribute, not a submodule: it is
   outside the optimizer, the state_dict, checkpoints and DDP/FSDP wrapping. It runs in
   eval mode under no_grad and is moved to the module's device at the first step.
-- Checkpoints hold the drafter weights (`drafter.*`) and, under `DRAFTER_CONFIG_KEY`,
-  the drafter's config.json dict, so `dflash.training.export.export_checkpoint` rebuilds
-  the drafter without loading the target.
-- A step's target states come from the disk cache when `training.target_cache_dir` is set
-  (filled in `setup`, `dflash.training.disk_cache`), else from the in-memory cache when
+- The drafter is the submodule `drafter` (checkpoint keys `drafter.*`); checkpoints also
+  hold the drafter's config.json dict under `DRAFTER_CONFIG_KEY`, so a method's exporter
+  rebuilds the drafter without loading the target.
+- A step's target states (the objective's `taps()`, concatenated in that order) come from
+  the disk cache when `training.target_cache_dir` is set (filled in `setup`,
+  `dflash.training.disk_cache`), else from the in-memory cache when
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
   states up to float rounding (tests/test_training_disk_cache.py,
   tests/test_training_feature_cache.py).
@@ -22,7 +26,6 @@ sums over that window and all ranks; `val/...` the same over the whole validatio
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable
 
@@ -30,151 +33,71 @@ import lightning as L
 import torch
 
 from dflash.errors import require
-from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.training.anchors import sample_anchors
-from dflash.training.blocks import build_blocks
+from dflash.specs import TargetSpec, load_target
+from dflash.target import TargetModel
 from dflash.training.config import TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
-from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.feature_cache import TargetStateCache
-from dflash.training.forward import (
-    draft_blocks,
-    set_attention_implementation,
-    target_features,
-    training_attention_implementation,
-)
-from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
+from dflash.training.forward import target_features
+from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
+from dflash.training.objective import Objective
 from dflash.training.progress import budget_timer
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
 
 
-class DFlashTrainingModule(L.LightningModule):
-    """Trains `self.drafter`; the frozen target provides features, embedding and LM head.
+class DrafterTrainingModule(L.LightningModule):
+    """Trains `self.drafter` (the objective's); the frozen target provides states, embedding and LM head.
 
     Batches are dicts of right-padded tensors (b, S): `input_ids` long, `loss_mask` bool
     (True on response tokens that are training targets), `attention_mask` bool (True on
-    real tokens).
+    real tokens), and `row_index` (b,) from `DFlashDataModule` for the state caches.
+
+    Args:
+        target: where the frozen target comes from.
+        objective: builds the method's `Objective` for the loaded target.
+        training: optimizer, schedule and cache settings.
+        hparams: what the checkpoint records as hyper-parameters (the method's settings).
     """
 
-    def __init__(self, target: TargetSpec, drafter: DrafterSpec, training: TrainingConfig):
+    def __init__(self, target: TargetSpec, objective: Callable[[TargetModel], Objective], training: TrainingConfig, hparams: dict):
         super().__init__()
         require(training.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {training.num_anchors}")
-        if drafter.path is None:
-            require(drafter.block_size >= 2, "drafter.block_size", _BLOCK_SIZE_MESSAGE.format(drafter.block_size))
-        self.save_hyperparameters(
-            {"target": dataclasses.asdict(target), "drafter": dataclasses.asdict(drafter), "training": dataclasses.asdict(training)}
-        )
+        self.save_hyperparameters(hparams)
         self.training_config = training
         self.target = load_target(target)
-        self.drafter = build_drafter(drafter, self.target)
-        block_size = self.drafter.block_size
-        require(block_size >= 2, "drafter.block_size", _BLOCK_SIZE_MESSAGE.format(block_size))
-        self._configured_attention = self.drafter.config.attn_implementation
-        training_attention_implementation(self._configured_attention, torch.device("cpu"))
-        self.loss_settings = LossSettings(
-            block_size=block_size,
-            objective=training.loss,
-            position_weights=training.position_weights,
-            gamma=resolve_gamma(training.loss_gamma, block_size),
-            dpace_alpha=training.dpace_alpha,
-            chunk_rows=training.loss_chunk_rows,
-        )
+        self.objective = objective(self.target)
+        self.drafter = self.objective.drafter
         gib = training.target_cache_gib
         self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 and training.target_cache_dir is None else None
         self.disk_cache: DiskStateCache | None = None  # opened and filled in `setup`
-        self.draft_vocab: DraftVocab | None = None  # counted on the first training step
-        self.train_metrics = BlockMetrics(block_size)
-        self.val_metrics = BlockMetrics(block_size)
+        self.train_metrics = BlockMetrics(self.objective.slots)
+        self.val_metrics = BlockMetrics(self.objective.slots)
         self._last_logged_step = -1
 
-    def _prepare_device(self) -> None:
-        """Bring the target to the drafter's device and pick the attention kernel for it."""
+    def prepare_device(self) -> None:
+        """Bring the target to the drafter's device (and let the objective adapt to it)."""
         if self.target.device != self.device:
             self.target.model.to(self.device)
-        implementation = training_attention_implementation(self._configured_attention, self.device)
-        if self.drafter.config.attn_implementation != implementation:
-            set_attention_implementation(self.drafter, implementation)
+        self.objective.on_device(self.device)
 
     def compute_loss(self, batch: dict, generator: torch.Generator | None = None, full_vocab: bool = False) -> BlockLoss:
-        """Sample anchors, draft every block and score it (see `dflash.training.loss`).
+        """The objective's loss of `batch` (see the class docstring for its tensors).
 
-        Args:
-            batch: `input_ids` (b, S), `loss_mask` (b, S), `attention_mask` (b, S).
-            generator: RNG for anchor sampling (None: the global one).
-            full_vocab: score the whole vocabulary even with `training.draft_vocab_size`
-                (validation does).
+        generator: RNG of the objective's sampling (None: the global one).
+        full_vocab: score the whole vocabulary even where the objective trains on a
+            smaller one (validation does).
         """
-        self._prepare_device()
-        input_ids = batch["input_ids"]
+        self.prepare_device()
         attention_mask = batch["attention_mask"].bool()
-        loss_mask = batch["loss_mask"].bool() & attention_mask
         if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
-        config = self.drafter.config
-        features, final_hidden = self._target_states(batch, attention_mask)
-        if not config.use_target_features:  # standalone-drafter ablation: the context is the prefix's own token embeddings
-            features = self.target.embed(input_ids)
-        anchors = sample_anchors(
-            loss_mask, config.block_size, self.training_config.num_anchors, self.training_config.anchor_sampling, generator
-        )
-        blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
-        hidden = draft_blocks(self.drafter, self.target.embed, features, attention_mask, anchors, blocks)
-        vocab = None if full_vocab else self.training_vocab()
-        if vocab is None:
-            return block_loss(hidden, self.target.logits, blocks, self.loss_settings, final_hidden)
-        to_logits = lambda rows: self.target.logits(rows, head_rows=vocab.head_rows)  # noqa: E731
-        return block_loss(hidden, to_logits, blocks, self.loss_settings, final_hidden, vocab.lookup)
+        taps = self.objective.taps()
+        states = self.states(batch, attention_mask, taps) if taps else None
+        return self.objective.loss(self, batch, states, generator, full_vocab)
 
-    def training_vocab(self) -> DraftVocab | None:
-        """The training vocabulary (`training.draft_vocab_size`) on this module's device, or None."""
-        size = self.training_config.draft_vocab_size
-        if size is None or size >= self.target.embedding_rows:
-            return None
-        if self.draft_vocab is None:
-            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-            rows, train_set = getattr(datamodule, "rows", None), getattr(datamodule, "train_set", None)
-            require(
-                rows is not None and train_set is not None,
-                "training.draft_vocab_size",
-                "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
-            )
-            ids = frequent_response_tokens(rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, self.target.embedding_rows)
-            self.draft_vocab = DraftVocab.build(ids, self.target.head_rows_of(ids), self.target.embedding_rows)
-        if self.draft_vocab.ids.device != self.device:
-            self.draft_vocab = self.draft_vocab.to(self.device)
-        return self.draft_vocab
-
-    def _target_states(self, batch: dict, attention_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The tapped target features (b, S, n_taps * D) (None for a standalone drafter) and,
-        for losses that read the target's logits, its final hidden states (b, S, D), else
-        None; from a cache when one holds the batch's sequences."""
-        layer_ids = self._feature_layers()
-        taps = self.cached_layers()
-        if not taps:
-            return None, None
-        states = self._states(batch, attention_mask, taps)
-        split = len(layer_ids) * self.target.hidden_size
-        features = states[..., :split] if layer_ids else None
-        return features, (states[..., split:] if self.loss_settings.reads_target else None)
-
-    def _feature_layers(self) -> list[int]:
-        config = self.drafter.config
-        return list(config.target_layer_ids) if config.use_target_features else []
-
-    def cached_layers(self) -> list[int]:
-        """The target layers a training step reads, in the order `_states` concatenates them.
-
-        The final hidden states ride along as one more tap for losses that read the
-        target's logits: HF's last hidden state ("layer L-1" here) is taken after the final
-        norm, so target.logits() of it are the target's own logits
-        (tests/test_training_losses.py, per family).
-        """
-        layers = self._feature_layers()
-        return [*layers, self.target.num_layers - 1] if self.loss_settings.reads_target else layers
-
-    def _states(self, batch: dict, attention_mask: torch.Tensor, taps: list[int]) -> torch.Tensor:
+    def states(self, batch: dict, attention_mask: torch.Tensor, taps: list[int]) -> torch.Tensor:
         """(b, S, len(taps) * D) target states of the batch: read from the disk cache, kept
         in memory, or computed by the target."""
         if self.disk_cache is not None:
@@ -182,13 +105,20 @@ class DFlashTrainingModule(L.LightningModule):
             if row_index is None:
                 raise ValueError("training.target_cache_dir needs batches with row_index (DFlashDataModule adds it)")
             return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
-        compute = lambda: target_features(self.target, batch["input_ids"], taps)
+        compute = lambda: target_features(self.target, batch["input_ids"], taps)  # noqa: E731
         if self.state_cache is not None:
             return self.state_cache.get(batch.get("row_index"), attention_mask, compute)
         return compute()
 
+    def training_rows(self):
+        """(rows, train_set) of the trainer's `DFlashDataModule`, or (None, None) without one."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        return getattr(datamodule, "rows", None), getattr(datamodule, "train_set", None)
+
     def setup(self, stage: str) -> None:
         self.setup_disk_cache()
+        if self._trainer is not None:
+            self.objective.setup(self)
 
     def setup_disk_cache(self) -> None:
         """With `training.target_cache_dir`: open the disk cache of this target on the
@@ -203,11 +133,11 @@ class DFlashTrainingModule(L.LightningModule):
             "training.target_cache_dir",
             "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
         )
-        self._prepare_device()
+        self.prepare_device()
         self.disk_cache = open_disk_cache(
-            config, self.target, rows, datamodule.fingerprint(), self.cached_layers(),
+            config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
             rank=self.trainer.global_rank, world_size=self.trainer.world_size,
-        )
+        )  # fmt: skip
         self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -268,7 +198,8 @@ class DFlashTrainingModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint[DRAFTER_CONFIG_KEY] = self.drafter.config.to_hf_dict()
+        checkpoint[DRAFTER_CONFIG_KEY] = self.objective.checkpoint_config()
+
 
 
 def open_disk_cache(config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1) -> DiskStateCache:
@@ -285,9 +216,6 @@ def open_disk_cache(config: TrainingConfig, target, rows, data_fingerprint: str,
         world_size=world_size,
     )
     return cache
-
-
-_BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
 
 
 def warmup_cosine_schedule(

@@ -49,7 +49,7 @@ from dflash.errors import ConfigError, require
 from dflash.fileio import remove_partial_writes, write_text
 from dflash.locks import DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training.after_train import AfterTrainEval, eagle3_evaluation, evaluate_after_training, log_evaluation
+from dflash.training.after_train import log_evaluation
 from dflash.training.checkpoints import (
     LAST_CHECKPOINT,
     KeepPreviousCheckpointIO,
@@ -61,6 +61,7 @@ from dflash.training.checkpoints import (
     write_export_info,
 )
 from dflash.training.config import TrainingConfig
+from dflash.training.objective import TrainedMethod, dflash_trained_method
 from dflash.training.progress import training_progress
 
 log = logging.getLogger(__name__)
@@ -185,10 +186,17 @@ class TrainJob:
     output_dir: str
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     logger: LoggerSettings = field(default_factory=LoggerSettings)
-    evaluation: AfterTrainEval | None = None
+    evaluation: object | None = None  # `dflash.eval.after_train.AfterTrainEval`: `.run(target, drafter_dir, output_dir, config)`
     seed: int = 0
     config: dict = field(default_factory=dict)
-    method: object | None = None  # [eagle3] None: DFlash; a `dflash.eagle3.module.Eagle3Settings`: EAGLE-3
+    method: TrainedMethod | None = None  # the trained method's parts (`dflash.methods`); None: DFlash's
+    method_settings: object | None = None  # its `method` group (None: the schema's defaults)
+
+    def __post_init__(self):
+        if self.method is None:
+            self.method = dflash_trained_method()
+        if self.method_settings is None and self.method.settings is not None:
+            self.method_settings = self.method.settings()
 
 
 @dataclass
@@ -218,7 +226,6 @@ def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> Train
 
 def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) -> TrainOutcome:
     from dflash.data.datamodule import DFlashDataModule
-    from dflash.training.module import DFlashTrainingModule
 
     checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
     resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
@@ -243,12 +250,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))
-    if job.method is None:
-        module = DFlashTrainingModule(target, job.drafter, job.training)
-    else:  # [eagle3]
-        from dflash.eagle3.module import Eagle3TrainingModule
-
-        module = Eagle3TrainingModule(target, job.method, job.training)
+    module = job.method.module(target, job.method_settings, job.drafter, job.training)
     if resume_path is not None:
         key = "run_name" if job.checkpoint.resume == "auto" else "checkpoint.resume"
         check_checkpoint_fits(resume_path, module, key)
@@ -270,11 +272,10 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     drafter_dir = results_path = None
     if trainer.is_global_zero:
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
-        drafter_dir = export_final_drafter(selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        drafter_dir = export_final_drafter(job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         if job.evaluation is not None:
-            evaluation = job.evaluation if job.method is None else eagle3_evaluation(job.evaluation, drafter_dir, job.method)
-            results_path = evaluate_after_training(evaluation, module.target, drafter_dir, output_dir, job.config)
+            results_path = job.evaluation.run(module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
     finish_loggers(loggers)
     # Lightning leaves the process group up; the next job of a Hydra multirun (same
@@ -387,19 +388,9 @@ def weight_dtype(name: str | None, key: str) -> torch.dtype | None:
     return dtype
 
 
-def export_final_drafter(checkpoint: str, out_dir: str, dtype: str | None) -> str:
-    """Write the drafter of `checkpoint` as a drafter directory (see `dflash.training.export`)."""
-    from dflash.training.export import export_checkpoint
-
-    weights = weight_dtype(dtype, "checkpoint.export_dtype")
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    architectures = state.get("dflash_drafter_config", {}).get("architectures") or []
-    if "LlamaForCausalLMEagle3" in architectures:  # [eagle3] the EAGLE-3 directory layout
-        from dflash.eagle3.io import eagle3_from_checkpoint, save_eagle3
-
-        save_eagle3(eagle3_from_checkpoint(state), out_dir, dtype=weights)
-    else:
-        export_checkpoint(checkpoint, out_dir, dtype=weights)
+def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, dtype: str | None) -> str:
+    """Write the drafter of `checkpoint` as the method's drafter directory (`TrainedMethod.export`)."""
+    out_dir = method.export(checkpoint, out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
     log.info("drafter exported to %s", out_dir)
     return out_dir
 

@@ -1,0 +1,113 @@
+"""What a drafting method is: the `Method` record every module of `dflash.methods` exports.
+
+A method bundles, in one module of its own:
+- `settings`: the dataclass schema of its evaluation config group (the group is named
+  after the method, e.g. `ngram.*`), or None when it has no group of its own;
+- `check(settings)`: checks that need no model (paths to read, optional packages), run
+  by the entry points before any model loads;
+- `build(target, settings, context) -> MethodSetup`: its proposer (and verify loop) for
+  one evaluation;
+- `recorded(settings, context)`: its settings as results.json records them;
+- `label`: its name in tables and reports, and `width_label(block_size, recorded
+  settings)` how a table names its verify width ("(k=7)" drafts per step by default);
+- `train_settings` and `training`: for trained methods, the schema of the train app's
+  `method` group, and a function returning its `dflash.training.objective.TrainedMethod`
+  (training-module builder with its loss, export, after-training evaluation); a function,
+  so that reading the registry imports no model code.
+The evaluator, the CLIs, training, export and reports iterate `dflash.methods.METHODS`
+and never name a method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dflash.errors import require
+
+
+@dataclass
+class MethodSetup:
+    """A method ready to run in one evaluation.
+
+    proposer: a `Proposer` or `TokenProposer` (`dflash.decoding`).
+    block_size: the verify width B (drafts per step <= B - 1); recorded as the method's block_size.
+    label: what drafted, for results.json (a drafter path, "random", or the lookup settings).
+    loop: its own decoding loop with `dflash.decoding.generate`'s signature minus
+        `block_size` (e.g. `dflash.decoding.tree.generate_tree`); None runs `generate(block_size=B)`.
+    options: extra keyword arguments of `loop`.
+    trained_block_size: the drafter's training block size, when it has one.
+    """
+
+    proposer: Any
+    block_size: int
+    label: str
+    loop: Callable | None = None
+    options: dict = field(default_factory=dict)
+    trained_block_size: int | None = None
+
+
+@dataclass
+class EvalContext:
+    """What a builder may use besides the target and its own settings.
+
+    drafter: the DFlash drafter built from `drafter.*` (None unless a listed method has
+        `uses_dflash_drafter`); drafter_label: its path, or "random".
+    block_size / draft_threshold: `decoding.block_size` (None: the drafter's trained one)
+        and `decoding.draft_threshold`.
+    """
+
+    drafter: Any = None
+    drafter_label: str = "unspecified"
+    block_size: int | None = None
+    draft_threshold: float = 0.0
+
+
+def _drafts_per_step(block_size: int, settings: dict) -> str:
+    return f"(k={block_size - 1})"
+
+
+def _no_check(settings) -> None:
+    return None
+
+
+def _as_dict(settings, context: EvalContext) -> dict:
+    return dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else {}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One drafting method (see the module docstring)."""
+
+    name: str
+    label: str
+    build: Callable[[Any, Any, EvalContext], MethodSetup]
+    settings: type | None = None
+    check: Callable[[Any], None] = _no_check
+    recorded: Callable[[Any, EvalContext], dict] = _as_dict
+    uses_dflash_drafter: bool = False
+    package: str | None = None
+    training: Callable[[], Any] | None = None
+    train_settings: type | None = None
+    width_label: Callable[[int, dict], str] = _drafts_per_step
+
+    def default_settings(self):
+        """Its evaluation settings with every default (None without a group)."""
+        return None if self.settings is None else self.settings()
+
+    def check_installed(self) -> None:
+        """ConfigError naming `methods` when its optional package is missing."""
+        require(self.package is None or installed(self.package), "methods", f"{self.name} is not available in this installation (no {self.package} package)")
+
+
+def installed(package: str) -> bool:
+    """Whether `package` can be imported (without importing it)."""
+    if package in sys.modules:  # imported already (None: marked absent)
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package missing or broken
+        return False

@@ -1,0 +1,48 @@
+"""DFlash, tree verification (`dflash.decoding.tree`): the drafter of `drafter.*` at
+`decoding.block_size`, its slot distributions expanded into a token tree of `budget`
+draft nodes that the target verifies in one forward (budget + 1 tokens); nodes whose
+path score is below `decoding.draft_threshold` are left out. Config group `dflash_tree`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dflash.errors import require
+from dflash.methods.base import EvalContext, Method, MethodSetup
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """The `dflash_tree` config group. budget: draft nodes per verify step."""
+
+    budget: int = 16
+
+    def __post_init__(self):
+        require(self.budget >= 1, "dflash_tree.budget", f"must be >= 1, got {self.budget}")
+
+
+def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import DFlashProposer
+    from dflash.decoding.tree import generate_tree
+
+    trained = context.drafter.config.block_size
+    block_size = context.block_size or trained
+    options = dict(block_size=block_size, tree_budget=settings.budget, draft_threshold=context.draft_threshold)
+    proposer = DFlashProposer(context.drafter, target.embed, target.logits)
+    return MethodSetup(proposer, block_size, context.drafter_label, generate_tree, options, trained)
+
+
+def recorded(settings: TreeSettings, context: EvalContext) -> dict:
+    return {"block_size": context.block_size, **dataclasses.asdict(settings), "draft_threshold": context.draft_threshold}
+
+
+METHOD = Method(
+    name="dflash_tree",
+    label="DFlash, tree",
+    build=build,
+    settings=TreeSettings,
+    recorded=recorded,
+    uses_dflash_drafter=True,
+    width_label=lambda block_size, settings: f"(B={block_size}, N={settings.get('budget')})",
+)

@@ -1,0 +1,92 @@
+"""EAGLE-3 (Li et al. 2025), the trained autoregressive baseline: a one-layer drafter over
+[token embedding ; fused low/mid/high target features] drafting a chain of
+`num_draft_tokens` tokens (`dflash.eagle3`). Evaluation group `eagle3`; training group
+`method=eagle3` (`Eagle3TrainSettings`), exported in the EAGLE-3 directory layout that
+SGLang and vLLM load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash.errors import require
+from dflash.methods.base import EvalContext, Method, MethodSetup
+
+PACKAGE = "dflash.eagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3Settings:
+    """The `eagle3` config group: path None drafts with a randomly initialised EAGLE-3 drafter
+    (the acceptance floor); num_draft_tokens k, the chain length (EAGLE-3's default 7)."""
+
+    path: str | None = None
+    num_draft_tokens: int = 7
+
+    def __post_init__(self):
+        require(self.num_draft_tokens >= 1, "eagle3.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+
+
+@dataclass
+class Eagle3TrainSettings:
+    """The `method` group of `method=eagle3` (dflash/conf/method/eagle3.yaml).
+
+    ttt_length: training-time-test steps (published: 7). step_weight_decay: loss weight
+    of step j is decay^j (published: 0.8). draft_vocab_size: None = the full target
+    vocabulary, else the most frequent response tokens of the training data.
+    target_layer_ids: three target layers (None: [1, L//2-1, L-4]).
+    intermediate_size: MLP width (None: the target's). seed: initialisation (None: the run's seed).
+    """
+
+    name: str = "eagle3"
+    ttt_length: int = 7
+    step_weight_decay: float = 0.8
+    draft_vocab_size: int | None = None
+    target_layer_ids: list[int] | None = None
+    intermediate_size: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        require(self.ttt_length >= 1, "method.ttt_length", f"must be >= 1, got {self.ttt_length}")
+        require(0 < self.step_weight_decay <= 1, "method.step_weight_decay", f"must be in (0, 1], got {self.step_weight_decay}")
+
+
+def check(settings: Eagle3Settings) -> None:
+    if settings.path is not None:  # a wrong or damaged directory fails before the target loads
+        from dflash.eagle3.io import read_eagle3_config
+
+        read_eagle3_config(settings.path)
+
+
+def build(target, settings: Eagle3Settings, context: EvalContext) -> MethodSetup:
+    from dflash.eagle3 import build_eagle3_proposer
+
+    proposer = build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
+    return MethodSetup(proposer, block_size=settings.num_draft_tokens + 1, label=settings.path or "random")
+
+
+def training():
+    """EAGLE-3's `dflash.training.objective.TrainedMethod`."""
+    from dflash.eagle3.io import export_eagle3_checkpoint
+    from dflash.eagle3.objective import eagle3_training_module
+    from dflash.training.objective import TrainedMethod
+
+    return TrainedMethod(
+        settings=Eagle3TrainSettings,
+        check=lambda settings, drafter, data, training: None,
+        module=lambda target, settings, drafter, training: eagle3_training_module(target, settings, training),
+        export=export_eagle3_checkpoint,
+        architectures=("LlamaForCausalLMEagle3",),
+        evaluation=lambda drafter_dir, settings: ("eagle3", Eagle3Settings(path=drafter_dir, num_draft_tokens=settings.ttt_length)),
+    )
+
+
+METHOD = Method(
+    name="eagle3",
+    label="EAGLE-3",
+    build=build,
+    settings=Eagle3Settings,
+    check=check,
+    package=PACKAGE,
+    training=training,
+    train_settings=Eagle3TrainSettings,
+)

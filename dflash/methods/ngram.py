@@ -1,0 +1,37 @@
+"""Prompt lookup (n-gram drafting, `dflash.decoding.ngram`): drafts the tokens that
+followed the latest earlier occurrence of the context's last n-gram. Config group `ngram`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash.errors import require
+from dflash.methods.base import EvalContext, Method, MethodSetup
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
+
+    max_ngram: int = 2
+    min_ngram: int = 1
+    num_draft_tokens: int = 10
+
+    def __post_init__(self):
+        require(self.min_ngram >= 1, "ngram.min_ngram", f"must be >= 1, got {self.min_ngram}")
+        require(
+            self.max_ngram >= self.min_ngram,
+            "ngram.max_ngram",
+            f"must be >= ngram.min_ngram ({self.min_ngram}), got {self.max_ngram}",
+        )
+        require(self.num_draft_tokens >= 1, "ngram.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+
+
+def build(target, settings: NgramSettings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding.ngram import NgramProposer
+
+    label = f"prompt lookup (n {settings.max_ngram}..{settings.min_ngram}, {settings.num_draft_tokens} tokens)"
+    return MethodSetup(NgramProposer(settings), block_size=settings.num_draft_tokens + 1, label=label)
+
+
+METHOD = Method(name="ngram", label="Prompt lookup", build=build, settings=NgramSettings)
