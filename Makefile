@@ -9,7 +9,7 @@ TF4_STAMP := $(TF4)/.install-stamp
 # CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install test test-fast demo demo-tiny bench gpu-check tables clean
+.PHONY: install lint test test-fast demo demo-tiny bench gpu-check tables clean
 
 install: $(STAMP)
 
@@ -23,6 +23,13 @@ $(TF4_STAMP): constraints/tf4.txt | $(STAMP)
 	rm -rf $(TF4)
 	$(PY) -m pip install -q --no-deps --target $(TF4) -r constraints/tf4.txt
 	touch $(TF4_STAMP)
+
+# Lint: rules and layout (ruff, [tool.ruff] in pyproject.toml) and the package layering of
+# docs/design.md (import-linter, [tool.importlinter]).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # One worker per core (-n auto); a test file stays on one worker, so its module fixtures are built once.
 test: install $(TF4_STAMP)

@@ -1,6 +1,6 @@
 """Atomic file writes: a file that exists under its final name is complete.
 
-Invariants (every writer of an output file goes through `atomic_write`):
+Invariants (docs/design.md invariant 20; every writer of an output file uses `atomic_write`):
 - The content is written to a temporary file in the destination's own directory, flushed
   to disk (fsync), then renamed over the destination. A job killed at any moment, or a
   full disk, leaves the previous version (or nothing) under the final name, never half a file.

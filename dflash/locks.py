@@ -1,6 +1,6 @@
 """One job at a time per output directory (training run, evaluation run, regeneration output).
 
-Invariants:
+Invariants (docs/design.md invariant 21):
 - A job that writes a directory holds `DirectoryLock(directory)` for as long as it writes:
   an exclusive `fcntl.flock` on `directory/.dflash.lock`. A second job on the same
   directory fails at once with a `ConfigError` naming the holder (process id, host, start

@@ -104,7 +104,7 @@ def test_two_ranks_see_different_data_and_metrics_are_summed_over_ranks(tmp_path
     assert len(seen[0]) == len(seen[1]) == 3 * 2  # 3 steps of 2 sequences each
     assert not seen[0] & seen[1], "both ranks trained on the same sequences"
 
-    # The logged validation metrics are global sums divided last (DESIGN.md rule 6), and
+    # The logged validation metrics are global sums divided last (docs/design.md invariant 11), and
     # every rank logs the same value.
     correct = torch.tensor([r["val"]["correct"] for r in ranks]).sum(0)
     total = torch.tensor([r["val"]["total"] for r in ranks]).sum(0)

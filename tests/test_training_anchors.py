@@ -1,4 +1,4 @@
-"""Anchor sampling and block layout (DESIGN.md rules 1, 4, 5)."""
+"""Anchor sampling and block layout (docs/design.md invariants 3, 4 and 9)."""
 
 import torch
 from scipy.stats import chi2

@@ -1,4 +1,4 @@
-"""Training path == decoding path (DESIGN.md rules 1, 2, 4).
+"""Training path == decoding path (docs/design.md invariants 3 to 6).
 
 The drafter's logits for a block computed by training (many blocks per sequence, one
 forward, sparse mask, full-sequence target features) must equal those of decoding

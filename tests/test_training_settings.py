@@ -87,7 +87,7 @@ def test_decayed_and_uniform_weights_give_different_losses(artifacts):
 
 
 def valid_positions(loss_mask: torch.Tensor, block_size: int) -> list[int]:
-    """Positions a of one sequence with loss_mask[a] and a target in a+1 .. a+B-1 (DESIGN.md rule 5)."""
+    """Positions a of one sequence with loss_mask[a] and a target in a+1 .. a+B-1 (docs/design.md invariant 9)."""
     mask = loss_mask.tolist()
     return [a for a in range(len(mask)) if mask[a] and any(mask[a + 1 : a + block_size])]
 

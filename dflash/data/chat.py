@@ -2,7 +2,7 @@
 
 One rule serves regeneration, training and (through `prompt_token_ids`) evaluation,
 so the drafter trains on exactly the token layout it will see when decoding
-(DESIGN.md rule 8: template and thinking mode must match):
+(docs/design.md invariant 8: template and thinking mode must match):
 
 - chat template: the prompt is the template rendered with the generation prompt
   (`add_generation_prompt=True`, `enable_thinking` when set) and tokenised without

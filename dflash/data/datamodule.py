@@ -251,7 +251,7 @@ class DFlashDataModule(L.LightningDataModule):
             regenerated == self.tokenize.enable_thinking,
             f"{self.key}.enable_thinking",
             f"is {self.tokenize.enable_thinking} but {self.source.path!r} was regenerated with "
-            f"enable_thinking={regenerated}; the template must match (DESIGN.md rule 8)",
+            f"enable_thinking={regenerated}; the template must match (docs/design.md invariant 8)",
         )
         expected = manifest.get("num_rows")
         present = shard_rows(directory)

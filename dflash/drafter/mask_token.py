@@ -6,7 +6,7 @@ tokenizer's vocabulary, so adding `<|MASK|>` lands on one. Many real targets hav
 (SmolLM2, Llama-3): then, unless the user names a token, an existing special token the
 target never emits is chosen (`unused_special_token`) and a log line says which; the
 drafter directory records its id and string, so training, export and serving agree
-(DESIGN.md rule 15).
+(docs/design.md invariant 7).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The DFlash drafter: Qwen3-style layers with target-feature KV injection.
 
-Invariants (DESIGN.md, "Getting it right"):
+Invariants (docs/design.md invariants 1, 3, 4 and 5):
 - Block slot k (k = 0 is the anchor) sits at position anchor_pos + k and its output
   predicts the token at that position; slot 0 is never a prediction.
 - Context features come from target positions strictly before the anchor. The drafter

@@ -7,7 +7,7 @@ of different shapes round differently (other kernels, other reduction orders). W
 the target's two best next tokens have logits within rounding of each other, the two
 computations can rank them differently; each output is then the greedy output of the
 target as that computation evaluated it, and they part ways from there
-(DESIGN.md, "Getting it right" 13).
+(docs/design.md invariant 18).
 
 Diagnosis of a divergence at output position p (the first token that differs):
 - The target's logits at p are recomputed in both computations by replaying them:

@@ -1,6 +1,6 @@
 """The results of an evaluation: per-generation records, aggregates, results.json.
 
-Aggregation (DESIGN.md, "Getting it right" 6, 7 and 14). Every acceptance length counts
+Aggregation (docs/design.md invariants 11, 16 and 17). Every acceptance length counts
 the bonus token (accepted drafts + 1). Two aggregations of each headline number, labelled:
 - tau (pooled): sum of acceptance lengths / number of verify steps, over every
   generation. Long generations weigh more.

@@ -102,8 +102,8 @@ def file_sha256(path: str) -> str:
 def transformers_4_rope_keys(config) -> dict:
     """transformers 4's `rope_theta` / `rope_scaling` for `config`'s rope, to write beside
     transformers 5's `rope_parameters`: a 4.x loader (serving stacks, the DFlash
-    reference) that finds only `rope_parameters` silently uses theta 10000 (DESIGN.md
-    rule 11). Rope keyed by layer type has no 4.x spelling: nothing is added."""
+    reference) that finds only `rope_parameters` silently uses theta 10000 (docs/design.md
+    invariant 19). Rope keyed by layer type has no 4.x spelling: nothing is added."""
     from dflash.drafter.rope_keys import rope_config_keys
 
     parameters = getattr(config, "rope_parameters", None)

@@ -1,6 +1,6 @@
 """The frozen target LLM: loading, feature taps, shared embedding and LM head.
 
-Invariants (DESIGN.md, "Getting it right"):
+Invariants (docs/design.md invariants 1, 2 and 15):
 - HF returns `hidden_states[0]` = embeddings, so target layer `i` is tapped at
   `hidden_states[i + 1]`.
 - The target never trains: parameters have `requires_grad=False` and the model is in
@@ -13,7 +13,7 @@ Invariants (DESIGN.md, "Getting it right"):
   final softcapping). Training and decoding both go through these two methods.
 - The KV cache keeps every position in every layer, sliding-window layers included:
   verification rewinds the cache after a rejected draft, and a window-sized cache
-  cannot be rewound (DESIGN.md rule 12). The attention mask still slides (transformers
+  cannot be rewound (docs/design.md invariant 15). The attention mask still slides (transformers
   builds it from the config), so outputs equal the target's own.
 """
 

@@ -1,6 +1,6 @@
 """Anchor positions: where training blocks open.
 
-Invariants (DESIGN.md rule 5): an anchor `a` is valid iff the loss mask is on at `a`
+Invariants (docs/design.md invariant 9): an anchor `a` is valid iff the loss mask is on at `a`
 (it is an assistant token, so a block would open there at inference) and at least one
 of positions a+1 .. a+B-1 inside the sequence is a training target. Sequences with
 fewer valid positions than requested get all of them; a sequence with none gets only

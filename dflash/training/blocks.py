@@ -1,6 +1,6 @@
 """Training blocks: the drafter inputs and labels of every anchor of a batch.
 
-Invariants (DESIGN.md rules 1 and 4): the block of anchor `a` has slot k at position
+Invariants (docs/design.md invariants 3 and 4): the block of anchor `a` has slot k at position
 a + k; slot 0 holds the anchor token input_ids[a], slots 1..B-1 the mask token; slot k
 is labelled with the token AT position a + k (same-position labels) and slot 0 is never
 a target. A slot's label is valid iff k >= 1, a + k < S, loss_mask[a + k] and the block

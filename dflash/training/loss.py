@@ -2,8 +2,8 @@
 position weights. Options and their sources: docs/training.md, "Loss options".
 
 Invariants:
-- Slot k of the block at anchor a is scored on the token at position a+k (DESIGN.md rule
-  1); only the M valid slots get logits. The target's distribution for that token comes
+- Slot k of the block at anchor a is scored on the token at position a+k (docs/design.md invariant
+  4); only the M valid slots get logits. The target's distribution for that token comes
   from the target's final (normed) hidden state at position a+k-1 of the same frozen
   forward that gives the features.
 - Chunking: at most `chunk_rows` rows x vocabulary of logits (drafter's or target's) exist

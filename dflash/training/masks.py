@@ -6,7 +6,7 @@ feeds every builder: a flex_attention `BlockMask` (CUDA), a `FactoredBlockMask` 
 training; flex_attention has no CPU backward) and a dense bool mask for SDPA (the
 reference the other two are tested against).
 
-Invariant (DESIGN.md rule 2): a query of block j sees context position p iff
+Invariant (docs/design.md invariant 5): a query of block j sees context position p iff
 p < anchor_j (STRICTLY before the anchor: at inference the target has not yet run on
 the anchor) and p is a real token; it sees every key of its own block
 (bidirectional) and nothing of other blocks. Every query sees at least its own block,

@@ -1,6 +1,6 @@
 """Per-position accuracy and simulated acceptance length, summed before divided.
 
-Invariant (DESIGN.md rule 6): correct counts, slot counts and weighted losses are
+Invariant (docs/design.md invariant 11): correct counts, slot counts and weighted losses are
 accumulated as sums over batches and (through torchmetrics' "sum" reduction) over
 ranks; divisions happen only in `compute`. A mean of per-batch means would
 over-weight small batches.
