@@ -194,7 +194,7 @@ def test_rope_keys_from_a_transformers_4_config():
     `rope_theta` and a `rope_scaling` that may still say `type`: the same keys come out."""
     from types import SimpleNamespace
 
-    from dflash.drafter.rope_keys import rope_config_keys
+    from dflash.target.rope_keys import rope_config_keys
 
     scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
     v4_config = {"rope_theta": 5e5, "rope_scaling": scaling}

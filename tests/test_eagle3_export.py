@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from dflash.cli.train import job_from_config
-from dflash.drafter.rope_keys import full_attention_rope
+from dflash.target.rope_keys import full_attention_rope
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
 from dflash.eagle3.objective import eagle3_training_module
 from dflash.errors import ConfigError

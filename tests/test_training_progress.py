@@ -1,4 +1,4 @@
-"""Training progress in logs that are not a terminal (dflash.training.progress) and the
+"""Training progress in logs that are not a terminal (dflash.progress) and the
 Lightning log plumbing of the apps (dflash.cli.common.quiet_third_party_logs)."""
 
 import io
@@ -9,7 +9,7 @@ import pytest
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.cli.common import quiet_third_party_logs
-from dflash.training.progress import LineProgress, format_duration, training_progress
+from dflash.progress import LineProgress, format_duration, training_progress
 
 
 class FakeClock:
@@ -28,11 +28,11 @@ def fake_trainer(max_steps=100, step=0):
 
 
 def progress_lines(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "dflash.training.progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "dflash.progress"]
 
 
 def test_a_line_every_interval_with_mean_loss_rate_and_eta(caplog):
-    caplog.set_level(logging.INFO, logger="dflash.training.progress")
+    caplog.set_level(logging.INFO, logger="dflash.progress")
     clock = FakeClock()
     callback, trainer = LineProgress("train", interval_s=30, clock=clock), fake_trainer(max_steps=100, step=10)
     callback.on_train_start(trainer, None)  # a resumed run: steps 1-10 were another process's
@@ -56,7 +56,7 @@ def test_a_line_every_interval_with_mean_loss_rate_and_eta(caplog):
 
 
 def test_the_last_step_and_validation_always_get_a_line(caplog):
-    caplog.set_level(logging.INFO, logger="dflash.training.progress")
+    caplog.set_level(logging.INFO, logger="dflash.progress")
     clock = FakeClock()
     callback, trainer = LineProgress("train", interval_s=30, clock=clock), fake_trainer(max_steps=3)
     callback.on_train_start(trainer, None)
@@ -122,7 +122,7 @@ def test_a_time_budget_shows_its_eta_and_the_end_gets_a_line(caplog):
 
     from lightning.pytorch.callbacks import Timer
 
-    caplog.set_level(logging.INFO, logger="dflash.training.progress")
+    caplog.set_level(logging.INFO, logger="dflash.progress")
     clock = FakeClock()
     timer = Timer(duration=datetime.timedelta(seconds=90))  # not started: 90 s remain
     trainer = fake_trainer(max_steps=-1)

@@ -19,7 +19,7 @@ continues where it stopped when run again):
 
 In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress bars redraw every
 15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
-(`dflash.training.progress`).
+(`dflash.progress`).
 
 Configuration: `dflash/conf/demo_tiny.yaml` (stages 1, 2 and 4) and `dflash/conf/experiment/demo.yaml` (stage 3).
 """

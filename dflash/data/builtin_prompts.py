@@ -32,6 +32,9 @@ CODE_REQUESTS = (
     "Complete the following Python function:\n```python\n{text}\n```",
     "Implement this Python function and explain briefly how it works:\n```python\n{text}\n```",
 )
+# The math wording of the public DFlash harness (math500, gsm8k, aime), shared with
+# `dflash.eval.benchmarks` so training prompts and benchmarks ask alike.
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 DEFAULT_GENERATED_PROMPTS = 1024
 DEFAULT_CODE_PROMPTS = 2048  # without a limit: the doctest-bearing headers first, then a spread over modules
 
@@ -46,7 +49,6 @@ def code_prompts(limit: int | None, seed: int) -> list[str]:
 
 def math_prompts(limit: int | None, seed: int) -> list[str]:
     from dflash.data.generated_prompts import math_word_problems
-    from dflash.eval.benchmarks import MATH_SUFFIX
 
     return [problem + MATH_SUFFIX.format() for problem in math_word_problems(limit or DEFAULT_GENERATED_PROMPTS, seed)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from dflash.drafter.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
+from dflash.target.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
 from dflash.errors import ConfigError, require
 
 # Keys of the target's HF config not copied into the drafter's config.json: per-layer

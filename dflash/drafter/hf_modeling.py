@@ -14,7 +14,7 @@ This file must import only torch and transformers and work under transformers 4.
 and 5.x: it is copied verbatim and run without the dflash package installed. The
 rotary embedding is the installed transformers' own (`LlamaRotaryEmbedding`), built
 from the config, so config.json must carry rope settings that both generations read
-(`dflash.drafter.rope_keys`).
+(`dflash.target.rope_keys`).
 """
 
 from __future__ import annotations

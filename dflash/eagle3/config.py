@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dflash.drafter.rope_keys import full_attention_rope, rope_config_keys, running_version_keys
+from dflash.target.rope_keys import full_attention_rope, rope_config_keys, running_version_keys
 from dflash.errors import ConfigError, require
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
+from dflash.data.builtin_prompts import MATH_SUFFIX
 from dflash.errors import ConfigError, require
 
 PROMPT_FORMATS = ("paper", "raw")
 TEXT_FIELDS = ("prompt", "question", "problem")
 
-MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 MATH_TEMPLATE = "{text}" + MATH_SUFFIX
 HUMANEVAL_TEMPLATE = (
     "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{text}\n```"

@@ -104,7 +104,7 @@ def transformers_4_rope_keys(config) -> dict:
     transformers 5's `rope_parameters`: a 4.x loader (serving stacks, the DFlash
     reference) that finds only `rope_parameters` silently uses theta 10000 (docs/design.md
     invariant 19). Rope keyed by layer type has no 4.x spelling: nothing is added."""
-    from dflash.drafter.rope_keys import rope_config_keys
+    from dflash.target.rope_keys import rope_config_keys
 
     parameters = getattr(config, "rope_parameters", None)
     if not isinstance(parameters, dict) or any(isinstance(v, dict) for v in parameters.values()):

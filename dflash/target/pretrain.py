@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dflash.errors import require
-from dflash.training.progress import training_progress
+from dflash.progress import training_progress
 
 
 class TokenWindows(Dataset):

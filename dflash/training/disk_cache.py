@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, write_json
-from dflash.training.progress import format_duration
+from dflash.progress import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ class _FillProgress:
     `PROGRESS_INTERVAL_S` seconds: `target states: 136/512 rows (27%), 965 tokens/s, ETA 0:02:20`."""
 
     def __init__(self, total_rows: int, enabled: bool):
-        from dflash.training.progress import PROGRESS_INTERVAL_S, is_interactive
+        from dflash.progress import PROGRESS_INTERVAL_S, is_interactive
 
         self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S
         self.began = self.last_line = time.perf_counter()

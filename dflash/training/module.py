@@ -42,7 +42,7 @@ from dflash.training.forward import target_features
 from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
 from dflash.training.objective import Objective
-from dflash.training.progress import budget_timer
+from dflash.progress import budget_timer
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
 

@@ -62,7 +62,7 @@ from dflash.training.checkpoints import (
 )
 from dflash.training.config import TrainingConfig
 from dflash.training.objective import TrainedMethod, dflash_trained_method
-from dflash.training.progress import training_progress
+from dflash.progress import training_progress
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     best = None
     if job.checkpoint.select == "best" and validates:
         best = best_checkpointer(checkpoint_dir, job.checkpoint.monitor, job.checkpoint.mode)
-    # Progress: Lightning's bar on a terminal, one line every 30 s in logs (dflash.training.progress).
+    # Progress: Lightning's bar on a terminal, one line every 30 s in logs (dflash.progress).
     show_bar, progress = training_progress(job.trainer.enable_progress_bar)
     trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
     trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *progress, *callbacks])

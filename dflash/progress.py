@@ -9,7 +9,7 @@ writes one plain line at most every `interval_s` seconds instead:
 Invariants:
 - On a terminal Lightning's own bar shows progress and no lines are written; elsewhere
   no bar is drawn (`training_progress` decides both from one `isatty()`).
-- Lines come from global rank 0 only, through the `dflash.training.progress` logger
+- Lines come from global rank 0 only, through the `dflash.progress` logger
   (so a Hydra app's console and its log file both get them).
 - `loss` is the mean training loss of the optimizer steps since the previous line;
   rate and ETA count only the steps run by this process (a resumed run does not claim
