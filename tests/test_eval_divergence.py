@@ -107,6 +107,10 @@ def test_replay_issues_the_runs_forwards_and_reproduces_its_logits_bit_for_bit(b
     }
     run, issued, replayed_calls = run_and_replay(bf16_target, monkeypatch, runs[method])
     assert len(issued) == 1 + len(run.steps) and run.steps[0].verifier == ("tree" if method == "tree" else "chain")
+    # the record agrees with the result: its emitted tokens are the output, its drafts the counts
+    assert run.output_ids == run.output_ids[:1] + [token for step in run.steps for token in step.emitted]
+    assert [len(step.input_ids) - 1 for step in run.steps] == run.draft_counts
+    assert [len(step.emitted) for step in run.steps] == run.acceptance_lengths
     starts = [1 + sum(run.acceptance_lengths[:step]) for step in range(run.num_steps)]
     for position in range(len(run.output_ids)):
         replayed = replay_logits(bf16_target, input_ids, run.steps, position)
