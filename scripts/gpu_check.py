@@ -437,8 +437,7 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
                             continue
                         inside = position < min(len(expected), len(run.output_ids))
                         hf_logits = hf_generate_logits(target, ids, position, options) if inside else None
-                        our_logits = replay_logits(target, ids, run.output_ids, run.acceptance_lengths, position,
-                                                   block_size=block_size, max_new_tokens=sizes.lossless_tokens) if inside else None  # fmt: skip
+                        our_logits = replay_logits(target, ids, run.steps, position) if inside else None
                         entry = diagnose(position, expected[position] if position < len(expected) else None,
                                          run.output_ids[position] if position < len(run.output_ids) else None,
                                          hf_logits, our_logits, dtype)  # fmt: skip

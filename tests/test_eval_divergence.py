@@ -3,23 +3,30 @@
 The bf16 targets are the tiny random targets cast to bfloat16 (CPU bf16 matmuls work
 and a 20-token generation takes well under a second at one thread). Which positions
 diverge depends on how the hardware rounds; the prompts below diverge on x86 CPUs with
-torch 2.13 (found by scanning short prompts), and the test checks that it saw some.
+torch 2.13 (found by scanning short prompts), for the chain and for the tree alike, and
+the tests check that they saw some.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 import dflash.decoding.engine as engine
+import dflash.decoding.tree as tree
 import dflash.eval.evaluator as evaluator
 from dflash.decoding import DFlashProposer, generate
+from dflash.decoding.token_tree import ROOT
+from dflash.decoding.tree import accepted_path as exact_walk
+from dflash.decoding.tree import generate_tree
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
     BUG, NUMERICAL, TIE_ULPS, diagnose, hf_generate_logits, replay_logits, tie_tolerance,
 )  # fmt: skip
+from dflash.eval.methods import TreeSettings
 from dflash.eval.results import GenerationRecord, divergences
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
@@ -68,32 +75,54 @@ def test_an_undiagnosed_divergence_counts_as_a_bug():
     assert summary["details"][0]["position"] == 2 and summary["details"][0]["tolerance"] is None
 
 
-def test_replay_reproduces_the_engines_logits_bit_for_bit(bf16_target, monkeypatch):
-    """The module invariant: `replay_logits` issues the engine's target forwards."""
+def run_and_replay(target, monkeypatch, run) -> tuple[object, list[tuple], list[tuple]]:
+    """(result of `run()`, the target forwards it issued, the forwards of replaying every
+    output position): each forward as (input ids, positions, mask or None, logits)."""
+    forward = target.forward
+    calls: list[tuple] = []
+
+    def recording_forward(ids, positions, *args, **kwargs):
+        out = forward(ids, positions, *args, **kwargs)
+        calls.append((ids.clone(), positions.clone(), kwargs.get("attention_mask"), out.logits.clone()))
+        return out
+
+    monkeypatch.setattr(target, "forward", recording_forward)
+    result = run()
+    issued, calls[:] = list(calls), []
+    return result, issued, calls
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "chain", "tree"])
+def test_replay_issues_the_runs_forwards_and_reproduces_its_logits_bit_for_bit(bf16_target, monkeypatch, method):
+    """The replay issues exactly the run's target forwards (ids, positions, mask), for every
+    verifier, and returns the very logits row each output token was chosen from."""
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), bf16_target)
     proposer = DFlashProposer(drafter, bf16_target.embed, bf16_target.logits)
     input_ids = bf16_target.tokenizer("def add(a, b):", return_tensors="pt").input_ids
-    prompt_len = input_ids.shape[1]
-    for block_size in (1, 4):
-        seen: dict[int, torch.Tensor] = {}  # output position -> the logits row the engine used last
-        forward = bf16_target.forward
-
-        def recording_forward(ids, positions, *args, **kwargs):
-            out = forward(ids, positions, *args, **kwargs)
-            rows = out.logits.shape[1]
-            for row, position in enumerate(positions[0, -rows:].tolist()):
-                seen[position + 1 - prompt_len] = out.logits[0, row].clone()
-            return out
-
-        monkeypatch.setattr(bf16_target, "forward", recording_forward)
-        run = generate(bf16_target, input_ids, max_new_tokens=14, block_size=block_size,
-                       proposer=proposer if block_size > 1 else None)  # fmt: skip
-        monkeypatch.undo()
-        for position in (0, 1, 6, len(run.output_ids) - 1):
-            replayed = replay_logits(bf16_target, input_ids, run.output_ids, run.acceptance_lengths, position,
-                                     block_size=block_size, max_new_tokens=14)  # fmt: skip
-            assert torch.equal(replayed, seen[position]), (block_size, position)
-            assert int(replayed.argmax()) == run.output_ids[position]
+    runs = {
+        "autoregressive": lambda: generate(bf16_target, input_ids, max_new_tokens=14),
+        "chain": lambda: generate(bf16_target, input_ids, max_new_tokens=14, block_size=4, proposer=proposer),
+        "tree": lambda: generate_tree(bf16_target, input_ids, max_new_tokens=14, proposer=proposer, block_size=4,
+                                      tree_budget=6),  # fmt: skip
+    }
+    run, issued, replayed_calls = run_and_replay(bf16_target, monkeypatch, runs[method])
+    assert len(issued) == 1 + len(run.steps) and run.steps[0].verifier == ("tree" if method == "tree" else "chain")
+    # the record agrees with the result: its emitted tokens are the output, its drafts the counts
+    assert run.output_ids == run.output_ids[:1] + [token for step in run.steps for token in step.emitted]
+    assert [len(step.input_ids) - 1 for step in run.steps] == run.draft_counts
+    assert [len(step.emitted) for step in run.steps] == run.acceptance_lengths
+    starts = [1 + sum(run.acceptance_lengths[:step]) for step in range(run.num_steps)]
+    for position in range(len(run.output_ids)):
+        replayed = replay_logits(bf16_target, input_ids, run.steps, position)
+        step = max((s for s, start in enumerate(starts) if start <= position), default=-1)
+        row = -1 if step < 0 else run.steps[step].kept_rows[position - starts[step]]
+        assert torch.equal(replayed, issued[step + 1][3][0, row]), (method, position)
+        assert int(replayed.argmax()) == run.output_ids[position]
+    # the longest replay re-issued the run's forwards one for one
+    last_replay = replayed_calls[-(len(issued)) :]
+    for (ids, positions, mask, _), (ids2, positions2, mask2, _) in zip(issued, last_replay):
+        assert torch.equal(ids, ids2) and torch.equal(positions, positions2)
+        assert (mask is None and mask2 is None) or torch.equal(mask, mask2)
 
 
 def test_bf16_divergences_are_near_ties_and_results_json_says_so(bf16_target, tmp_path):
@@ -132,6 +161,49 @@ def test_a_verifier_that_keeps_a_wrong_draft_is_a_bug(bf16_target, monkeypatch):
     assert results["divergences"]["bug"] == 1 and detail["kind"] == BUG
     assert detail["prompt_index"] == 7 and detail["position"] == results["first_mismatch"]["position"]
     # the target's own verify forward ranked the kept draft far below its top token
+    assert detail["candidate"]["gap"] > 10 * detail["tolerance"]
+    assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"]
+
+
+def tree_settings(max_new_tokens: int) -> EvalSettings:
+    settings = bf16_settings(max_new_tokens, hf_generate=False)
+    return replace(settings, methods=["dflash_tree"], method_settings={"dflash_tree": TreeSettings(budget=8)})
+
+
+def test_bf16_divergences_of_tree_verification_are_near_ties(bf16_target):
+    """Tree runs are replayed too: their bf16 divergences are diagnosed, not counted as bugs."""
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=8), bf16_target)
+    samples = [Sample(turns=[text], index=i) for i, text in enumerate(DIVERGING_PROMPTS)]
+    results = evaluate(bf16_target, drafter, samples, tree_settings(20), progress=False)
+    found = results["divergences"]
+    assert found["numerical"] >= 1, "no bf16 divergence on these prompts: pick prompts that diverge on this machine"
+    assert results["lossless"] is False and results["lossless_up_to_ties"] is True
+    assert found["bug"] == 0 and len(found["details"]) == found["numerical"]
+    for detail in found["details"]:
+        assert detail["candidate"]["top_logit"] == detail["candidate"]["got_logit"]
+        assert 0 <= detail["candidate"]["gap"] <= detail["tolerance"]
+
+
+def walk_that_keeps_a_wrong_node(tree, target_logits, sampling, generator):
+    """Tree walk that, where the target's token has no child, keeps the first child anyway."""
+    path, token = exact_walk(tree, target_logits, sampling, generator)
+    children = tree.children()[path[-1] if path else ROOT]
+    if not children:
+        return path, token
+    path = path + [next(iter(children.values()))]
+    return path, int(target_logits[path[-1] + 1].argmax())
+
+
+def test_a_tree_walk_that_keeps_a_wrong_node_is_a_bug(bf16_target, monkeypatch):
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), bf16_target)
+    monkeypatch.setattr(tree, "accepted_path", walk_that_keeps_a_wrong_node)
+    samples = [Sample(turns=["def add(a, b):"], index=7)]
+    results = evaluate(bf16_target, drafter, samples, tree_settings(10), progress=False)
+    assert results["lossless"] is False and results["lossless_up_to_ties"] is False
+    (detail,) = results["divergences"]["details"]
+    assert results["divergences"]["bug"] == 1 and detail["kind"] == BUG
+    assert detail["prompt_index"] == 7 and detail["position"] == results["first_mismatch"]["position"]
+    # the target's own tree forward (replayed) ranked the kept node far below its top token
     assert detail["candidate"]["gap"] > 10 * detail["tolerance"]
     assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"]
 

@@ -147,7 +147,7 @@ def test_a_lossy_method_is_reported_alone_and_seeds_are_shared_when_sampling(qwe
     greedy = run(qwen3_target, ["ngram", "fake"], method_settings={"fake": FakeSettings(wrong_at=5)})
     fake = greedy["methods"]["fake"]
     assert fake["lossless"] is False and fake["first_mismatch"]["position"] == 5
-    assert fake["divergences"]["bug"] >= 1  # its own loop is not replayed: a divergence counts as a bug
+    assert fake["divergences"]["bug"] >= 1  # replayed from the record of the loop it wraps: the corrupted token is a bug
     assert greedy["methods"]["ngram"]["lossless"] is True
     # with no dflash listed, the primary method is the first one and no drafter is needed
     assert (greedy["method"], greedy["block_size"], greedy["drafter_block_size"]) == ("ngram", 11, None)
@@ -204,7 +204,7 @@ def artifacts(tmp_path_factory):
 
 def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeypatch):
     """The divergence replay issues a run's own target forwards when the proposer drafted
-    fewer than B - 1 tokens (`draft_counts`), in bf16 where other shapes round differently."""
+    fewer than B - 1 tokens (recorded in `steps`), in bf16 where other shapes round differently."""
     from dflash.decoding.ngram import NgramProposer
     from dflash.methods.ngram import NgramSettings
     from dflash.eval.divergence import replay_logits
@@ -229,8 +229,7 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
     monkeypatch.undo()
     assert 0 in run.draft_counts and max(run.draft_counts) > 0 and max(run.acceptance_lengths) > 1
     for position in (1, 7, 13, len(run.output_ids) - 1):
-        replayed = replay_logits(target, input_ids, run.output_ids, run.acceptance_lengths, position,
-                                 block_size=8, max_new_tokens=20, draft_counts=run.draft_counts)  # fmt: skip
+        replayed = replay_logits(target, input_ids, run.steps, position)
         assert torch.equal(replayed, seen[position]), position
 
 

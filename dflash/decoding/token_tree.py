@@ -97,6 +97,14 @@ def build_tree(draft_logits: torch.Tensor, budget: int, min_score: float = 0.0) 
     return TokenTree(torch.tensor(tokens, dtype=torch.long, device=draft_logits.device), parents, depths)
 
 
+def tree_depths(parents: list[int]) -> list[int]:
+    """Node depths from parent indices (ROOT: depth 1); parents precede their children."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent == ROOT else depths[parent] + 1)
+    return depths
+
+
 def tree_attention_mask(tree: TokenTree, context_length: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Additive mask for one target forward over [anchor, node 0, ..., node N-1].
 

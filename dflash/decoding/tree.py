@@ -13,24 +13,20 @@ Lossless: every emitted token is the target's own choice (argmax, or with
 how many of them one forward yields. Sampling with the "rejection" rule is refused: the
 tree's candidates are the drafter's top tokens, not samples from it.
 
-Cache invariant, as in engine.py, at the top of each step: committed tokens occupy
-positions [0, L); the target cache holds [0, L-1) (not the anchor at L-1), and the
-drafter has seen target features of exactly [0, L-1). After the verify forward the
-cache holds the anchor and all N nodes; `keep_cache_positions` moves the accepted
-path's entries right behind the anchor and drops the rest, and the drafter receives the
-anchor's and the path's features, in path order.
+Cache: after the verify forward the cache holds the anchor and all N nodes;
+`keep_cache_positions` moves the accepted path's entries right behind the anchor and
+drops the rest, and the drafter receives the anchor's and the path's features, in path
+order. The loop, its other invariants and its record live in `dflash.decoding.loop`.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from dflash.decoding.engine import GenerationResult, commit, prefill, synchronize, target_token
+from dflash.decoding.loop import GenerationResult, decode, target_token
 from dflash.decoding.proposer import Proposer
 from dflash.decoding.sampling import SamplingConfig
-from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_position_ids
+from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_depths, tree_position_ids
 from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.target.cache import keep_cache_positions
@@ -87,7 +83,46 @@ def accepted_path(
         node = child
 
 
-@torch.inference_mode()
+class TreeVerifier:
+    """A best-first token tree of `budget` nodes from one DFlash block; accepts the walk along
+    the target's own tokens (`accepted_path`)."""
+
+    name = "tree"
+
+    def __init__(self, block_size: int, budget: int, draft_threshold: float):
+        self.block_size = block_size
+        self.budget = budget
+        self.draft_threshold = draft_threshold
+
+    def check(self, target: TargetModel, sampling: SamplingConfig) -> None:
+        check_tree_support(target, sampling)
+
+    def draft(self, proposer: Proposer, committed_ids, new_features, num_drafts, sampling, generator) -> TokenTree:
+        """The tree over the block's per-slot logits (num_drafts, V)."""
+        draft_logits = proposer.propose(committed_ids, new_features, self.block_size, num_drafts)
+        return build_tree(draft_logits, self.budget, min_score=self.draft_threshold)
+
+    @staticmethod
+    def rebuild(draft_tokens: torch.Tensor, parents: list[int]) -> TokenTree:
+        return TokenTree(draft_tokens, list(parents), tree_depths(parents))
+
+    @staticmethod
+    def layout(tree: TokenTree, anchor_position: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions anchor_position + depth (1, N + 1) and the tree mask (`tree_attention_mask`)."""
+        return tree_position_ids(tree, anchor_position, device), tree_attention_mask(tree, anchor_position, dtype, device)
+
+    @staticmethod
+    def accept(tree: TokenTree, target_logits: torch.Tensor, sampling, generator) -> tuple[list[int], int]:
+        """The anchor's row and the path's rows (node i is row i + 1), and the target's token after the path."""
+        path, next_token = accepted_path(tree, target_logits, sampling, generator)
+        return [0] + [1 + node for node in path], next_token
+
+    @staticmethod
+    def compact(cache, anchor_position: int, kept_rows: list[int]) -> None:
+        """Row r sits at cache position anchor_position + r; the path's entries move behind the anchor."""
+        keep_cache_positions(cache, anchor_position + 1, [anchor_position + row for row in kept_rows[1:]])
+
+
 def generate_tree(
     target: TargetModel,
     input_ids: torch.Tensor,
@@ -103,8 +138,8 @@ def generate_tree(
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `input_ids` with tree verification, losslessly.
 
-    Same arguments, semantics and timing fields as `engine.generate`; acceptance_lengths
-    are accepted path lengths + 1 (the target's own token counts).
+    Same arguments, semantics, timing fields and record as `engine.generate`;
+    acceptance_lengths are accepted path lengths + 1 (the target's own token counts).
 
     Args:
         input_ids: (1, P) prompt ids, P >= 1.
@@ -118,43 +153,8 @@ def generate_tree(
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     require(tree_budget >= 1, "decoding.tree_budget", f"must be >= 1, got {tree_budget}")
     require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
-    require(max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {max_new_tokens}")
-    require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")
-    require(input_ids.shape[1] >= 1, "prompt", "the prompt is empty")
-    check_tree_support(target, sampling)
-    device = target.device
-    input_ids = input_ids.to(device)
-    stop_ids = set(int(t) for t in stop_token_ids)
-    layer_ids = proposer.target_layer_ids
-    proposer.reset()
-
-    cache, pending_features, result, committed = prefill(target, input_ids, layer_ids, sampling, generator)
-    done = result.output_ids[0] in stop_ids or max_new_tokens == 1
-    start = time.perf_counter()
-    while not done:
-        anchor_pos = committed.shape[1] - 1
-        num_drafts = min(block_size - 1, max_new_tokens - len(result.output_ids) - 1)
-        if num_drafts > 0:
-            draft_logits = proposer.propose(committed, pending_features, block_size, num_drafts)
-            tree = build_tree(draft_logits, tree_budget, min_score=draft_threshold)
-            pending_features = None
-        else:
-            tree = TokenTree.empty(device)
-        verify_ids = torch.cat([committed[:, -1], tree.tokens]).unsqueeze(0)
-        mask = tree_attention_mask(tree, anchor_pos, target.dtype, device)
-        positions = tree_position_ids(tree, anchor_pos, device)
-        out = target.forward(verify_ids, positions, cache, layer_ids, attention_mask=mask)
-        path, next_token = accepted_path(tree, out.logits[0], sampling, generator)
-
-        # cache positions: the anchor at anchor_pos, node i at anchor_pos + 1 + i
-        keep_cache_positions(cache, anchor_pos + 1, [anchor_pos + 1 + node for node in path])
-        if layer_ids is not None:
-            kept = out.features[:, [0] + [1 + node for node in path]]
-            pending_features = kept if pending_features is None else torch.cat([pending_features, kept], dim=1)
-
-        emitted = tree.tokens[path].tolist() + [next_token]
-        result.draft_counts.append(tree.tokens.numel())
-        committed, done = commit(result, committed, emitted, stop_ids, max_new_tokens)
-    synchronize(device)
-    result.decode_time_s = time.perf_counter() - start
-    return result
+    verifier = TreeVerifier(block_size, tree_budget, draft_threshold)
+    return decode(
+        target, input_ids, verifier, proposer, max_new_tokens=max_new_tokens, block_size=block_size,
+        stop_token_ids=stop_token_ids, sampling=sampling, generator=generator,
+    )  # fmt: skip

@@ -11,9 +11,10 @@ target as that computation evaluated it, and they part ways from there
 
 Diagnosis of a divergence at output position p (the first token that differs):
 - The target's logits at p are recomputed in both computations by replaying them:
-  `replay_logits` issues exactly the target forwards our engine issued (same shapes,
-  same cache history), rebuilt from the recorded output and acceptance lengths; HF
-  `generate()` is replayed by HF `generate()` itself (`hf_generate_logits`).
+  `replay_logits` (`dflash.decoding.replay`) issues again the target forwards that the
+  run recorded (`GenerationResult.steps`), through the loop's own functions, for every
+  verifier (chain and tree); HF `generate()` is replayed by HF `generate()` itself
+  (`hf_generate_logits`). A run without a record (a loop of its own) is not replayed.
 - gap (per computation) = its top logit - the lower of the logits of the two tokens
   (the baseline's and the candidate's). When the computation chose one of the two,
   that is the pair's logit difference: the margin by which it broke the tie.
@@ -33,16 +34,10 @@ Diagnosis of a divergence at output position p (the first token that differs):
   the candidate's own verify forward did not rank first (a verify rule that kept a
   wrong draft), or an output that ended before the other.
 
-Invariant: `replay_logits` issues the same target forwards as
-`dflash.decoding.engine.generate` (prefill of the prompt keeping the last logits; per
-verify step one forward of the anchor plus min(B - 1, max_new_tokens - emitted - 1)
-drafts, or as many as the proposer drafted when it may draft fewer; the cache cropped
-to the committed length). Change them together:
-tests/test_eval_divergence.py checks that the replay reproduces the engine's logits bit
-for bit. The replay assumes kernels that are deterministic for equal shapes (CPU; CUDA
-GEMMs and attention forwards without atomics). A replay that did not reproduce its run
-would find the run's token not ranked first and report a bug: it errs towards alarm,
-never towards silence.
+A replay that did not reproduce its run would find the run's token not ranked first and
+report a bug: it errs towards alarm, never towards silence
+(tests/test_eval_divergence.py checks that the replay reproduces the run's logits bit
+for bit, chain and tree).
 """
 
 from __future__ import annotations
@@ -51,7 +46,10 @@ import math
 
 import torch
 
-from dflash.target import TargetModel, crop_cache
+from dflash.decoding.replay import replay_logits
+from dflash.target import TargetModel
+
+__all__ = ["BUG", "NUMERICAL", "TIE_ULPS", "diagnose", "first_difference", "hf_generate_logits", "replay_logits", "tie_tolerance"]
 
 TIE_ULPS = 4
 NUMERICAL, BUG = "numerical", "bug"
@@ -109,55 +107,6 @@ def _gaps(logits: torch.Tensor, expected: int, got: int) -> dict:
     expected_logit, got_logit = float(logits[expected]), float(logits[got])
     return {"expected_logit": expected_logit, "got_logit": got_logit, "top_logit": top,
             "gap": top - min(expected_logit, got_logit)}  # fmt: skip
-
-
-@torch.inference_mode()
-def replay_logits(
-    target: TargetModel,
-    input_ids: torch.Tensor,
-    output_ids: list[int],
-    acceptance_lengths: list[int],
-    position: int,
-    *,
-    block_size: int,
-    max_new_tokens: int,
-    draft_counts: list[int] | None = None,
-) -> torch.Tensor:
-    """The target's logits (vocab,) for output token `position`, as one engine run computed them.
-
-    Replays the run's target forwards (see the module invariant) from its prompt
-    `input_ids` (1, P), its `output_ids` and `acceptance_lengths`, and its settings, up to
-    the forward that produced `position` (< len(output_ids)). The slots of a verify
-    block after the accepted drafts are filled with the recorded output: they cannot
-    change the rows that were kept (attention is causal), only the block's shape
-    matters, and it is the engine's.
-
-    draft_counts: the drafts each step verified (`GenerationResult.draft_counts`), for
-    proposers that may draft fewer than B - 1 (prompt lookup); None: the engine's
-    min(B - 1, tokens left - 1) of every step.
-    """
-    device = target.device
-    input_ids = input_ids.to(device)
-    prompt_len = input_ids.shape[1]
-    cache = target.new_cache()
-    out = target.forward(input_ids, torch.arange(prompt_len, device=device).unsqueeze(0), cache, logits_to_keep=1)
-    if position == 0:
-        return out.logits[0, -1]
-    emitted = 1
-    for step, length in enumerate(acceptance_lengths):
-        anchor_pos = prompt_len + emitted - 1
-        num_drafts = max(0, min(block_size - 1, max_new_tokens - emitted - 1))
-        if draft_counts is not None:
-            num_drafts = draft_counts[step]
-        block = output_ids[emitted - 1 : emitted + num_drafts]
-        block += block[-1:] * (1 + num_drafts - len(block))  # past the end of the output: any token
-        positions = torch.arange(anchor_pos, anchor_pos + len(block), device=device).unsqueeze(0)
-        out = target.forward(torch.tensor([block], device=device), positions, cache)
-        if position < emitted + length:
-            return out.logits[0, position - emitted]
-        crop_cache(cache, anchor_pos + length)
-        emitted += length
-    raise ValueError(f"output position {position} is past the {emitted} tokens the run emitted")
 
 
 @torch.inference_mode()

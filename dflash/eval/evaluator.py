@@ -12,8 +12,9 @@ A short warm-up on the first prompt runs every method once, untimed. Multi-turn
 conversations continue from the primary method's answer, as the public harness does
 (from DFlash's). In greedy runs, every output that parts from the autoregressive one is
 diagnosed after the timed runs (a near-tie within the dtype's rounding, or a bug:
-`dflash.eval.divergence`); outputs of methods with a decoding loop of their own are not
-replayed, so their divergences count as bugs.
+`dflash.eval.divergence`), replayed from each run's record of its target forwards
+(chain and tree alike); outputs of a loop that keeps no record are not replayed, so
+their divergences count as bugs.
 
 No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 """
@@ -207,23 +208,19 @@ class _Methods:
             tokens, seconds = self._hf_generate(input_ids, max_new_tokens, seed)
             record.outputs["hf_generate"], record.times_s["hf_generate"] = tokens, seconds
         if self.sampling.greedy:
-            self._diagnose(input_ids, max_new_tokens, results, record)
+            self._diagnose(input_ids, results, record)
 
-    def _diagnose(self, input_ids, max_new_tokens, results: dict[str, GenerationResult], record: GenerationRecord) -> None:
+    def _diagnose(self, input_ids, results: dict[str, GenerationResult], record: GenerationRecord) -> None:
         """Diagnose where each method's and HF generate's outputs part from the baseline's (greedy, untimed)."""
 
-        def replay(run: GenerationResult, block_size: int):
-            return lambda position: replay_logits(
-                self.target, input_ids, run.output_ids, run.acceptance_lengths, position,
-                block_size=block_size, max_new_tokens=max_new_tokens, draft_counts=run.draft_counts or None,
-            )  # fmt: skip
+        def replay(run: GenerationResult):
+            if run.steps is None:
+                return lambda position: None
+            return lambda position: replay_logits(self.target, input_ids, run.steps, position)
 
         baseline = results[BASELINE]
-        baseline_logits = replay(baseline, block_size=1)
-        candidates = {
-            name: replay(results[name], setup.block_size) if setup.loop is None else (lambda position: None)
-            for name, setup in self.setups.items()
-        }
+        baseline_logits = replay(baseline)
+        candidates = {name: replay(results[name]) for name in self.setups}
         if "hf_generate" in record.outputs:
             candidates["hf_generate"] = lambda position: hf_generate_logits(
                 self.target, input_ids, position, self._hf_options()
