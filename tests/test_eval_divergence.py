@@ -26,7 +26,7 @@ from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
     BUG, NUMERICAL, TIE_ULPS, diagnose, hf_generate_logits, replay_logits, tie_tolerance,
 )  # fmt: skip
-from dflash.eval.methods import TreeSettings
+from dflash.methods.dflash_tree import TreeSettings
 from dflash.eval.results import GenerationRecord, divergences
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
