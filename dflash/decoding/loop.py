@@ -9,14 +9,14 @@ stops at a stop token or at `max_new_tokens`. `block_size=1` drafts nothing: pla
 autoregressive decoding through the same code, the in-run baseline.
 
 Invariants (every verifier keeps them; tests/test_decoding_*.py check them):
-- Cache: at the top of each step, committed tokens occupy positions [0, L); the target
+- Cache (docs/design.md invariant 13): at the top of each step, committed tokens occupy positions [0, L); the target
   cache holds [0, L-1) (it has not yet run on the anchor at L-1), and the proposer has
   seen target features of exactly [0, L-1), each position once, in order.
 - Rows: the verify forward's row 0 is the anchor; row r > 0 is draft r - 1. A verifier
   accepts `kept_rows` = [0, r1, r2, ...]: the anchor and the accepted drafts in output
   order; the token emitted after kept row i is the target's choice there (greedy: the
   row's argmax), so a step emits len(kept_rows) tokens, cut after a stop token.
-- Lossless: every emitted token is the target's own choice (or, for rejection sampling,
+- Lossless (docs/design.md invariant 12): every emitted token is the target's own choice (or, for rejection sampling,
   distributed as the target's) given the tokens before it.
 - Record: `GenerationResult.steps` holds one `VerifyStep` per verify forward, enough to
   issue the same forwards again (`dflash.decoding.replay`), through the same functions
