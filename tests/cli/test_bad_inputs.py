@@ -26,10 +26,10 @@ from dflash.errors import ConfigError, check_writable_dir
 from dflash.target.tiny import save_tiny_target, tiny_config
 from dflash.training.config import check_block_fits
 from dflash.training.module import DRAFTER_CONFIG_KEY
-from tests.tables_fixtures import make_depth_sweep
-from tests.test_multiprocess import write_conversations
+from helpers import REPO
+from helpers.apps import write_conversations
+from helpers.tables import make_depth_sweep
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = ["eval.after_train=false", "logger=none", "trainer.enable_progress_bar=false"]
 
 

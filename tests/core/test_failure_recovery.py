@@ -35,9 +35,9 @@ from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.config import TrainingConfig
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
 from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
-from tests.test_multiprocess import write_conversations
+from helpers import REPO
+from helpers.apps import write_conversations
 
-REPO = Path(__file__).resolve().parents[1]
 HOLDER_SCRIPT = (
     "import sys, time\n"
     "from dflash.locks import DirectoryLock\n"

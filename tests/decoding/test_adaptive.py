@@ -13,8 +13,7 @@ from dflash.decoding import generate
 from dflash.decoding.adaptive import ThresholdProposer, confident_prefix_length
 from dflash.decoding.tree import generate_tree
 from dflash.errors import ConfigError
-from tests.conftest import hf_greedy
-from tests.test_decoding_tree import LONG_PROMPT, RunnerUpOracle, record_paths
+from helpers.decoding import LONG_PROMPT, RunnerUpOracle, hf_greedy, record_paths
 
 THRESHOLD = 0.8
 

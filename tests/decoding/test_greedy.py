@@ -4,20 +4,10 @@ import pytest
 import torch
 
 import dflash.decoding.engine
-from dflash.decoding import DFlashProposer, generate
-from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
-from tests.conftest import OracleProposer, PartialOracleProposer, hf_greedy
-from tests.test_evaluate_accounting import lossy_verify
+from dflash.decoding import generate
+from helpers.decoding import PROMPTS, OracleProposer, PartialOracleProposer, hf_greedy, lossy_verify, random_proposer
 
-PROMPTS = ["def add(a, b):\n    return", "import os\n", "x", "class Stack:\n    def push(self, item):\n"]
 BLOCK_SIZES = [1, 2, 4, 8, 16]
-
-
-def random_proposer(target, num_layers=2, block_size=16, seed=0):
-    torch.manual_seed(seed)
-    mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
-    config = DrafterConfig.from_target(target.config, num_layers=num_layers, block_size=block_size, mask_token_id=mask_id)
-    return DFlashProposer(DFlashDrafter(config), target.embed, target.logits)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

@@ -10,8 +10,8 @@ from dflash.decoding.verify import verify
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
-from tests.conftest import chi_square_p_value, hf_greedy
-from tests.test_decoding_sampling import exact_joint
+from helpers.decoding import hf_greedy
+from helpers.stats import chi_square_p_value, exact_joint
 
 ALPHA = 1e-3
 

@@ -17,7 +17,8 @@ from dflash.decoding import SamplingConfig, generate
 from dflash.decoding.sampling import probabilities
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
-from tests.conftest import OracleProposer, chi_square_p_value, flawed_verify, reference_probabilities
+from helpers.decoding import OracleProposer, flawed_verify
+from helpers.stats import chi_square_p_value, exact_joint, reference_probabilities
 
 NUM_SAMPLES = 800
 OUTPUT_LENGTH = 4  # the prefill token, then a verify step of two drafts, then what is left
@@ -35,22 +36,6 @@ def two_layer_targets() -> dict[str, TargetModel]:
     """Two-layer tiny targets: the engine's sampling plumbing does not depend on depth,
     and each of the thousands of forwards costs a third of the six-layer one's."""
     return {arch: TargetModel(*build_tiny_target(arch, seed=0, num_layers=2)) for arch, _ in CASES.values()}
-
-
-@torch.no_grad()
-def exact_joint(target: TargetModel, ids: torch.Tensor, sampling: SamplingConfig, length: int) -> dict:
-    """{(t1, .., t_length): probability} under the target's sampling distribution."""
-    filters = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-    joint = {(): 1.0}
-    for _ in range(length):
-        extended = {}
-        for prefix, p_prefix in joint.items():
-            sequence = torch.cat([ids, torch.tensor([prefix], dtype=torch.long)], dim=1)
-            probs = reference_probabilities(target.model(sequence).logits[0, -1], **filters)
-            for token in probs.nonzero().flatten().tolist():
-                extended[prefix + (token,)] = p_prefix * float(probs[token])
-        joint = extended
-    return joint
 
 
 def sampled_outputs(target: TargetModel, sampling: SamplingConfig) -> tuple[list[tuple[int, ...]], list[int]]:

@@ -20,61 +20,22 @@ from dflash.decoding.tree import generate_tree
 from dflash.errors import ConfigError
 from dflash.target import TargetModel, crop_cache
 from dflash.target.tiny import build_tiny_target
-from tests.conftest import OracleProposer, PartialOracleProposer, chi_square_p_value, hf_greedy
-from tests.test_decoding_greedy import PROMPTS, random_proposer
-from tests.test_decoding_sampling import ALPHA, NUM_SAMPLES, OUTPUT_LENGTH, exact_joint
+from helpers.decoding import (
+    LONG_PROMPT,
+    PROMPTS,
+    OracleProposer,
+    RunnerUpOracle,
+    hf_greedy,
+    random_proposer,
+    record_paths,
+)
+from helpers.stats import chi_square_p_value, exact_joint
 
 BLOCK_SIZE = 8
-LONG_PROMPT = PROMPTS[3]  # 35 tokens: several blocks long
-
-
-class RunnerUpOracle(PartialOracleProposer):
-    """The greedy continuation; at the planned wrong slot the target's token is ranked
-    second (logit -1) behind a wrong one (logit 0), and every other token is far below.
-
-    With `check_features`, the proposer asks for target features of layers 0 and 2 and
-    checks at each step that the features it has received over the request equal the
-    target's own features of every position before the anchor, in order.
-    """
-
-    def __init__(self, target: TargetModel, seed: int = 0, check_features: bool = False):
-        super().__init__(target, seed=seed)
-        self.check_features = check_features
-        self.target_layer_ids = [0, 2] if check_features else None
-        self.received: torch.Tensor | None = None
-
-    def reset(self):
-        super().reset()
-        self.received = None
-
-    def propose(self, committed_ids, new_features, block_size, num_drafts):
-        if self.check_features:
-            self.received = new_features if self.received is None else torch.cat([self.received, new_features], dim=1)
-            context = committed_ids[:, :-1]
-            positions = torch.arange(context.shape[1]).unsqueeze(0)
-            expected = self.target.forward(context, positions, None, self.target_layer_ids).features
-            torch.testing.assert_close(self.received, expected, atol=1e-4, rtol=1e-4)
-        logits = super().propose(committed_ids, new_features, block_size, num_drafts)
-        slot = self.planned_accepts[-1]
-        if slot < num_drafts:
-            wrong = int(logits[slot].argmax())
-            right = (wrong - 1) % logits.shape[-1]  # the parent class put wrong = right + 1
-            logits[slot, right] = -1.0
-        return logits
-
-
-def record_paths(monkeypatch) -> list[tuple[TokenTree, list[int]]]:
-    """Record every verify step's tree and accepted path."""
-    steps = []
-    walk = dflash.decoding.tree.accepted_path
-
-    def recording_walk(tree, target_logits, sampling, generator):
-        path, token = walk(tree, target_logits, sampling, generator)
-        steps.append((tree, path))
-        return path, token
-
-    monkeypatch.setattr(dflash.decoding.tree, "accepted_path", recording_walk)
-    return steps
+# the sampling check's sample size, output length and significance level, as in test_sampling.py
+NUM_SAMPLES = 800
+OUTPUT_LENGTH = 4
+ALPHA = 1e-3
 
 
 def leaves_first_choices(tree: TokenTree, path: list[int]) -> bool:

@@ -13,7 +13,8 @@ import torch
 
 from dflash.decoding import SamplingConfig
 from dflash.decoding.verify import Drafts, verify
-from tests.conftest import VERIFY_FLAWS, chi_square_p_value, flawed_verify, reference_probabilities
+from helpers.decoding import VERIFY_FLAWS, flawed_verify
+from helpers.stats import chi_square_p_value, reference_probabilities
 
 VOCAB = 8
 NUM_DRAFTS = 3

@@ -29,9 +29,9 @@ from safetensors.torch import save_file
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
 from dflash.errors import ConfigError
 from dflash.target.tiny import save_tiny_target, tiny_config
-from tests.loader_probe import probe
+from helpers import REPO
+from helpers.loader_probe import probe
 
-REPO = Path(__file__).resolve().parents[1]
 TF4 = REPO / ".tf4"
 CONTEXT, BLOCK = 6, 4
 
@@ -135,7 +135,7 @@ def under_transformers_4(exported):
         pytest.skip(message)
     root = exported[0]
     env = {**os.environ, "PYTHONPATH": str(TF4), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "hf_modules"), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(REPO / "tests" / "loader_probe.py"), str(root / "request.json"), str(root / "tf4.pt")]
+    command = [sys.executable, str(REPO / "tests" / "helpers" / "loader_probe.py"), str(root / "request.json"), str(root / "tf4.pt")]
     result = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = torch.load(root / "tf4.pt")
@@ -367,7 +367,7 @@ def test_published_variants_we_cannot_compute_are_one_line_errors(tmp_path, chan
 @pytest.fixture(scope="module")
 def train_workspace(tmp_path_factory):
     from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-    from tests.test_multiprocess import write_conversations
+    from helpers.apps import write_conversations
 
     root = tmp_path_factory.mktemp("init_from")
     target_dir = root / "artifacts" / "targets" / "tiny_qwen3_random"

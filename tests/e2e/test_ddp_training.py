@@ -14,17 +14,10 @@ import torch
 
 from dflash.drafter import load_drafter
 from dflash.target.tiny import save_tiny_target
+from helpers import REPO
+from helpers.apps import write_conversations
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def write_conversations(path: Path, count: int) -> None:
-    """`count` distinct user/assistant conversations as JSONL (each row identifiable)."""
-    with open(path, "w") as f:
-        for i in range(count):
-            answer = f"answer {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(30))
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]}) + "\n")
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:

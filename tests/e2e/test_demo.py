@@ -18,8 +18,8 @@ from dflash.cli import demo
 from dflash.data.builtin_prompts import FAMILIES, heldout_prompts
 from dflash.errors import ConfigError
 from dflash.specs import TargetSpec, load_target
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED_ARTIFACTS = os.environ.get("DFLASH_ARTIFACTS", str(REPO / "artifacts"))
 
 

@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO
+
+ROOT = str(REPO)
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
 
 

@@ -34,12 +34,12 @@ from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target import gguf
 from dflash.training import DFlashTrainingModule, TrainingConfig
-from tests.conftest import hf_greedy
-from tests.loader_probe import probe
+from helpers import REPO
+from helpers.decoding import hf_greedy
+from helpers.loader_probe import probe
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 TF4 = REPO / ".tf4"
 CONFIG = OmegaConf.load(REPO / "dflash" / "conf" / "target" / "smollm2_135m.yaml")
 # The directory the shipped config converts into, so the tests and a user's runs convert once.
@@ -229,7 +229,7 @@ def test_a_smollm2_drafter_reads_the_same_under_transformers_4(smollm2, spec, pr
     }
     (tmp_path / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "PYTHONPATH": str(TF4), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf_modules"), "OMP_NUM_THREADS": "2"}
-    command = [sys.executable, str(REPO / "tests" / "loader_probe.py"), str(tmp_path / "request.json"), str(tmp_path / "tf4.pt")]
+    command = [sys.executable, str(REPO / "tests" / "helpers" / "loader_probe.py"), str(tmp_path / "request.json"), str(tmp_path / "tf4.pt")]
     run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     tf4 = torch.load(tmp_path / "tf4.pt")

@@ -13,30 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
 
-from dflash.cli.common import CONF_DIR
 from dflash.cli.train import job_from_config, run_name_for
 from dflash.drafter import load_drafter, save_drafter
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target.tiny import save_tiny_target
-from tests.test_multiprocess import write_conversations
+from helpers import REPO
+from helpers.apps import compose_train, write_conversations
 
-REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "dflash" / "conf" / "experiment").glob("*.yaml"))
 QUICK = ["eval.after_train=false", "logger=none", "trainer.enable_progress_bar=false"]
-
-
-def compose_train(overrides: list[str]):
-    """The composed `train` config (hydra node removed), with Hydra's resolvers usable."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, "paths.output_dir=/tmp/unused"], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
 
 
 def test_experiments_exist_and_start_with_their_command():

@@ -10,7 +10,8 @@ from dflash.eagle3.training import draft_vocab_from_counts, ttt_loss, ttt_steps
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
 from dflash.training.forward import target_features
-from tests.conftest import chi_square_p_value, hf_greedy, reference_probabilities
+from helpers.decoding import hf_greedy
+from helpers.stats import chi_square_p_value, reference_probabilities
 
 NUM_SAMPLES = 500
 OUTPUT_LENGTH = 4  # the prefill token, then a verify step of two drafts, then one more

@@ -20,7 +20,7 @@ from dflash.training.checkpoints import check_checkpoint_fits
 from dflash.training.config import TrainingConfig
 from dflash.training.module import DRAFTER_CONFIG_KEY
 from dflash.training.run import export_final_drafter
-from tests.test_train_app import compose_train
+from helpers.apps import compose_train
 
 STACKED = [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"), (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]
 

@@ -13,11 +13,10 @@ from collections import Counter
 import pytest
 
 from dflash.decoding import SamplingConfig, engine
-from dflash.decoding.verify import verify as exact_verify
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.results import GenerationRecord, build_results
 from dflash.specs import DrafterSpec, build_drafter
-from tests.conftest import PartialOracleProposer
+from helpers.decoding import PartialOracleProposer, lossy_verify
 
 BLOCK_SIZE = 4
 MAX_NEW_TOKENS = 24
@@ -80,15 +79,6 @@ def test_tau_histogram_and_per_prompt_tau_follow_the_accepted_drafts(tiny_target
     # pooled and per-prompt averages differ here, so confusing them would show
     per_prompt_mean = sum(sum(lengths) / len(lengths) for lengths in per_request) / len(per_request)
     assert per_prompt_mean != pytest.approx(results["tau"])
-
-
-def lossy_verify(target_logits, drafts, sampling, generator):
-    """Greedy verification that keeps the first rejected draft, then the target's next token."""
-    accepted, next_token = exact_verify(target_logits, drafts, sampling, generator)
-    if accepted < drafts.tokens.numel():
-        accepted += 1
-        next_token = int(target_logits[accepted].argmax())
-    return accepted, next_token
 
 
 def test_lossy_engine_is_reported_with_its_first_mismatch(qwen3_target, monkeypatch):

@@ -24,7 +24,7 @@ from dflash.eval.results import GenerationRecord, divergences
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
-from tests.test_evaluate_accounting import lossy_verify
+from helpers.decoding import lossy_verify
 
 DIVERGING_PROMPTS = ["add item def", "print print sum", "total result add"]
 

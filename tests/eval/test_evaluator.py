@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +19,7 @@ from dflash.eval.results import GenerationRecord, build_results, first_mismatch,
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target, tiny_config
+from helpers.apps import run_cli
 
 SCHEMA_KEYS = {
     "benchmark", "method", "target", "target_dtype", "drafter", "block_size", "drafter_block_size", "temperature",
@@ -228,12 +227,6 @@ def artifacts(tmp_path_factory):
     (root / "empty.jsonl").write_text("")
     (root / "chat.jsonl").write_text(json.dumps({"turns": ["Hi", "Again"]}) + "\n" + json.dumps({"prompt": "x = "}) + "\n")
     return root
-
-
-def run_cli(args, cwd, artifacts):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    command = [sys.executable, "-m", "dflash.evaluate", f"hydra.run.dir={cwd}/run", f"paths.artifacts={artifacts}", *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

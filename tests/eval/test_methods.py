@@ -15,8 +15,8 @@ from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
 from dflash.eval.methods import METHODS, Method, MethodSetup, build_method, check_method_names
 from dflash.specs import DrafterSpec, build_drafter
-from tests.conftest import PartialOracleProposer
-from tests.test_evaluate import run_cli
+from helpers.apps import run_cli
+from helpers.decoding import PartialOracleProposer
 
 SAMPLES = [Sample(turns=["def add(a, b):\n    return a + b\n\ndef add"], index=0), Sample(turns=["aaaa", "bbbb"], index=3)]
 METHOD_KEYS = {

@@ -14,7 +14,7 @@ from dflash.eval.results import GenerationRecord, build_results
 from dflash.reports import build_tables, collect_runs, collect_wandb_runs
 from dflash.reports.render import to_markdown
 from dflash.specs import DrafterSpec, build_drafter
-from tests.tables_fixtures import DEPTH_AXES, FakeApi, FakeRun, results_for, train_config, wandb_config, write_run
+from helpers.tables import DEPTH_AXES, FakeApi, FakeRun, results_for, train_config, wandb_config, write_run
 
 
 def record(index, tokens, lengths, ar_split, dflash_split, hf_seconds=None) -> GenerationRecord:

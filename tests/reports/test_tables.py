@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dflash.reports import build_tables, collect_runs, collect_wandb_runs, write_report
 from dflash.reports.render import to_latex, to_markdown
-from tests.tables_fixtures import (
+from helpers.tables import (
     FakeApi,
     FakeFile,
     FakeRun,
@@ -23,8 +22,7 @@ from tests.tables_fixtures import (
     make_main_sweep,
     wandb_config,
 )
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 @pytest.fixture
@@ -131,7 +129,7 @@ def test_report_writes_markdown_latex_and_the_figures(sweeps, tmp_path):
 
 
 def test_a_lone_failed_run_and_an_empty_table_do_not_crash(tmp_path):
-    from tests.tables_fixtures import DEPTH_AXES, train_config, write_run
+    from helpers.tables import DEPTH_AXES, train_config, write_run
 
     write_run(str(tmp_path / "d" / "x"), train_config("depth", "depth", DEPTH_AXES), error="RuntimeError: boom")
     (table,) = build_tables(collect_runs(str(tmp_path)))
@@ -175,7 +173,7 @@ def test_wandb_source_builds_the_same_tables(sweeps):
 
 
 def test_wandb_runs_without_uploaded_results_use_the_summary():
-    from tests.tables_fixtures import DEPTH_AXES, train_config
+    from helpers.tables import DEPTH_AXES, train_config
 
     config = train_config("depth", "depth", DEPTH_AXES, drafter={"num_layers": 5, "block_size": 16})
     run = FakeRun("r1", wandb_config(config), {"eval/tau": 6.1, "eval/speedup_vs_autoregressive": 4.2}, group="depth")
@@ -206,7 +204,7 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
     from dflash.eval.results import GenerationRecord, build_results, write_results
     from dflash.training.after_train import log_evaluation
     from dflash.training.run import LoggerSettings, build_loggers, finish_loggers
-    from tests.tables_fixtures import DEPTH_AXES, FakeWandbRun, train_config
+    from helpers.tables import DEPTH_AXES, FakeWandbRun, train_config
 
     experiment = FakeWandbRun()
     monkeypatch.setattr(wandb, "init", experiment.started)

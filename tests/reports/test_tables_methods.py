@@ -11,7 +11,7 @@ from dflash.decoding import SamplingConfig
 from dflash.eval.results import GenerationRecord, MethodInfo, build_results, write_results
 from dflash.reports import build_tables, collect_runs, write_report
 from dflash.reports.render import to_latex, to_markdown
-from tests.tables_fixtures import write_run
+from helpers.tables import write_run
 
 # method -> (verify width, acceptance lengths of its one generation, seconds); autoregressive takes 12 s
 METHODS = {"dflash": (8, [5, 6, 1], 3.0), "eagle3": (8, [3, 2, 4, 2, 1], 4.0), "ngram": (11, [1, 1, 4, 1, 2, 1, 1, 1], 6.0)}

@@ -15,8 +15,8 @@ from dflash.errors import ConfigError
 from dflash.sweep.cli import sweep_commands
 from dflash.sweep.dirnames import grid_dirname, register_resolver
 from dflash.sweep.stages import available_sweeps, sweep_plan
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "dflash" / "conf"
 SWEEPS = available_sweeps()
 # The target-context ablation needs a drafter switch that dflash/conf/drafter does not have yet.

@@ -6,7 +6,6 @@ Submission itself is submitit's; here its parent class is replaced by a recorder
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,9 @@ from hydra.core.utils import JobReturn, JobStatus  # noqa: E402
 
 import hydra_plugins.dflash_launcher.slurm as slurm  # noqa: E402
 from dflash.sweep.jobs import SweepJob  # noqa: E402
+from helpers import REPO  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "dflash" / "conf"
+CONF = REPO / "dflash" / "conf"
 
 
 @pytest.mark.parametrize("app, sweep", [("train", "depth"), ("train", "main"), ("train", "depth_cpu"), ("evaluate", "block_size_infer_cpu")])

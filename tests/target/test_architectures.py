@@ -21,7 +21,7 @@ from dflash.target.tiny import build_tiny_target, save_tiny_target
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
-from tests.conftest import PartialOracleProposer, hf_greedy
+from helpers.decoding import PartialOracleProposer, hf_greedy
 
 WINDOW = 8
 # Families whose sliding window is opt-in (Gemma2/3 always alternate window and full layers).

@@ -24,6 +24,7 @@ from dflash.target.tiny_code import (
     train_tokenizer,
 )
 from dflash.target.tiny_code_prompts import humaneval_prompts, stdlib_code_prompts
+from helpers import REPO
 
 # A build small enough for unit tests: ~150 KB of source, a 64-wide model, 3 steps.
 MINI = TinyCodeConfig(
@@ -197,7 +198,7 @@ def test_stdlib_prompts_take_doctest_headers_first():
 def test_shipped_config_is_the_default_config():
     import yaml
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     with open(os.path.join(root, "dflash", "conf", "target", "tiny_code.yaml")) as handle:
         conf = yaml.safe_load(handle)
     assert conf["build"]["kind"] == "tiny_code"

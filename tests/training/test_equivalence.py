@@ -16,7 +16,7 @@ from dflash.target.tiny import build_tiny_target
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
-from tests.conftest import PartialOracleProposer
+from helpers.decoding import PartialOracleProposer
 
 
 def _target_and_drafter(arch: str, block_size: int):

@@ -15,26 +15,7 @@ from dflash.training.blocks import Blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.forward import target_features
 from dflash.training.loss import OBJECTIVES, LossSettings, block_loss, dpace_weights
-from tests.test_training_settings import batch, module_for
-
-BATCH, BLOCKS, B, D, V, S = 2, 5, 4, 8, 40, 30
-
-
-def softcapped_head(seed=0, requires_grad=False):
-    """A frozen head with a non-identity transform (Gemma-style final softcapping)."""
-    head = torch.nn.Linear(D, V, bias=False).requires_grad_(requires_grad)
-    torch.nn.init.normal_(head.weight, std=1.0, generator=torch.Generator().manual_seed(seed))
-    return head, lambda hidden: torch.tanh(head(hidden) / 5.0) * 5.0
-
-
-def random_blocks(seed=0) -> Blocks:
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, V, (BATCH, BLOCKS * B), generator=generator)
-    slots = torch.arange(B).repeat(BLOCKS)
-    valid = (torch.rand(BATCH, BLOCKS * B, generator=generator) > 0.25) & (slots >= 1)
-    anchors = torch.randint(0, S - B, (BATCH, BLOCKS), generator=generator)
-    positions = (anchors[..., None] + torch.arange(B)).view(BATCH, -1)
-    return Blocks(token_ids=labels, positions=positions, labels=labels, label_valid=valid, slots=slots)
+from helpers.training import B, BATCH, BLOCKS, D, S, batch, module_for, random_blocks, softcapped_head
 
 
 def run(settings: LossSettings, to_logits, blocks: Blocks, seed=1):

@@ -26,31 +26,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from dflash.cli.train import job_from_config
 from dflash.training.module import warmup_cosine_schedule
 from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT, run_training
-from tests.test_multiprocess import write_conversations
-from tests.test_train_app import compose_train
+from helpers.training import LEARNING_RATE, MAX_STEPS, KillAtStep, Killed, checkpoint, training_job
 
-MAX_STEPS = 8
-CHECKPOINT_EVERY = 3
 KILLED_AFTER = 3  # the step of the last checkpoint before the kill
-LEARNING_RATE = 3e-3
-
-
-class Killed(Exception):
-    """Stands for SIGKILL: raised from inside training, after a checkpoint was written."""
-
-
-class KillAtStep(Callback):
-    """Raises `Killed` when `step` optimizer steps are done (before the next one)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise Killed
 
 
 class RecordTraining(Callback):
@@ -79,30 +59,6 @@ def _clone(value):
     return value
 
 
-def training_job(tmp_path, run_name: str, conversations: int, *overrides: str):
-    """The tiny recipe's job (composed config -> `job_from_config`), on `conversations` chats."""
-    data = tmp_path / f"chats_{conversations}.jsonl"
-    write_conversations(data, conversations)
-    job = job_from_config(
-        compose_train(
-            [
-                "experiment=tiny_cpu",
-                f"paths.artifacts={tmp_path / 'artifacts'}",
-                f"data.path={data}",
-                "drafter.num_layers=1",
-                "logger=none",
-                "eval.after_train=false",
-                "trainer.enable_progress_bar=false",
-                f"trainer.max_steps={MAX_STEPS}",
-                f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}",
-                f"training.learning_rate={LEARNING_RATE}",
-                *overrides,
-            ]
-        )
-    )
-    return dataclasses.replace(job, output_dir=str(tmp_path / run_name))
-
-
 def kill_then_resume(job) -> tuple[RecordTraining, object]:
     """Run `job` until it is killed after step KILLED_AFTER + 1, then run it again."""
     with pytest.raises(Killed):
@@ -113,10 +69,6 @@ def kill_then_resume(job) -> tuple[RecordTraining, object]:
     outcome = run_training(job, callbacks=[resumed])
     assert outcome.resumed_from == f"{job.output_dir}/{CHECKPOINT_DIR}/{LAST_CHECKPOINT}"
     return resumed, outcome
-
-
-def checkpoint(job) -> dict:
-    return torch.load(f"{job.output_dir}/{CHECKPOINT_DIR}/{LAST_CHECKPOINT}", map_location="cpu", weights_only=False)
 
 
 def assert_same_tensors(a, b):

@@ -17,7 +17,8 @@ import torch
 
 from dflash.cli.train import job_from_config
 from dflash.training import DFlashTrainingModule
-from tests.test_train_app import compose_train
+from helpers.apps import compose_train
+from helpers.training import batch, module_for
 
 # float32 sums over a few hundred weighted slots: relative rounding well below 1e-5
 SUM_TOLERANCE = 1e-5
@@ -26,26 +27,6 @@ SUM_TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     return tmp_path_factory.mktemp("settings_artifacts")
-
-
-def module_for(artifacts, *overrides: str) -> DFlashTrainingModule:
-    """The training module of `python -m dflash.train <overrides>` on the tiny target."""
-    # data is read only by training runs; the module never opens it
-    base = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "drafter.num_layers=1"]
-    job = job_from_config(compose_train([*base, *overrides]))
-    return DFlashTrainingModule(job.target, job.drafter, job.training)
-
-
-def batch(seq_len=48, seed=0) -> dict:
-    """Two right-padded sequences whose responses are broken into several loss-mask segments."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, 256, (2, seq_len), generator=generator)
-    attention_mask = torch.ones(2, seq_len, dtype=torch.bool)
-    attention_mask[1, seq_len - 6 :] = False
-    loss_mask = torch.zeros(2, seq_len, dtype=torch.bool)
-    loss_mask[0, 6:20] = loss_mask[0, 24:27] = loss_mask[0, 30:45] = True
-    loss_mask[1, 3:9] = loss_mask[1, 12:40] = True
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
 def published_weights(block_size: int, gamma: float | None) -> list[float]:

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback, Timer
 
 from dflash.training.module import warmup_cosine_schedule
 from dflash.training.run import run_training
-from tests.test_train_resume import KillAtStep, Killed, checkpoint, training_job
+from helpers.training import KillAtStep, Killed, checkpoint, training_job
 
 BUDGET = ("trainer.max_steps=-1", "trainer.max_epochs=null")
 STEP_S = 0.25  # each step is slowed to at least this, so the budget, not the machine, sets the count
