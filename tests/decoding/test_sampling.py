@@ -4,9 +4,9 @@
 verify steps accept some drafts and reject others) and blocks whose first verify step
 carries two drafts; the joint distribution of the first four tokens is compared by a
 chi-square test with the exact one, computed from the target's logits with the
-filters written out in the test (`tests.conftest.reference_probabilities`), not the
+filters written out in the test (`helpers.stats.reference_probabilities`), not the
 library's `probabilities()`. The statistical power per verification rule lives in
-tests/test_decoding_verify.py; here the engine's plumbing is under test.
+tests/decoding/test_verify.py; here the engine's plumbing is under test.
 """
 
 import pytest

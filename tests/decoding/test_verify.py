@@ -5,7 +5,7 @@ drafts sampled from the drafter's distribution, verified thousands of times. Los
 means: at every block position j, among the trials that emit a token there, the token
 follows the target's row j (computed in the test, not by the library), whatever the
 drafter proposed. The same check must reject each known way of getting it wrong
-(`tests.conftest.flawed_verify`), so its power is tested too.
+(`helpers.decoding.flawed_verify`), so its power is tested too.
 """
 
 import pytest

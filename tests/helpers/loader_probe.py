@@ -3,7 +3,7 @@
 Imports only torch and transformers (never dflash), so it runs under another
 environment as well as in-process:
 
-    python tests/loader_probe.py REQUEST.json OUT.pt     # e.g. with transformers 4.57
+    python tests/helpers/loader_probe.py REQUEST.json OUT.pt     # e.g. with transformers 4.57
 
 REQUEST.json: {"drafters": {name: {"dir": DIR, "inputs": INPUTS.pt}}, and optionally
 "target": DIR, "spec_generate": [names], "prompt": [ids], "new_tokens": N}. INPUTS.pt holds `position_ids` (1, c + q),

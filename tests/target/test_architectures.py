@@ -186,7 +186,7 @@ def test_saved_drafter_keeps_its_rope(arch, tmp_path):
 
 
 def test_training_blocks_equal_proposer_blocks_on_gemma3():
-    """Training path == decoding path (see tests/test_training_equivalence.py) through
+    """Training path == decoding path (see tests/training/test_equivalence.py) through
     Gemma3's scaled embedding, softcapped head and per-layer-type rope."""
     target, block_size = tiny_target("gemma3"), 4
     drafter = random_drafter(target, block_size=block_size)
