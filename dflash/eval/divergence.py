@@ -38,7 +38,7 @@ Invariant: `replay_logits` issues the same target forwards as
 verify step one forward of the anchor plus min(B - 1, max_new_tokens - emitted - 1)
 drafts, or as many as the proposer drafted when it may draft fewer; the cache cropped
 to the committed length). Change them together:
-tests/test_eval_divergence.py checks that the replay reproduces the engine's logits bit
+tests/eval/test_divergence.py checks that the replay reproduces the engine's logits bit
 for bit. The replay assumes kernels that are deterministic for equal shapes (CPU; CUDA
 GEMMs and attention forwards without atomics). A replay that did not reproduce its run
 would find the run's token not ranked first and report a bug: it errs towards alarm,

@@ -10,8 +10,8 @@ Invariants:
 - A step's target states come from the disk cache when `training.target_cache_dir` is set
   (filled in `setup`, `dflash.training.disk_cache`), else from the in-memory cache when
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
-  states up to float rounding (tests/test_training_disk_cache.py,
-  tests/test_training_feature_cache.py).
+  states up to float rounding (tests/training/test_disk_cache.py,
+  tests/training/test_feature_cache.py).
 - Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
   (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
 
@@ -169,7 +169,7 @@ class DFlashTrainingModule(L.LightningModule):
         The final hidden states ride along as one more tap for losses that read the
         target's logits: HF's last hidden state ("layer L-1" here) is taken after the final
         norm, so target.logits() of it are the target's own logits
-        (tests/test_training_losses.py, per family).
+        (tests/training/test_losses.py, per family).
         """
         layers = self._feature_layers()
         return [*layers, self.target.num_layers - 1] if self.loss_settings.reads_target else layers
