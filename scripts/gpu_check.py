@@ -18,7 +18,7 @@ d. flex_attention compiled by torch.compile against the factored SDPA path on th
    training mask, and flash-attn if installed.
 
 Every section catches its own failure and writes it as one line. Without CUDA the same
-script runs tiny float32 shapes in seconds (tests/test_gpu_check.py).
+script runs tiny float32 shapes in seconds (tests/e2e/test_gpu_check.py).
 
     PYTHONPATH=$PWD python3 scripts/gpu_check.py --out docs/results/gpu-check.md   # a few minutes on an H100
     PYTHONPATH=$PWD python3 scripts/gpu_check.py --quick                            # fewer repeats and tokens

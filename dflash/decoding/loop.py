@@ -8,7 +8,7 @@ tokens, hands the kept positions' target features to the proposer as new context
 stops at a stop token or at `max_new_tokens`. `block_size=1` drafts nothing: plain
 autoregressive decoding through the same code, the in-run baseline.
 
-Invariants (every verifier keeps them; tests/test_decoding_*.py check them):
+Invariants (every verifier keeps them; tests/decoding/ check them):
 - Cache (docs/design.md invariant 13): at the top of each step, committed tokens occupy positions [0, L); the target
   cache holds [0, L-1) (it has not yet run on the anchor at L-1), and the proposer has
   seen target features of exactly [0, L-1), each position once, in order.

@@ -36,7 +36,7 @@ Diagnosis of a divergence at output position p (the first token that differs):
 
 A replay that did not reproduce its run would find the run's token not ranked first and
 report a bug: it errs towards alarm, never towards silence
-(tests/test_eval_divergence.py checks that the replay reproduces the run's logits bit
+(tests/eval/test_divergence.py checks that the replay reproduces the run's logits bit
 for bit, chain and tree).
 """
 

@@ -1,6 +1,6 @@
 """A pool of device slots that runs sweep jobs concurrently, one slot per job.
 
-Invariants (tested in tests/test_sweep_pool.py):
+Invariants (tested in tests/sweep/test_pool.py):
 - A slot (a fixed group of GPU ids, or one CPU worker) runs at most one job at a time.
 - No slot idles while jobs wait: there are exactly as many worker threads as slots,
   and a worker returns its slot to the pool before it takes the next job, so the slot

@@ -2,7 +2,7 @@
 sequence through the drafter in one pass under the sparse block mask.
 
 The decoding path (`dflash.decoding.DFlashProposer`) computes the same logits for a
-block one block at a time with a drafter KV cache; tests/test_training_equivalence.py
+block one block at a time with a drafter KV cache; tests/training/test_equivalence.py
 holds the two together.
 """
 

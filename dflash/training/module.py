@@ -14,8 +14,8 @@ Invariants:
   the disk cache when `training.target_cache_dir` is set (filled in `setup`,
   `dflash.training.disk_cache`), else from the in-memory cache when
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
-  states up to float rounding (tests/test_training_disk_cache.py,
-  tests/test_training_feature_cache.py).
+  states up to float rounding (tests/training/test_disk_cache.py,
+  tests/training/test_feature_cache.py).
 - Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
   (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
 

@@ -127,7 +127,7 @@ class DFlashObjective(Objective):
     def taps(self) -> list[int]:
         """The drafter's taps, plus the final hidden states for losses that read the target's
         logits: HF's last hidden state ("layer L-1" here) is taken after the final norm, so
-        target.logits() of it are the target's own logits (tests/test_training_losses.py)."""
+        target.logits() of it are the target's own logits (tests/training/test_losses.py)."""
         layers = self.feature_layers()
         return [*layers, self.num_target_layers - 1] if self.loss_settings.reads_target else layers
 

@@ -1,0 +1,165 @@
+"""Data-parallel training with 2 CPU processes (DDP over gloo): ranks see different
+data, metrics are summed over ranks before dividing, and Hydra launches stay in one run
+directory per job (plain runs and multiruns)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash.drafter import load_drafter
+from dflash.target.tiny import save_tiny_target
+from helpers import REPO
+from helpers.apps import write_conversations
+
+pytestmark = pytest.mark.slow
+
+
+def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+RECORDING_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from dflash.data.config import DataSpec
+    from dflash.specs import DrafterSpec, TargetSpec
+    from dflash.training.config import TrainingConfig
+    from dflash.training.run import LoggerSettings, TrainerSettings, TrainJob, run_training
+
+    torch.set_num_threads(1)
+    target_dir, data_path, out_dir = sys.argv[1:4]
+
+
+    class Recorder(Callback):
+        '''Writes, per rank, the training sequences it saw and its LOCAL validation sums.'''
+
+        def __init__(self):
+            self.rows, self.val = [], None
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            for ids, real in zip(batch["input_ids"], batch["attention_mask"]):
+                self.rows.append(ids[real].tolist())
+
+        def on_validation_epoch_end(self, trainer, module):
+            # Callbacks run before the module's hook, which syncs, logs and resets.
+            metrics = module.val_metrics
+            self.val = {name: getattr(metrics, name).tolist() for name in ("correct", "total", "weighted_loss", "weight")}
+
+        def on_train_end(self, trainer, module):
+            logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+            record = {"rank": trainer.global_rank, "world": trainer.world_size, "rows": self.rows, "val": self.val, "logged": logged}
+            with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+                json.dump(record, f)
+
+
+    job = TrainJob(
+        target=TargetSpec(path=target_dir),
+        drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
+        data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
+        training=TrainingConfig(num_anchors=8),
+        trainer=TrainerSettings(
+            accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=3, log_every_n_steps=1,
+            val_check_interval=3, check_val_every_n_epoch=None, enable_progress_bar=False,
+        ),
+        output_dir=out_dir,
+        logger=LoggerSettings(kind="none"),
+    )
+    outcome = run_training(job, callbacks=[Recorder()])
+    print("global_step", outcome.global_step)
+    """
+)
+
+
+def test_two_ranks_see_different_data_and_metrics_are_summed_over_ranks(tmp_path):
+    target_dir = tmp_path / "target"
+    save_tiny_target(str(target_dir), arch="qwen3", seed=0)  # built once, before the ranks start
+    write_conversations(tmp_path / "chats.jsonl", 16)
+    script = tmp_path / "train_ddp.py"
+    script.write_text(RECORDING_SCRIPT)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    _run([sys.executable, str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    seen = [{tuple(row) for row in r["rows"]} for r in ranks]
+    assert len(seen[0]) == len(seen[1]) == 3 * 2  # 3 steps of 2 sequences each
+    assert not seen[0] & seen[1], "both ranks trained on the same sequences"
+
+    # The logged validation metrics are global sums divided last (docs/design.md invariant 11), and
+    # every rank logs the same value.
+    correct = torch.tensor([r["val"]["correct"] for r in ranks]).sum(0)
+    total = torch.tensor([r["val"]["total"] for r in ranks]).sum(0)
+    assert all(torch.tensor(r["val"]["total"]).sum() > 0 for r in ranks)
+    for k in range(1, 4):
+        assert ranks[0]["logged"][f"val/acc_{k:02d}"] == pytest.approx(float(correct[k] / total[k]), abs=1e-6)
+    loss = sum(r["val"]["weighted_loss"] for r in ranks) / sum(r["val"]["weight"] for r in ranks)
+    assert ranks[0]["logged"]["val/loss"] == pytest.approx(loss, rel=1e-5)
+    assert ranks[0]["logged"] == ranks[1]["logged"]
+    assert load_drafter(str(out_dir / "drafter")).config.block_size == 4
+
+
+def _hydra_ddp_args(tmp_path: Path, data: Path) -> list[str]:
+    return [
+        "experiment=tiny_cpu",
+        f"paths.artifacts={tmp_path / 'artifacts'}",
+        f"data.path={data}",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_steps=2",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false",
+        "eval.after_train=false",
+        "logger=none",
+    ]
+
+
+def _run_dirs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "artifacts" / "runs").iterdir())
+
+
+def _prebuild_tiny_target(tmp_path: Path) -> None:
+    save_tiny_target(str(tmp_path / "artifacts" / "targets" / "tiny_qwen3_random"), arch="qwen3", seed=0)
+
+
+def test_ddp_launched_from_hydra_stays_in_one_run_directory(tmp_path):
+    _prebuild_tiny_target(tmp_path)
+    write_conversations(tmp_path / "chats.jsonl", 16)
+    result = _run([sys.executable, "-m", "dflash.train", *_hydra_ddp_args(tmp_path, tmp_path / "chats.jsonl")], cwd=tmp_path)
+    assert "trained to global step 2" in result.stdout
+    (run_dir,) = _run_dirs(tmp_path)  # rank 1 re-ran the command but made no directory of its own
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # ... it ran in this one
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert load_drafter(str(run_dir / "drafter")).config.num_hidden_layers == 1
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
+    _prebuild_tiny_target(tmp_path)
+    write_conversations(tmp_path / "chats.jsonl", 16)
+    args = [*_hydra_ddp_args(tmp_path, tmp_path / "chats.jsonl"), "training.learning_rate=1e-3,2e-3"]
+    result = _run([sys.executable, "-m", "dflash.train", "-m", *args], cwd=tmp_path)
+    # Each job trained once (a rank re-launching the sweep would run more jobs or hang).
+    assert result.stdout.count("trained to global step 2") == 2
+    run_dirs = _run_dirs(tmp_path)
+    assert len(run_dirs) == 2
+    rates = set()
+    for run_dir in run_dirs:
+        assert (run_dir / "train_ddp_process_1.log").is_file()
+        checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+        assert checkpoint["global_step"] == 2
+        rates.add(checkpoint["hyper_parameters"]["training"]["learning_rate"])
+    assert rates == {1e-3, 2e-3}

@@ -1,0 +1,278 @@
+"""One evaluation, many methods: the registry, per-method records in results.json, the app."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import dflash.eval.evaluator as evaluator
+from dflash.decoding import SamplingConfig, generate
+from dflash.errors import ConfigError
+from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
+from dflash.methods import METHODS, Method, MethodSetup, build_method, check_method_names
+from dflash.specs import DrafterSpec, build_drafter
+from helpers.apps import run_cli
+from helpers.decoding import PartialOracleProposer
+
+SAMPLES = [Sample(turns=["def add(a, b):\n    return a + b\n\ndef add"], index=0), Sample(turns=["aaaa", "bbbb"], index=3)]
+METHOD_KEYS = {
+    "method", "label", "block_size", "drafter_block_size", "tau", "tau_per_prompt_mean", "acceptance_histogram",
+    "tokens_per_s", "speedup", "speedup_decode_only", "lossless", "first_mismatch", "lossless_up_to_ties",
+    "divergences", "settings",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FakeSettings:
+    wrong_at: int | None = None  # output position the fake loop corrupts (None: lossless)
+
+
+def fake_loop(target, input_ids, *, max_new_tokens, proposer, stop_token_ids, sampling, generator, width, wrong_at):
+    """A decoding loop of the method's own (as tree verification registers one): the engine
+    with `width` from the method's options, optionally corrupting one output token."""
+    calls.append(("fake", None if generator is None else generator.initial_seed(), tuple(stop_token_ids)))
+    result = generate(target, input_ids, max_new_tokens=max_new_tokens, block_size=width, proposer=proposer,
+                      stop_token_ids=stop_token_ids, sampling=sampling, generator=generator)  # fmt: skip
+    if wrong_at is not None and wrong_at < len(result.output_ids):
+        result.output_ids[wrong_at] = (result.output_ids[wrong_at] + 1) % target.model.config.vocab_size
+    return result
+
+
+def build_fake(target, settings: FakeSettings) -> MethodSetup:
+    proposer = PartialOracleProposer(target, seed=2)
+    return MethodSetup(proposer, block_size=3, label="fake", loop=fake_loop, options={"width": 3, "wrong_at": settings.wrong_at})
+
+
+calls: list = []
+
+
+@pytest.fixture
+def with_fake_method(monkeypatch):
+    """Registers method "fake" and logs every generation: (method, generator seed, stop ids)."""
+    monkeypatch.setitem(METHODS, "fake", Method(name="fake", label="Fake", build=lambda target, settings, context: build_fake(target, settings), settings=FakeSettings))
+    calls.clear()
+
+    def logged_generate(target, input_ids, *, block_size=1, proposer=None, generator=None, stop_token_ids=(), **kwargs):
+        name = "autoregressive" if proposer is None else type(proposer).__name__
+        calls.append((name, None if generator is None else generator.initial_seed(), tuple(stop_token_ids)))
+        return generate(target, input_ids, block_size=block_size, proposer=proposer, generator=generator,
+                        stop_token_ids=stop_token_ids, **kwargs)  # fmt: skip
+
+    monkeypatch.setattr(evaluator, "generate", logged_generate)
+    return calls
+
+
+def run(target, methods, drafter=None, temperature=0.0, method_settings=None, hf_generate=False):
+    decoding = DecodingSettings(block_size=4, max_new_tokens=16, temperature=temperature)
+    settings = EvalSettings(decoding=decoding, hf_generate=hf_generate, warmup_tokens=0, methods=methods,
+                            method_settings=method_settings or {})  # fmt: skip
+    return evaluate(target, drafter, SAMPLES, settings, drafter_label="random", progress=False)
+
+
+def check_accounting(results: dict, method: str) -> None:
+    """tau and the histogram of `method` agree with its output lengths (independent of results.py)."""
+    record = results["methods"][method]
+    histogram = record["acceptance_histogram"]
+    assert len(histogram) == record["block_size"]
+    emitted = sum(length * count for length, count in enumerate(histogram, start=1))
+    assert emitted + results["num_generations"] == sum(p["num_tokens"][method] for p in results["per_prompt"])
+    assert record["tau"] == pytest.approx(emitted / sum(histogram))
+    taus = [p["taus"][method] for p in results["per_prompt"]]
+    assert record["tau_per_prompt_mean"] == pytest.approx(sum(taus) / len(taus))
+
+
+def test_registry_names_and_a_missing_eagle3_module_are_one_line_errors(qwen3_target, monkeypatch):
+    for names, text in [([], "non-empty list"), (["dflash", "nope"], "unknown method 'nope'"),
+                        (["ngram", "ngram"], "listed twice"), ("dflash", "non-empty list")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=text) as info:
+            check_method_names(names)
+        assert info.value.key == "methods"
+    monkeypatch.setitem(sys.modules, "dflash.eagle3", None)  # as if the package were absent
+    for fails in (lambda: check_method_names(["dflash", "eagle3"]),  # before any model loads
+                  lambda: build_method("eagle3", qwen3_target, METHODS["eagle3"].settings())):  # fmt: skip
+        with pytest.raises(ConfigError, match="no dflash.eagle3 package") as info:
+            fails()
+        assert info.value.key == "methods" and "\n" not in str(info.value)
+
+
+def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, monkeypatch):
+    seen = []
+
+    class FakeEagle3:
+        @staticmethod
+        def build_eagle3_proposer(path, target, num_draft_tokens):
+            seen.append((path, target, num_draft_tokens))
+            return "proposer"
+
+    monkeypatch.setitem(sys.modules, "dflash.eagle3", FakeEagle3)
+    setup = build_method("eagle3", qwen3_target, METHODS["eagle3"].settings(path="/d", num_draft_tokens=5))
+    assert seen == [("/d", qwen3_target, 5)]
+    assert (setup.proposer, setup.block_size, setup.label, setup.loop) == ("proposer", 6, "/d", None)
+    assert METHODS["eagle3"].settings().num_draft_tokens == 7
+
+
+def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3_target, with_fake_method):
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    results = run(qwen3_target, ["dflash", "ngram", "fake"], drafter, hf_generate=True)
+    assert list(results["methods"]) == ["dflash", "ngram", "fake"]
+    # interleaved per generation, in the listed order, each with the run's stop ids
+    names = [name for name, _, _ in calls]
+    assert names == ["autoregressive", "DFlashProposer", "NgramProposer", "fake"] * results["num_generations"]
+    assert len({stops for _, _, stops in calls}) == 1
+    # the top level is the primary method's (dflash), as before
+    dflash = results["methods"]["dflash"]
+    assert results["method"] == "dflash" and results["drafter"] == dflash["label"] == "random"
+    for key in ("tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "lossless", "block_size", "drafter_block_size"):
+        assert results[key] == dflash[key], key
+    assert set(results["tokens_per_s"]) == {"dflash", "ngram", "fake", "autoregressive", "hf_generate"}
+    for name, record in results["methods"].items():
+        assert set(record) == METHOD_KEYS
+        assert record["lossless"] is True and record["divergences"]["bug"] == 0, name
+        assert record["speedup"]["vs_hf_generate"] is not None
+        check_accounting(results, name)
+    ngram = results["methods"]["ngram"]
+    assert ngram["block_size"] == 11 and ngram["drafter_block_size"] is None
+    assert ngram["settings"] == {"max_ngram": 2, "min_ngram": 1, "num_draft_tokens": 10}
+    assert ngram["tau"] > 1.2, "prompt lookup accepted almost nothing: the repetitive prompts should feed it"
+    assert results["methods"]["fake"]["block_size"] == 3 and results["methods"]["fake"]["tau"] > 1.0
+    text = format_results(results)
+    assert "every method on the same prompts" in text and "\nngram " in text
+
+
+def test_a_lossy_method_is_reported_alone_and_seeds_are_shared_when_sampling(qwen3_target, with_fake_method):
+    greedy = run(qwen3_target, ["ngram", "fake"], method_settings={"fake": FakeSettings(wrong_at=5)})
+    fake = greedy["methods"]["fake"]
+    assert fake["lossless"] is False and fake["first_mismatch"]["position"] == 5
+    assert fake["divergences"]["bug"] >= 1  # replayed from the record of the loop it wraps: the corrupted token is a bug
+    assert greedy["methods"]["ngram"]["lossless"] is True
+    # with no dflash listed, the primary method is the first one and no drafter is needed
+    assert (greedy["method"], greedy["block_size"], greedy["drafter_block_size"]) == ("ngram", 11, None)
+
+    calls.clear()
+    sampled = run(qwen3_target, ["ngram", "fake"], temperature=1.0)
+    assert sampled["methods"]["ngram"]["lossless"] is None
+    seeds = [seed for _, seed, _ in calls]
+    per_generation = [seeds[i : i + 3] for i in range(0, len(seeds), 3)]
+    assert all(len(set(group)) == 1 for group in per_generation)  # one seed for every method of a generation
+    assert len({group[0] for group in per_generation}) == len(per_generation)  # a new seed per generation
+    check_accounting(sampled, "ngram")
+
+
+def test_a_token_proposer_that_drafts_too_many_is_a_clear_error(qwen3_target):
+    class Greedy:
+        target_layer_ids = None
+
+        def reset(self):
+            pass
+
+        def draft(self, committed_ids, new_features, num_drafts, sampling, generator):
+            from dflash.decoding import Drafts
+
+            return Drafts(tokens=torch.zeros(num_drafts + 1, dtype=torch.long))
+
+    ids = qwen3_target.tokenizer("x", return_tensors="pt").input_ids
+    with pytest.raises(RuntimeError, match="k <= 3"):
+        generate(qwen3_target, ids, max_new_tokens=8, block_size=4, proposer=Greedy(), sampling=SamplingConfig())
+
+
+@pytest.mark.slow
+def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, artifacts):
+    args = ["methods=[dflash,ngram]", "ngram.max_ngram=3", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
+            "warmup_tokens=0", "hf_generate=false"]  # fmt: skip
+    proc = run_cli(args, tmp_path, artifacts)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert list(results["methods"]) == ["dflash", "ngram"] and results["method"] == "dflash"
+    assert results["methods"]["ngram"]["settings"]["max_ngram"] == 3
+    assert all(record["lossless"] for record in results["methods"].values())
+    (tmp_path / "bad").mkdir()
+    not_eagle3 = (["methods=[eagle3]", f"eagle3.path={artifacts / 'fits'}"], "eagle3.path")  # a DFlash drafter dir
+    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram"), not_eagle3]:
+        proc = run_cli(bad, tmp_path / "bad", artifacts)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {key}: "), proc.stderr[-2000:]
+        assert "Loading weights" not in proc.stderr and "cannot read" not in proc.stderr  # before the target, one cause
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return tmp_path_factory.mktemp("artifacts")
+
+
+def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeypatch):
+    """The divergence replay issues a run's own target forwards when the proposer drafted
+    fewer than B - 1 tokens (recorded in `steps`), in bf16 where other shapes round differently."""
+    from dflash.decoding.ngram import NgramProposer
+    from dflash.methods.ngram import NgramSettings
+    from dflash.eval.divergence import replay_logits
+    from dflash.target import TargetModel
+    from dflash.target.tiny import build_tiny_target
+
+    model, tokenizer = build_tiny_target("qwen3", seed=0, num_layers=2)
+    target = TargetModel(model.to(torch.bfloat16), tokenizer)
+    input_ids = tokenizer("aaaa", return_tensors="pt").input_ids
+    prompt_len, seen = input_ids.shape[1], {}
+    forward = target.forward
+
+    def recording_forward(ids, positions, *args, **kwargs):
+        out = forward(ids, positions, *args, **kwargs)
+        rows = out.logits.shape[1]
+        for row, position in enumerate(positions[0, -rows:].tolist()):
+            seen[position + 1 - prompt_len] = out.logits[0, row].clone()
+        return out
+
+    monkeypatch.setattr(target, "forward", recording_forward)
+    run = generate(target, input_ids, max_new_tokens=20, block_size=8, proposer=NgramProposer(NgramSettings()))
+    monkeypatch.undo()
+    assert 0 in run.draft_counts and max(run.draft_counts) > 0 and max(run.acceptance_lengths) > 1
+    for position in (1, 7, 13, len(run.output_ids) - 1):
+        replayed = replay_logits(target, input_ids, run.steps, position)
+        assert torch.equal(replayed, seen[position]), position
+
+
+def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget(qwen3_target, monkeypatch):
+    """methods=[dflash, dflash_tree]: the same drafter, the tree loop with dflash_tree.budget nodes."""
+    import dflash.decoding.tree as tree
+    from dflash.methods.dflash_tree import TreeSettings
+
+    seen, real = [], tree.generate_tree
+
+    def spy(*args, **kwargs):
+        seen.append((type(kwargs["proposer"]).__name__, kwargs["block_size"], kwargs["tree_budget"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tree, "generate_tree", spy)
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    results = run(qwen3_target, ["dflash", "dflash_tree"], drafter, method_settings={"dflash_tree": TreeSettings(budget=5)})
+    assert set(seen) == {("DFlashProposer", 4, 5)} and len(seen) == 3  # one call per generation
+    record = results["methods"]["dflash_tree"]
+    assert record["lossless"] is True and record["settings"] == {"block_size": 4, "budget": 5, "draft_threshold": 0.0}
+    assert results["methods"]["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
+    check_accounting(results, "dflash_tree")
+    with pytest.raises(ConfigError, match="must be >= 1") as info:
+        TreeSettings(budget=0)
+    assert info.value.key == "dflash_tree.budget"
+
+
+def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(qwen3_target, monkeypatch):
+    from dflash.decoding.adaptive import ThresholdProposer
+
+    drafted = []  # (drafts kept, drafts asked for) per step
+
+    class Spy(ThresholdProposer):
+        def propose(self, committed_ids, new_features, block_size, num_drafts):
+            logits = super().propose(committed_ids, new_features, block_size, num_drafts)
+            drafted.append((logits.shape[0], num_drafts))
+            return logits
+
+    monkeypatch.setattr("dflash.decoding.adaptive.ThresholdProposer", Spy)  # the dflash method imports it when it builds
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    decoding = DecodingSettings(block_size=4, max_new_tokens=16, draft_threshold=0.999)  # a random drafter is never this sure
+    settings = EvalSettings(decoding=decoding, hf_generate=False, warmup_tokens=0, methods=["dflash"])
+    results = evaluate(qwen3_target, drafter, SAMPLES, settings, drafter_label="random", progress=False)
+    assert drafted and all(kept == 1 for kept, _ in drafted) and any(asked == 3 for _, asked in drafted)
+    assert results["methods"]["dflash"]["lossless"] is True
+    assert results["methods"]["dflash"]["settings"]["draft_threshold"] == 0.999

@@ -1,0 +1,41 @@
+"""The apps as the tests drive them: the `train` config as `python -m dflash.train` composes
+it, `python -m dflash.evaluate` in a subprocess, and chat data files for training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+from dflash.cli.common import CONF_DIR
+
+
+def compose_train(overrides: list[str]):
+    """The composed `train` config (hydra node removed), with Hydra's resolvers usable."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, "paths.output_dir=/tmp/unused"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_cli(args, cwd, artifacts):
+    """`python -m dflash.evaluate ARGS` in `cwd` (one CPU thread, offline), artifacts under `artifacts`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    command = [sys.executable, "-m", "dflash.evaluate", f"hydra.run.dir={cwd}/run", f"paths.artifacts={artifacts}", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def write_conversations(path: Path, count: int) -> None:
+    """`count` distinct user/assistant conversations as JSONL (each row identifiable)."""
+    with open(path, "w") as f:
+        for i in range(count):
+            answer = f"answer {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(30))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]}) + "\n")
