@@ -55,9 +55,10 @@ bench: install
 gpu-check: install
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-# Ablation sweeps (dflash/conf/sweep/NAME.yaml): make sweep-depth_cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
+# Ablation sweeps (dflash/conf/sweep/NAME.yaml) at a scale (dflash/conf/sweep/scale/: full, the default, or cpu):
+# make sweep-depth SCALE=cpu; make sweep-depth GPUS=8 SEEDS=0,1,2; ARGS='hydra/launcher=slurm'
 sweep-%: install
-	$(PY) -m dflash.sweep $* $(if $(GPUS),--gpus $(GPUS)) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+	$(PY) -m dflash.sweep $* $(if $(SCALE),--scale $(SCALE)) $(if $(GPUS),--gpus $(GPUS)) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
 # The paper's tables and figures from artifacts/sweeps (ARGS='source=wandb project=dflash')
 tables: install

@@ -1,74 +1,103 @@
-"""Which Hydra app runs a sweep, what it needs first, and which sweep follows it.
+"""Which Hydra app runs a sweep at a scale, what it needs first, and which sweep follows it.
 
-A sweep file (dflash/conf/sweep/NAME.yaml, a Hydra config of the `sweep` group) holds a `sweep:`
-node: `app` (train | evaluate), `prepare` (commands to run first), `next` (a sweep to
-run afterwards, e.g. the evaluation stage of a two-stage ablation). Those keys may come
-from the `_*.yaml` bases it includes, so `sweep_plan` merges the `sweep:` nodes along
-the file's own defaults list (bases first, the file last), as Hydra does.
+A sweep file (dflash/conf/sweep/NAME.yaml, a Hydra config of the `sweep` group) holds a
+`sweep:` node: `app` (train | evaluate), `prepare` (commands to run first), `next` (a
+sweep to run afterwards, e.g. the evaluation stage of a two-stage ablation), `scales`
+(the scales it runs at; null: all). The scale's recipe is a config group too:
+`sweep/scale` for training sweeps, `sweep/eval_scale` for evaluation-only ones (their
+recipes set different groups of different apps), both with the same option names.
+`sweep_plan` reads that node from the config Hydra composes for the sweep, so the
+defaults lists of the sweep files are merged by Hydra alone.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-import yaml
+from dflash.cli.common import CONF_DIR
+from dflash.errors import ConfigError, first_line, require
 
-from dflash.errors import ConfigError, require
-
-SWEEPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "sweep")
+SWEEPS_DIR = CONF_DIR / "sweep"
 APPS = ("train", "evaluate")
+# The config group of each app's scale (dflash/conf/sweep/<group>/NAME.yaml).
+SCALE_GROUP = {"train": "sweep/scale", "evaluate": "sweep/eval_scale"}
 
 
 @dataclass
 class SweepPlan:
     """What `python -m dflash.sweep NAME` runs: `prepare` commands, then the app's multirun.
 
-    prepare: argv lists run as `python -m <argv>`; next: the following sweep or None.
+    prepare: argv lists run as `python -m <argv>`; next: the following sweep or None;
+    scale: the scale it runs at; overrides: the Hydra overrides that select the sweep and
+    its scale (`+sweep=NAME`, plus `sweep/scale=S` when a scale was asked for).
     """
 
     name: str
     app: str
+    scale: str
     prepare: list[list[str]] = field(default_factory=list)
     next: str | None = None
+    overrides: list[str] = field(default_factory=list)
 
 
-def available_sweeps(sweeps_dir: str = SWEEPS_DIR) -> list[str]:
+def available_sweeps() -> list[str]:
     """Names of the runnable sweeps (files not starting with `_`)."""
-    return sorted(f[:-5] for f in os.listdir(sweeps_dir) if f.endswith(".yaml") and not f.startswith("_"))
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml") if not p.name.startswith("_"))
 
 
-def sweep_plan(name: str, sweeps_dir: str = SWEEPS_DIR) -> SweepPlan:
-    """The merged `sweep:` node of dflash/conf/sweep/NAME.yaml as a `SweepPlan`."""
+def available_scales() -> list[str]:
+    """Names of the scales (dflash/conf/sweep/scale/NAME.yaml)."""
+    return sorted(p.stem for p in (CONF_DIR / SCALE_GROUP["train"]).glob("*.yaml") if not p.name.startswith("_"))
+
+
+def scale_override(app: str, scale: str) -> str:
+    """The override that picks `scale` for a sweep of `app`, e.g. `sweep/eval_scale=cpu`."""
+    return f"{SCALE_GROUP[app]}={scale}"
+
+
+def sweep_plan(name: str, scale: str | None = None) -> SweepPlan:
+    """The `sweep:` node of sweep `name` at `scale` (None: the sweep's default), as Hydra composes it."""
     require(
-        not name.startswith("_") and os.path.isfile(os.path.join(sweeps_dir, f"{name}.yaml")),
+        not name.startswith("_") and (SWEEPS_DIR / f"{name}.yaml").is_file(),
         "sweep",
-        f"unknown sweep {name!r}; choose one of {available_sweeps(sweeps_dir)}",
+        f"unknown sweep {name!r}; choose one of {available_sweeps()}",
     )
-    node = _merged_sweep_node(name, sweeps_dir, seen=())
-    app = node.get("app")
-    require(app in APPS, "sweep.app", f"dflash/conf/sweep/{name}.yaml: expected one of {list(APPS)}, got {app!r}")
+    require(scale is None or scale in available_scales(), "scale", f"unknown scale {scale!r}; choose one of {available_scales()}")
+    errors = []
+    for app in APPS:
+        overrides = [f"+sweep={name}"] + ([scale_override(app, scale)] if scale is not None else [])
+        try:
+            node = _compose(app, overrides)
+        except Exception as err:  # noqa: BLE001 - a sweep of the other app does not compose here; reported below
+            errors.append(f"as a {app} sweep: {first_line(err)}")
+            continue
+        require(node.get("app") == app, "sweep.app", f"dflash/conf/sweep/{name}.yaml: composes for {app} but says {node.get('app')!r}")
+        return _plan(name, app, node, overrides)
+    raise ConfigError("sweep", f"dflash/conf/sweep/{name}.yaml does not compose{'' if scale is None else f' at scale {scale}'}: {'; '.join(errors)}")
+
+
+def _plan(name: str, app: str, node: dict, overrides: list[str]) -> SweepPlan:
+    scale, scales = node.get("scale"), node.get("scales")
+    require(
+        scales is None or scale in scales,
+        "scale",
+        f"sweep {name!r} runs at scale {' or '.join(map(str, scales or []))} only, not {scale!r}",
+    )
     prepare = node.get("prepare") or []
     require(
         all(isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd) for cmd in prepare),
         "sweep.prepare",
         f"dflash/conf/sweep/{name}.yaml: expected a list of argv lists (module first), got {prepare!r}",
     )
-    follow = node.get("next")
-    if follow is not None:
-        sweep_plan(follow, sweeps_dir)  # a typo in `next` fails before anything runs
-    return SweepPlan(name=name, app=app, prepare=[list(cmd) for cmd in prepare], next=follow)
+    return SweepPlan(name=name, app=app, scale=scale, prepare=[list(cmd) for cmd in prepare], next=node.get("next"), overrides=overrides)
 
 
-def _merged_sweep_node(name: str, sweeps_dir: str, seen: tuple[str, ...]) -> dict:
-    if name in seen:
-        raise ConfigError("sweep", f"dflash/conf/sweep/{name}.yaml includes itself through {' -> '.join(seen)}")
-    with open(os.path.join(sweeps_dir, f"{name}.yaml")) as f:
-        content = yaml.safe_load(f) or {}
-    merged: dict = {}
-    for entry in content.get("defaults", []):
-        # Entries naming another file of this group ("_cpu"); "override /x: y" entries are dicts.
-        if isinstance(entry, str) and entry != "_self_":
-            merged.update(_merged_sweep_node(entry, sweeps_dir, (*seen, name)))
-    merged.update(content.get("sweep") or {})
-    return merged
+def _compose(app: str, overrides: list[str]) -> dict:
+    """The unresolved `sweep` node of app `app` composed with `overrides` (Hydra's compose API)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=app):
+        cfg = compose(app, overrides=overrides)
+    # Unresolved: prepare commands keep their ${paths.artifacts}, which the commands resolve themselves.
+    return OmegaConf.to_container(cfg.sweep, resolve=False)

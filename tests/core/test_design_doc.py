@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
 CITATION = re.compile(r"docs/design\.md,?\s+invariants?\s+(\d+(?:(?:,\s*|\s+and\s+|\s+to\s+)\d+)*)")
 
 

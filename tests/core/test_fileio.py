@@ -16,7 +16,7 @@ import pytest
 import dflash.fileio
 from dflash.fileio import TEMPORARY_SUFFIX, atomic_write, remove_partial_writes, write_json, write_text
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
 
 # Writes half of the new content, says so, then waits to be killed.
 DYING_WRITER = """

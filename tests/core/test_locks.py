@@ -23,7 +23,7 @@ import dflash.locks
 from dflash.errors import ConfigError
 from dflash.locks import LOCK_FILE, DirectoryLock, describe, read_holder
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
 OTHER = {"pid": 4242, "host": "node17", "since": "2026-01-01T10:00:00+00:00", "command": "python -m dflash.train"}
 
 

@@ -1,6 +1,6 @@
 """Lightning DDP inside a sweep job must start more ranks of that job, never the sweep again.
 
-A 2-point sweep (dflash/conf/sweep/anchors_cpu.yaml, shrunk to seconds) in which each job trains
+A 2-point sweep (dflash/conf/sweep/anchors.yaml at scale cpu, shrunk to seconds) in which each job trains
 with DDP on 2 CPU processes, through the gpu_pool launcher, then evaluates.
 """
 
@@ -35,7 +35,7 @@ def test_ddp_jobs_in_a_multirun_create_exactly_their_own_job_dirs(tmp_path):
     data = tmp_path / "chats.jsonl"
     _write_conversations(data, 24)
     command = [
-        sys.executable, "-m", "dflash.train", "-m", "+sweep=anchors_cpu",
+        sys.executable, "-m", "dflash.train", "-m", "+sweep=anchors", "sweep/scale=cpu",
         "target=tiny_qwen3", f"data.path={data}", "data.max_length=256", "training.num_anchors=8",
         "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
         "trainer.max_steps=2", "trainer.val_check_interval=2", "checkpoint.every_n_train_steps=2",

@@ -1,11 +1,10 @@
-"""Every shipped sweep composes, stages find each other's directories, the driver's commands."""
+"""Every shipped sweep composes at each of its scales, stages find each other's directories, the driver's commands."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -14,29 +13,34 @@ from omegaconf import OmegaConf
 from dflash.errors import ConfigError
 from dflash.sweep.cli import sweep_commands
 from dflash.sweep.dirnames import grid_dirname, register_resolver
-from dflash.sweep.stages import available_sweeps, sweep_plan
+from dflash.sweep.stages import available_scales, available_sweeps, scale_override, sweep_plan
 from helpers import REPO
 
 CONF = REPO / "dflash" / "conf"
 SWEEPS = available_sweeps()
+SCALES = available_scales()
+# Sweeps that run at one scale only: block_size_controlled (and its evaluation stage) asks whether the CPU
+# recipe's budget reversed the block-size trend, a question the full recipe does not have.
+CPU_ONLY = {"block_size_controlled", "block_size_controlled_infer"}
+SWEEP_SCALES = [(name, scale) for name in SWEEPS for scale in SCALES if name not in CPU_ONLY or scale == "cpu"]
 # The target-context ablation needs a drafter switch that dflash/conf/drafter does not have yet.
 HAS_TARGET_FEATURE_SWITCH = "use_target_features" in (CONF / "drafter" / "dflash.yaml").read_text()
 
 register_resolver()
 
 
-def _compose(name: str, overrides: list[str] = ()):
-    """The composed config of one job of sweep `name`, with HydraConfig set (for resolving)."""
-    app = sweep_plan(name).app
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=app):
-        cfg = compose(app, overrides=[f"+sweep={name}", *overrides], return_hydra_config=True)
+def _compose(name: str, overrides: list[str] = (), scale: str | None = None):
+    """The composed config of one job of sweep `name` at `scale`, with HydraConfig set (for resolving)."""
+    plan = sweep_plan(name, scale)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=plan.app):
+        cfg = compose(plan.app, overrides=[*plan.overrides, *overrides], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
 
-def _first_point(name: str) -> list[str]:
+def _first_point(name: str, scale: str | None = None) -> list[str]:
     """The overrides of the first grid point of sweep `name`."""
-    params = OmegaConf.to_container(_compose(name).hydra.sweeper.params)
+    params = OmegaConf.to_container(_compose(name, scale=scale).hydra.sweeper.params)
     parser = OverridesParser.create()
     points = []
     for key, value in params.items():
@@ -51,16 +55,19 @@ def _needs_switch(name: str):
         pytest.skip("drafter.use_target_features does not exist yet (see docs/sweeps.md)")
 
 
-@pytest.mark.parametrize("name", SWEEPS)
-def test_every_sweep_composes_at_its_first_grid_point(name):
+@pytest.mark.parametrize("name, scale", SWEEP_SCALES)
+def test_every_sweep_composes_at_its_first_grid_point_at_every_scale(name, scale):
     _needs_switch(name)
-    cfg = _compose(name, _first_point(name))
-    assert cfg.sweep.name == name and cfg.sweep.ablation
+    cfg = _compose(name, _first_point(name, scale), scale)
+    # The scale names the directory: depth_cpu, as when each scale had its own file.
+    dirname = name + ("" if scale == "full" else f"_{scale}")
+    assert cfg.sweep.name == dirname and cfg.sweep.ablation and cfg.sweep.scale == scale
     assert cfg.hydra.launcher._target_.endswith("GpuPoolLauncher")
-    assert str(cfg.hydra.sweep.dir).endswith(f"sweeps/{name}")
-    if sweep_plan(name).app == "train":
-        assert cfg.eval.after_train is True and cfg.logger.group == name
-    if name.endswith("_cpu"):
+    assert str(cfg.hydra.sweep.dir).endswith(f"sweeps/{dirname}")
+    assert "+" not in str(cfg.hydra.sweep.subdir)  # the scale override adds no hash
+    if sweep_plan(name, scale).app == "train":
+        assert cfg.eval.after_train is True and cfg.logger.group == dirname
+    if scale == "cpu":
         assert cfg.target.build.kind == "tiny_code" and cfg.target.device == "cpu" and cfg.cpu_threads == 1
         assert cfg.hydra.launcher.gpus == 0 and cfg.hydra.launcher.cpu_jobs == 2
 
@@ -73,29 +80,24 @@ def test_every_sweep_file_starts_with_the_command_that_runs_it(name):
     assert any(f"sweep {name}" in line or f"sweep-{name}" in line or f"+sweep={name}" in line for line in comments)
 
 
-# CPU sweeps with no full version: block_size_controlled_cpu (and its evaluation stage) asks whether the CPU recipe's
-# budget reversed the block-size trend, a question the full recipe does not have.
-CPU_ONLY = {"block_size_controlled_cpu", "block_size_controlled_infer_cpu"}
-
-
-def test_cpu_and_full_versions_sweep_the_same_keys_into_the_same_table():
-    # The main table's CPU version has one target and one benchmark: only ablations compare.
-    assert CPU_ONLY <= set(SWEEPS)
-    for name in SWEEPS:
-        if not name.endswith("_cpu") or name.startswith("main") or name in CPU_ONLY:
-            continue
-        full, cpu = (yaml.safe_load((REPO / "dflash" / "conf" / "sweep" / f"{n}.yaml").read_text()) for n in (name[: -len("_cpu")], name))
-        assert cpu["sweep"]["ablation"] == full["sweep"]["ablation"]
-        assert cpu["sweep"].get("axes") == full["sweep"].get("axes")
-        assert set(cpu["hydra"]["sweeper"]["params"]) == set(full["hydra"]["sweeper"]["params"])
+def test_one_file_per_sweep_and_the_scale_a_separate_choice():
+    assert CPU_ONLY <= set(SWEEPS) and {"full", "cpu"} <= set(SCALES)
+    assert not [name for name in SWEEPS if any(name.endswith(f"_{scale}") for scale in SCALES)]
+    # Both apps' scale groups offer the same scales.
+    assert sorted(p.stem for p in (CONF / "sweep" / "eval_scale").glob("*.yaml")) == SCALES
+    for name in CPU_ONLY:
+        assert sweep_plan(name).scale == "cpu"  # their default
+        with pytest.raises(ConfigError, match="runs at scale cpu only"):
+            sweep_plan(name, "full")
+    with pytest.raises(ConfigError, match="unknown scale 'tiny'"):
+        sweep_plan("depth", "tiny")
 
 
 def test_depth_and_feature_taps_are_set_independently():
-    for name in ("depth", "depth_cpu"):
-        cfg = _compose(name, ["drafter.num_layers=8"])
-        assert cfg.drafter.num_target_features is not None  # not "as many taps as layers"
-    for name in ("target_features", "target_features_cpu"):
-        depth = {_compose(name, [f"drafter.num_target_features={n}"]).drafter.num_layers for n in (1, 3, 5)}
+    for scale, taps in (("full", 5), ("cpu", 2)):
+        cfg = _compose("depth", ["drafter.num_layers=8"], scale)
+        assert cfg.drafter.num_target_features == taps  # the recipe's, not "as many taps as layers"
+        depth = {_compose("target_features", [f"drafter.num_target_features={n}"], scale).drafter.num_layers for n in (1, 3, 5)}
         assert len(depth) == 1
 
 
@@ -103,46 +105,47 @@ def test_block_size_sweep_lets_gamma_follow_the_training_block():
     assert _compose("block_size", ["drafter.block_size=8"]).training.loss_gamma == "auto"
 
 
-@pytest.mark.parametrize("train_sweep, eval_sweep, train_point, eval_point", [
-    ("block_size_cpu", "block_size_infer_cpu", ["drafter.block_size=10", "seed=1"],
-     ["train_block_size=10", "train_seed=1", "decoding.block_size=16"]),
-    ("block_size_controlled_cpu", "block_size_controlled_infer_cpu",
+@pytest.mark.parametrize("scale, train_sweep, eval_sweep, train_point, eval_point, job_dir", [
+    ("cpu", "block_size", "block_size_infer", ["drafter.block_size=10", "seed=1"],
+     ["train_block_size=10", "train_seed=1", "decoding.block_size=16"], "block_size_cpu/drafter.block_size=10,seed=1"),
+    ("cpu", "block_size_controlled", "block_size_controlled_infer",
      ["drafter.block_size=16", "seed=2", "training.num_anchors=64"],
-     ["train_block_size=16", "train_seed=2", "decoding.block_size=8"]),
-    ("block_size_controlled_cpu", "block_size_controlled_infer_cpu",
+     ["train_block_size=16", "train_seed=2", "decoding.block_size=8"],
+     "block_size_controlled_cpu/drafter.block_size=16,seed=2,training.num_anchors=64"),
+    ("cpu", "block_size_controlled", "block_size_controlled_infer",
      ["drafter.block_size=8", "seed=1", "training.num_anchors=164"],
-     ["train_block_size=8", "train_seed=1", "decoding.block_size=16"]),
-    ("block_size", "block_size_infer", ["drafter.block_size=8", "seed=0"],
-     ["train_block_size=8", "train_seed=0", "decoding.block_size=10"]),
-    ("main_cpu", "main_eval_cpu", ["method=dflash", "seed=2"], ["train_seed=2", "decoding=sampling"]),
-    ("main", "main_eval", ["experiment=llama31_8b", "seed=0"],
-     ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
+     ["train_block_size=8", "train_seed=1", "decoding.block_size=16"],
+     "block_size_controlled_cpu/drafter.block_size=8,seed=1,training.num_anchors=164"),
+    ("full", "block_size", "block_size_infer", ["drafter.block_size=8", "seed=0"],
+     ["train_block_size=8", "train_seed=0", "decoding.block_size=10"], "block_size/drafter.block_size=8,seed=0"),
+    ("cpu", "main", "main_eval", ["method=dflash", "seed=2"], ["train_seed=2", "decoding=sampling"], "main_cpu/method=dflash,seed=2"),
+    ("full", "main", "main_eval", ["experiment=llama31_8b", "seed=0"],
+     ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"], "main/experiment=llama31_8b,seed=0"),
 ])
 def test_the_evaluation_stage_reads_the_drafter_the_training_stage_writes(
-    tmp_path, monkeypatch, train_sweep, eval_sweep, train_point, eval_point
+    tmp_path, monkeypatch, scale, train_sweep, eval_sweep, train_point, eval_point, job_dir
 ):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
-    trained = _compose(train_sweep, train_point)
+    trained = _compose(train_sweep, train_point, scale)
     assert str(trained.hydra.sweep.subdir) == ",".join(sorted(train_point))
-    job_dir = Path(str(trained.hydra.sweep.dir)) / str(trained.hydra.sweep.subdir)
-    evaluated = _compose(eval_sweep, eval_point)
-    assert Path(evaluated.drafter.path) == job_dir / "drafter"
-    assert sweep_plan(train_sweep).next == eval_sweep
+    # The directories of the former per-scale files (docs/results and existing artifacts name them).
+    assert Path(str(trained.hydra.sweep.dir)) / str(trained.hydra.sweep.subdir) == tmp_path / "sweeps" / job_dir
+    evaluated = _compose(eval_sweep, eval_point, scale)
+    assert Path(evaluated.drafter.path) == tmp_path / "sweeps" / job_dir / "drafter"
+    assert sweep_plan(train_sweep, scale).next == eval_sweep
 
 
-@pytest.mark.parametrize("train_sweep, eval_sweep, train_point, eval_point", [
-    ("main_cpu", "main_eval_cpu", ["method=eagle3", "seed=2"], ["train_seed=2", "decoding=greedy"]),
-    ("main", "main_eval", ["experiment=eagle3_llama31_8b", "seed=0"],
-     ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
+@pytest.mark.parametrize("scale, train_point, eval_point", [
+    ("cpu", ["method=eagle3", "seed=2"], ["train_seed=2", "decoding=greedy"]),
+    ("full", ["experiment=eagle3_llama31_8b", "seed=0"], ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
 ])
-def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(
-    tmp_path, monkeypatch, train_sweep, eval_sweep, train_point, eval_point
-):
+def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(tmp_path, monkeypatch, scale, train_point, eval_point):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
-    trained = _compose(train_sweep, train_point)
+    trained = _compose("main", train_point, scale)
     assert trained.method.name == "eagle3"
+    assert trained.hydra.launcher.gpus_per_job == (8 if scale == "full" else 1)  # DDP over 8 GPUs per job at full
     job_dir = Path(str(trained.hydra.sweep.dir)) / str(trained.hydra.sweep.subdir)
-    evaluated = _compose(eval_sweep, eval_point)
+    evaluated = _compose("main_eval", eval_point, scale)
     assert list(evaluated.methods) == ["dflash", "eagle3", "ngram"]
     assert Path(evaluated.eagle3.path) == job_dir / "drafter"
 
@@ -158,18 +161,34 @@ def test_job_directories_name_the_grid_and_hash_other_overrides():
     assert grid_dirname([], grid) == "default"
 
 
-def test_driver_runs_prepare_then_each_stage():
-    (train_stage, eval_stage) = sweep_commands("block_size_cpu", ["hydra.launcher.cpu_jobs=1"], seeds="0,1")
+def test_driver_runs_prepare_then_each_stage_at_one_scale():
+    (train_stage, eval_stage) = sweep_commands("block_size", ["hydra.launcher.cpu_jobs=1"], seeds="0,1", scale="cpu")
     prepare, multirun = train_stage[:-1], train_stage[-1]
     assert [cmd[2] for cmd in prepare] == ["dflash.sweep.prompts", "dflash.regenerate"]
-    assert multirun[2:] == ["dflash.train", "-m", "+sweep=block_size_cpu", "seed=0,1", "hydra.launcher.cpu_jobs=1"]
-    assert eval_stage[-1][2:] == ["dflash.evaluate", "-m", "+sweep=block_size_infer_cpu", "train_seed=0,1", "hydra.launcher.cpu_jobs=1"]
+    assert "data.path=${paths.artifacts}/data/tiny_code_prompts.jsonl" in prepare[1]  # resolved by that command
+    assert multirun[2:] == ["dflash.train", "-m", "+sweep=block_size", "sweep/scale=cpu", "seed=0,1", "hydra.launcher.cpu_jobs=1"]
+    assert eval_stage[-1][2:] == [
+        "dflash.evaluate", "-m", "+sweep=block_size_infer", "sweep/eval_scale=cpu", "train_seed=0,1", "hydra.launcher.cpu_jobs=1"]
+    assert scale_override("evaluate", "cpu") == "sweep/eval_scale=cpu"
+    assert sweep_commands("block_size_cpu", []) == sweep_commands("block_size", [], scale="cpu")  # the former file name
     (only,) = sweep_commands("depth", ["trainer.max_steps=10"], gpus="0,3")
-    assert only[-1][-2:] == ["trainer.max_steps=10", "hydra.launcher.gpus=[0,3]"]
+    assert only[-1][2:] == ["dflash.train", "-m", "+sweep=depth", "trainer.max_steps=10", "hydra.launcher.gpus=[0,3]"]
     with pytest.raises(ConfigError, match="block_size -> block_size_infer"):
         sweep_commands("block_size", ["trainer.max_steps=10"])
     with pytest.raises(ConfigError, match="unknown sweep 'nope'"):
         sweep_commands("nope", [])
+    with pytest.raises(ConfigError, match="'depth_cpu' is sweep 'depth' at scale 'cpu'"):
+        sweep_commands("depth_cpu", [], scale="full")
+
+
+def test_a_sweep_that_does_not_compose_is_one_line_naming_the_key(tmp_path, monkeypatch):
+    import dflash.sweep.stages as stages
+
+    (tmp_path / "broken.yaml").write_text("# @package _global_\ndefaults:\n  - _nope\n")
+    monkeypatch.setattr(stages, "SWEEPS_DIR", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        sweep_plan("broken")
+    assert err.value.key == "sweep" and "\n" not in str(err.value) and "does not compose" in str(err.value)
 
 
 def test_cpu_sweeps_prepare_their_prompts_once(tmp_path):
@@ -186,7 +205,8 @@ def test_cpu_sweeps_prepare_their_prompts_once(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["depth_cpu", "--seeds", "0,1", "hydra.launcher.cpu_jobs=4", "--dry-run"],
+    ["depth", "--scale", "cpu", "--seeds", "0,1", "hydra.launcher.cpu_jobs=4", "--dry-run"],
+    ["depth", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1", "--scale", "cpu"],
     ["depth_cpu", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1"],
 ])
 def test_sweep_cli_takes_overrides_before_or_after_its_options(argv, capsys):
@@ -194,4 +214,13 @@ def test_sweep_cli_takes_overrides_before_or_after_its_options(argv, capsys):
 
     assert main(argv) == 0
     multirun = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "+sweep=depth_cpu" in multirun and "seed=0,1" in multirun and "hydra.launcher.cpu_jobs=4" in multirun
+    assert "+sweep=depth sweep/scale=cpu seed=0,1 hydra.launcher.cpu_jobs=4" in multirun
+
+
+def test_sweep_cli_answers_a_bad_scale_with_one_line(capsys):
+    from dflash.sweep.cli import main
+
+    assert main(["depth", "--scale", "tiny", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == "error: scale: unknown scale 'tiny'; choose one of ['cpu', 'full']"
+    assert main(["block_size_controlled", "--scale", "full", "--dry-run"]) == 2
+    assert "runs at scale cpu only" in capsys.readouterr().err

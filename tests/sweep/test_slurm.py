@@ -21,12 +21,15 @@ from helpers import REPO  # noqa: E402
 CONF = REPO / "dflash" / "conf"
 
 
-@pytest.mark.parametrize("app, sweep", [("train", "depth"), ("train", "main"), ("train", "depth_cpu"), ("evaluate", "block_size_infer_cpu")])
+@pytest.mark.parametrize("app, sweep", [
+    ("train", ["+sweep=depth"]), ("train", ["+sweep=main"]), ("train", ["+sweep=main", "sweep/scale=cpu"]),
+    ("train", ["+sweep=depth", "sweep/scale=cpu"]), ("evaluate", ["+sweep=block_size_infer", "sweep/eval_scale=cpu"]),
+])
 def test_every_kind_of_sweep_can_switch_to_slurm(app, sweep):
     # Sweeps pick gpu_pool variants as whole launcher options, never gpu_pool-only keys,
     # so replacing the launcher on the command line leaves no key submitit lacks.
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=app):
-        cfg = compose(app, overrides=[f"+sweep={sweep}", "hydra/launcher=slurm"], return_hydra_config=True)
+        cfg = compose(app, overrides=[*sweep, "hydra/launcher=slurm"], return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.dflash_launcher.slurm.ResumableSlurmLauncher"
     assert launcher.gpus_per_node == 1 and launcher.submitit_folder  # submitit's own keys are there
