@@ -255,7 +255,7 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(device)
                     resident = torch.cuda.memory_allocated(device) / 2**30
-                result, seconds = timed(device, lambda: training_step(target, drafter, batch, path, backward))
+                result, seconds = timed(device, lambda path=path, backward=backward: training_step(target, drafter, batch, path, backward))
                 times.append(seconds)
                 if cuda:
                     peak = max(peak, torch.cuda.max_memory_allocated(device) / 2**30)
@@ -608,9 +608,9 @@ def main(argv: list[str] | None = None) -> str:
             report += [f"FAILED to build: {one_line(error)}", ""]
             continue
         if "a" in args.sections:
-            run_section(report, out, f"a. training step, {family}", lambda: section_training(family, target, drafter, sizes, device, dtype))
+            run_section(report, out, f"a. training step, {family}", lambda family=family, target=target, drafter=drafter: section_training(family, target, drafter, sizes, device, dtype))
         if "b" in args.sections:
-            run_section(report, out, f"b. decode-loop efficiency, {family}", lambda: section_decoding(target, drafter, sizes, args.p))
+            run_section(report, out, f"b. decode-loop efficiency, {family}", lambda target=target, drafter=drafter: section_decoding(target, drafter, sizes, args.p))
         del target, drafter
         free_memory()
     report += ["## Shared checks", ""]

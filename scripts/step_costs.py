@@ -64,11 +64,11 @@ def main() -> None:
             committed = ids[:, : PROMPT + 1]
             proposer.propose(committed, features, block, block - 1)
 
-            def propose():
+            def propose(proposer=proposer, committed=committed, features=features, block=block):
                 proposer.cache.crop(PROMPT)
                 proposer.propose(committed, features[:, :0], block, block - 1)
 
-            verify = median_ms(lambda: forward(block, taps))
+            verify = median_ms(lambda block=block, taps=taps: forward(block, taps))
             draft = median_ms(propose)
             print(f"{block:>3}{verify:>11.1f}{draft:>12.1f}{verify + draft:>9.1f}{(verify + draft) / one:>16.2f}   {path}")
 

@@ -18,7 +18,6 @@ per attempt) and, after a failure, `error.json` (the error record, see
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from helpers import REPO
 CITATION = re.compile(r"docs/design\.md,?\s+invariants?\s+(\d+(?:(?:,\s*|\s+and\s+|\s+to\s+)\d+)*)")

@@ -19,7 +19,6 @@ from dflash.errors import ConfigError
 from dflash.specs import TargetSpec
 from dflash.training.checkpoints import check_checkpoint_fits
 from dflash.training.config import TrainingConfig
-from dflash.training.module import DRAFTER_CONFIG_KEY
 from dflash.methods.dflash import DFlashTrainSettings
 from dflash.methods.eagle3 import Eagle3TrainSettings
 from helpers.apps import compose_train

@@ -3,7 +3,7 @@
 import torch
 
 from dflash.decoding import DFlashProposer
-from dflash.specs import DrafterSpec, TargetSpec, build_drafter
+from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.config import TrainingConfig
