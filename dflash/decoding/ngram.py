@@ -31,7 +31,7 @@ from dflash.decoding.verify import Drafts
 from dflash.errors import require
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class NgramSettings:
     """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
 

@@ -59,7 +59,7 @@ class DFlashMethod:
     label: str = "unspecified"
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class Eagle3Settings:
     """The `eagle3` config group: path None drafts with a randomly initialised EAGLE-3 drafter
     (the acceptance floor); num_draft_tokens k, the chain length (EAGLE-3's default 7)."""
@@ -71,7 +71,7 @@ class Eagle3Settings:
         require(self.num_draft_tokens >= 1, "eagle3.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class TreeSettings:
     """The `dflash_tree` config group (method dflash_tree): the DFlash drafter (`drafter.*`,
     `decoding.block_size`) verified as a token tree (`dflash.decoding.tree`).

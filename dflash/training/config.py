@@ -9,6 +9,7 @@ precision are `lightning.Trainer` settings (`gradient_clip_val=1.0`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dflash.errors import require
 from dflash.training.disk_cache import STORAGE_DTYPES
@@ -58,7 +59,7 @@ class TrainingConfig:
     anchor_sampling: str = "random"
     loss: str = "ce"
     position_weights: str = "gamma"
-    loss_gamma: float | str | None = "auto"  # None only to refuse it with a pointer (it meant uniform)
+    loss_gamma: Any = "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
     dpace_alpha: float = 0.5
     loss_chunk_rows: int | None = 256
     learning_rate: float = 6e-4

@@ -37,6 +37,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import lightning as L
 import torch
@@ -86,7 +87,7 @@ class TrainerSettings:
     """
 
     accelerator: str = "cpu"
-    devices: int | str | list = 1
+    devices: Any = 1  # int | str | list[int] (OmegaConf has no unions with containers)
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
@@ -95,15 +96,28 @@ class TrainerSettings:
     gradient_clip_val: float | None = 1.0
     accumulate_grad_batches: int = 1
     log_every_n_steps: int = 50
-    val_check_interval: int | float | None = 1.0
+    val_check_interval: Any = 1.0  # int | float | None (checked below; OmegaConf unions are fragile)
     check_val_every_n_epoch: int | None = 1
-    limit_val_batches: int | float | None = 1.0
+    limit_val_batches: Any = 1.0  # int | float | None (checked below)
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     fsdp: dict | None = None
     max_minutes: float | None = None
 
     def __post_init__(self):
+        devices = self.devices
+        require(
+            isinstance(devices, (int, str, list, tuple)) and not isinstance(devices, bool),
+            "devices",
+            f"expected a number of devices, 'auto' or a list of device indices, got {devices!r}",
+        )
+        for name in ("val_check_interval", "limit_val_batches"):
+            value = getattr(self, name)
+            require(
+                value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
+                name,
+                f"expected a number (float: a fraction, int: a count) or null, got {value!r}",
+            )
         require(
             self.max_minutes is None or (not isinstance(self.max_minutes, bool) and self.max_minutes > 0),
             "trainer.max_minutes",

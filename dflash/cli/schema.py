@@ -1,0 +1,247 @@
+"""The apps' config schemas, registered in Hydra's ConfigStore, and the one adapter that
+turns a composed config group into the library's dataclass.
+
+Every config group is described by one dataclass of the library (`TargetSpec`,
+`DataSpec`, `TrainingConfig`, `DecodingSettings`, ...); its field defaults are the
+defaults, and the group's YAML options hold only what differs from them. Each app's
+primary config (dflash/conf/train.yaml, evaluate.yaml, regenerate.yaml) starts from its
+schema below (`- _train_schema` etc. first in its defaults list), so composition itself
+rejects an unknown key or a value of the wrong type, naming the full key
+(`dflash.cli.common.check_overrides` reports it before Hydra runs).
+
+Range checks live in each dataclass's `__post_init__` and name the field only
+(`require(..., "num_layers", ...)`); `build` (the adapter) instantiates a group under its
+key, so the error the user sees names the full key (`drafter.num_layers`).
+
+Invariants:
+- The Python API and the command line get the same defaults: a composed app with no
+  overrides, turned into objects, equals the dataclasses built with their defaults
+  (tests/test_config_schema.py).
+- OmegaConf structured configs accept unions of primitive types and Optional, not unions
+  with containers: such fields are `Any` and their `__post_init__` checks the type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dflash.data.config import DataSpec
+from dflash.data.regenerate import RegenerateSettings
+from dflash.eagle3.module import Eagle3Settings as Eagle3TrainSettings
+from dflash.errors import ConfigError
+from dflash.eval.benchmarks import BenchmarkSpec
+from dflash.eval.evaluator import DecodingSettings, EvalSettings
+from dflash.eval.methods import Eagle3Settings, NgramSettings, TreeSettings
+from dflash.specs import DrafterSpec, TargetSpec
+from dflash.training.config import TrainingConfig
+from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings
+
+
+def _default(cls, name: str):
+    """The default of field `name` of dataclass `cls` (one place for defaults shared by two schemas)."""
+    spec = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+
+
+@dataclass
+class PathsConfig:
+    """The `paths` group: root (the working directory), artifacts (everything the apps
+    write; DFLASH_ARTIFACTS or paths.artifacts=...), output_dir (the run's directory)."""
+
+    root: str = MISSING
+    artifacts: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class MethodConfig:
+    """The train app's `method` group for method=dflash: the drafter of the `drafter` and
+    `training` groups. (method=eagle3 uses `dflash.eagle3.module.Eagle3Settings`.)"""
+
+    name: str = "dflash"
+
+
+@dataclass
+class AfterTrainEvalConfig:
+    """The train app's `eval` group: evaluation of the exported drafter at the end of
+    training (eval.after_train=true), with the benchmark and decoding blocks of
+    `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME).
+
+    hf_generate: also time the target's own model.generate() (off here: training runs
+        compare against the autoregressive loop only).
+    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
+    """
+
+    benchmark: BenchmarkSpec = MISSING
+    decoding: DecodingSettings = field(default_factory=DecodingSettings)
+    after_train: bool = False
+    hf_generate: bool = False
+    warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+
+
+@dataclass
+class TrainConfig:
+    """`python -m dflash.train` (dflash/conf/train.yaml).
+
+    run_name: directory under ${paths.artifacts}/runs (train.yaml derives it from the command line).
+    seed: the run's seed (data order, anchors, and the drafter's initialisation unless drafter.seed is set).
+    cpu_threads: torch intra-op threads; None: torch's default.
+    method: the `method` group: `MethodConfig` (dflash) or `Eagle3Settings` (eagle3), each
+        the group option's own schema (dflash/conf/method/*.yaml start from it).
+    """
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    drafter: DrafterSpec = MISSING
+    data: DataSpec = MISSING
+    training: TrainingConfig = MISSING
+    method: Any = None
+    trainer: TrainerSettings = MISSING
+    logger: LoggerSettings = MISSING
+    eval: AfterTrainEvalConfig = MISSING
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    run_name: str = MISSING
+    seed: int = 0
+    cpu_threads: Optional[int] = None
+
+
+@dataclass
+class EvaluateConfig:
+    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml).
+
+    methods: drafting methods compared on the same prompts, the first is primary:
+        dflash | dflash_tree | eagle3 | ngram (dflash and dflash_tree draft with drafter.*
+        at decoding.block_size); every other method is configured by its own group.
+    hf_generate: also time the target's model.generate(), the baseline a user would otherwise run.
+    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
+    cpu_threads: torch intra-op threads; None: torch's default (the smoke preset uses 1).
+    """
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    drafter: DrafterSpec = MISSING
+    decoding: DecodingSettings = MISSING
+    ngram: NgramSettings = MISSING
+    eagle3: Eagle3Settings = MISSING
+    dflash_tree: TreeSettings = MISSING
+    benchmark: BenchmarkSpec = MISSING
+    methods: List[str] = field(default_factory=lambda: list(_default(EvalSettings, "methods")))
+    hf_generate: bool = _default(EvalSettings, "hf_generate")
+    warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+    cpu_threads: Optional[int] = None
+
+
+@dataclass
+class RegenerateGroup(RegenerateSettings):
+    """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
+    the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
+
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class RegenerateConfig:
+    """`python -m dflash.regenerate` (dflash/conf/regenerate.yaml)."""
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    data: DataSpec = MISSING
+    regenerate: RegenerateGroup = field(default_factory=RegenerateGroup)
+
+
+# group -> its schema; `method` has one per option (MethodConfig, Eagle3TrainSettings).
+GROUP_SCHEMAS = {
+    "paths": PathsConfig,
+    "target": TargetSpec,
+    "drafter": DrafterSpec,
+    "data": DataSpec,
+    "training": TrainingConfig,
+    "trainer": TrainerSettings,
+    "logger": LoggerSettings,
+    "eval": AfterTrainEvalConfig,
+    "decoding": DecodingSettings,
+    "benchmark": BenchmarkSpec,
+    "ngram": NgramSettings,
+    "eagle3": Eagle3Settings,
+    "dflash_tree": TreeSettings,
+}
+METHOD_SCHEMAS = {"dflash": MethodConfig, "eagle3": Eagle3TrainSettings}
+APP_SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "regenerate": RegenerateConfig}
+
+
+def register() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent): `_<app>_schema` for the apps'
+    primary configs, `<group>/_schema` for each group, `method/_<name>_schema` per method."""
+    store = ConfigStore.instance()
+    for app, schema in APP_SCHEMAS.items():
+        store.store(name=f"_{app}_schema", node=schema)
+    for group, schema in GROUP_SCHEMAS.items():
+        store.store(group=group, name="_schema", node=schema)
+    for name, schema in METHOD_SCHEMAS.items():
+        store.store(group="method", name=f"_{name}_schema", node=schema)
+
+
+@contextlib.contextmanager
+def config_key(prefix: str):
+    """Prefix the key of a `ConfigError` raised in the block with `prefix.` (the adapter
+    between library checks, which name a field, and the user's full config key)."""
+    try:
+        yield
+    except ConfigError as err:
+        if not prefix:
+            raise
+        raise ConfigError(f"{prefix}.{err.key}", err.args[0].split(": ", 1)[1] if ": " in err.args[0] else "") from None
+
+
+def build(node: DictConfig | ListConfig, key: str):
+    """The object of config node `node` at full key `key` (`OmegaConf.to_object`): a
+    dataclass for a typed group, plain containers otherwise. Nested typed nodes are built
+    first under their own keys, so a range check names e.g. `eval.decoding.top_p`; missing
+    values and failed interpolations name their key too."""
+    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+        for name in node.keys():
+            child = node._get_node(name)
+            if isinstance(child, (DictConfig, ListConfig)):
+                build(child, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
+        for index in range(len(node)):
+            child = node._get_node(index)
+            if isinstance(child, (DictConfig, ListConfig)):
+                build(child, f"{key}[{index}]")
+    with config_key(key):
+        try:
+            return OmegaConf.to_object(node)
+        except OmegaConfBaseException as err:
+            raise omegaconf_error(err, key) from None
+
+
+def typed(cls, data: dict, key: str):
+    """Dataclass `cls` from a plain dict through its OmegaConf schema (unknown keys and
+    wrong types are ConfigErrors naming `key.<field>`), for configs that are not a group of
+    an app (e.g. a `target.build` block)."""
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), data)
+    except OmegaConfBaseException as err:
+        raise omegaconf_error(err, key) from None
+    return build(node, key)
+
+
+def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
+    """One-line ConfigError for an OmegaConf error: the full key (prefixed with `prefix`
+    when the node was made outside the app's config) and the reason."""
+    from dflash.cli.common import describe_omegaconf_error
+
+    key, reason = describe_omegaconf_error(err)
+    if prefix and key and not key.startswith(prefix + ".") and key != prefix:
+        key = f"{prefix}.{key}" if not key.startswith("[") else f"{prefix}{key}"
+    return ConfigError(key or prefix or "config", reason)
+
+
+register()
