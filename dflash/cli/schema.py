@@ -197,7 +197,18 @@ def config_key(prefix: str):
     except ConfigError as err:
         if not prefix:
             raise
-        raise ConfigError(f"{prefix}.{err.key}", err.args[0].split(": ", 1)[1] if ": " in err.args[0] else "") from None
+        raise ConfigError(full_key(prefix, err.key), str(err)[len(err.key) + 2 :]) from None
+
+
+def full_key(prefix: str, key: str) -> str:
+    """`prefix.key`; a key that already starts with the group's own name (`decoding.top_p`, as
+    checks outside the schemas still write it) is re-rooted under `prefix` (`eval.decoding.top_p`)."""
+    group = prefix.rpartition(".")[2]
+    if key == group:
+        return prefix
+    if key.startswith(group + ".") or key.startswith(group + "["):
+        key = key[len(group) :].lstrip(".")
+    return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
 
 
 def build(node: DictConfig | ListConfig, key: str):
@@ -231,6 +242,28 @@ def typed(cls, data: dict, key: str):
     except OmegaConfBaseException as err:
         raise omegaconf_error(err, key) from None
     return build(node, key)
+
+
+def check_arguments(function, data: dict, key: str) -> None:
+    """ConfigError naming `key.<name>` unless `data` fits the keyword arguments of `function`
+    (names and annotated types): a config block passed to a function as keywords."""
+    import inspect
+
+    fields = [
+        (
+            name,
+            Any if param.annotation is inspect.Parameter.empty else _resolve(param.annotation, function),
+            MISSING if param.default is inspect.Parameter.empty else param.default,
+        )
+        for name, param in inspect.signature(function).parameters.items()
+        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    ]
+    typed(dataclasses.make_dataclass(f"{function.__name__}_arguments", fields), data, key)
+
+
+def _resolve(hint, function):
+    """An annotation that `from __future__ import annotations` left as a string, evaluated."""
+    return eval(hint, function.__globals__) if isinstance(hint, str) else hint  # noqa: S307 - the function's own annotation
 
 
 def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:

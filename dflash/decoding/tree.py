@@ -54,8 +54,9 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
     )
     require(
         not windowed,
-        "decoding.verify",
-        f"tree verification does not support sliding-window targets ({target.config.model_type}); use verify=chain",
+        "methods",
+        f"tree verification (method dflash_tree) does not support sliding-window targets ({target.config.model_type}); "
+        "use method dflash (chain verification)",
     )
     require(
         sampling.greedy or sampling.verify_rule == "match",
@@ -116,7 +117,7 @@ def generate_tree(
             probabilities) is below it; 0 keeps the full budget every step.
     """
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
-    require(tree_budget >= 1, "decoding.tree_budget", f"must be >= 1, got {tree_budget}")
+    require(tree_budget >= 1, "dflash_tree.budget", f"must be >= 1, got {tree_budget}")
     require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
     require(max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {max_new_tokens}")
     require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")

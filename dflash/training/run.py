@@ -95,7 +95,7 @@ class TrainerSettings:
     max_steps: int = -1
     gradient_clip_val: float | None = 1.0
     accumulate_grad_batches: int = 1
-    log_every_n_steps: int = 50
+    log_every_n_steps: int = 10  # the command line's default (trainer=cpu); trainer=gpu sets 50
     val_check_interval: Any = 1.0  # int | float | None (checked below; OmegaConf unions are fragile)
     check_val_every_n_epoch: int | None = 1
     limit_val_batches: Any = 1.0  # int | float | None (checked below)
@@ -120,20 +120,20 @@ class TrainerSettings:
             )
         require(
             self.max_minutes is None or (not isinstance(self.max_minutes, bool) and self.max_minutes > 0),
-            "trainer.max_minutes",
+            "max_minutes",
             f"must be a number of minutes > 0 (null: no time budget), got {self.max_minutes!r}",
         )
         require(
             self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0) or self.max_minutes is not None,
-            "trainer.max_steps",
+            "max_steps",
             "set trainer.max_steps > 0, trainer.max_epochs > 0 or trainer.max_minutes: the cosine schedule needs a finite length",
         )
-        require(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
-        require(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
-        require(self.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {self.num_nodes}")
+        require(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
+        require(self.log_every_n_steps >= 1, "log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
+        require(self.num_nodes >= 1, "num_nodes", f"must be >= 1, got {self.num_nodes}")
         require(
             self.fsdp is None or self.strategy == "fsdp",
-            "trainer.fsdp",
+            "fsdp",
             f"FSDP options need trainer.strategy=fsdp (use trainer=fsdp), got strategy {self.strategy!r}",
         )
 
@@ -154,7 +154,7 @@ class LoggerSettings:
     offline: bool = False
 
     def __post_init__(self):
-        require(self.kind in LOGGER_KINDS, "logger.kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
+        require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
 
 
 @dataclass
@@ -176,13 +176,13 @@ class CheckpointSettings:
     mode: str = "max"
 
     def __post_init__(self):
-        require(self.every_n_train_steps >= 1, "checkpoint.every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
-        weight_dtype(self.export_dtype, "checkpoint.export_dtype")
-        require(self.select in SELECT_CHOICES, "checkpoint.select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
-        require(self.mode in ("max", "min"), "checkpoint.mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
+        require(self.every_n_train_steps >= 1, "every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
+        weight_dtype(self.export_dtype, "export_dtype")
+        require(self.select in SELECT_CHOICES, "select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
+        require(self.mode in ("max", "min"), "mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
         require(
             self.monitor.startswith("val/"),
-            "checkpoint.monitor",
+            "monitor",
             f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
         )
 
