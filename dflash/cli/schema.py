@@ -203,6 +203,8 @@ def config_key(prefix: str):
 def full_key(prefix: str, key: str) -> str:
     """`prefix.key`; a key that already starts with the group's own name (`decoding.top_p`, as
     checks outside the schemas still write it) is re-rooted under `prefix` (`eval.decoding.top_p`)."""
+    if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
+        return key
     group = prefix.rpartition(".")[2]
     if key == group:
         return prefix
@@ -226,6 +228,9 @@ def build(node: DictConfig | ListConfig, key: str):
             child = node._get_node(index)
             if isinstance(child, (DictConfig, ListConfig)):
                 build(child, f"{key}[{index}]")
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:  # to_object would quietly use the dataclass default
+        raise ConfigError(full_key(key, missing[0]) if key else missing[0], "missing mandatory value; set it on the command line")
     with config_key(key):
         try:
             return OmegaConf.to_object(node)
@@ -237,10 +242,15 @@ def typed(cls, data: dict, key: str):
     """Dataclass `cls` from a plain dict through its OmegaConf schema (unknown keys and
     wrong types are ConfigErrors naming `key.<field>`), for configs that are not a group of
     an app (e.g. a `target.build` block)."""
+    from dflash.cli.common import _locate, describe_omegaconf_error
+
     try:
         node = OmegaConf.merge(OmegaConf.structured(cls), data)
     except OmegaConfBaseException as err:
-        raise omegaconf_error(err, key) from None
+        name, reason = describe_omegaconf_error(err)
+        if name and "." not in name and "[" not in name and name not in data:  # a leaf inside a list: find it
+            name = _locate(data, name, getattr(err, "value", None)).lstrip(".") or name
+        raise ConfigError(full_key(key, name) if key else name or "config", reason) from None
     return build(node, key)
 
 
