@@ -68,7 +68,7 @@ CASES = [case for case in _cases() if _bad_value(case[3]) is not None]
 def test_every_schema_field_is_covered():
     assert len(CASES) > 120  # every typed field of train, evaluate, regenerate and the method group
     untyped = [key for app, _, key, hint in _cases() if _bad_value(hint) is None]
-    assert set(untyped) <= {"method", "trainer.devices", "trainer.val_check_interval", "trainer.limit_val_batches",
+    assert set(untyped) <= {"method", "sweep", "train_anchors", "trainer.devices", "trainer.val_check_interval", "trainer.limit_val_batches",
                             "training.loss_gamma", "data.data_files", "data.sources[0].data_files"}, untyped
 
 

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+import dflash.cli  # noqa: F401 - registers the config schemas the apps start from
 from dflash.errors import ConfigError
 from dflash.sweep.cli import sweep_commands
 from dflash.sweep.dirnames import grid_dirname, register_resolver

@@ -110,6 +110,7 @@ class TrainConfig:
     run_name: str = MISSING
     seed: int = 0
     cpu_threads: Optional[int] = None
+    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
 
 
 @dataclass
@@ -136,6 +137,12 @@ class EvaluateConfig:
     hf_generate: bool = _default(EvalSettings, "hf_generate")
     warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
     cpu_threads: Optional[int] = None
+    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
+    # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
+    # part of its directory name, and read by the tables from results.json
+    train_seed: Optional[int] = None
+    train_block_size: Optional[int] = None
+    train_anchors: Any = None
 
 
 @dataclass
