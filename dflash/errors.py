@@ -8,8 +8,9 @@ Invariants:
 - A ConfigError means "the user can fix this by changing `key`"; its message says how.
   Anything else (a bug) keeps its traceback: nothing here catches broad exception types
   except around the one call that reads a user's file (`reading`).
-- Dataclasses built from config dicts go through `spec_from_dict`, which checks unknown
-  keys and value types, so a wrong type never reaches library code as a TypeError.
+- Config dataclasses are the apps' schemas (dflash/cli/schema.py): composition rejects
+  unknown keys and wrong types, so a wrong type never reaches library code as a TypeError.
+  Their `__post_init__` range checks name the field only; the entry point adds the group.
 - Checks that need no model (types, paths to read, directories to write) run before any
   model loads: entry points call them while turning the config into specs.
 """
@@ -17,11 +18,8 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
-import types
-import typing
 
 
 class ConfigError(ValueError):
@@ -80,54 +78,9 @@ def check_writable_dir(key: str, path: str) -> None:
         raise ConfigError(key, f"cannot write in {existing!r} ({err.strerror}); set {key} to a writable directory") from None
 
 
-def spec_from_dict(cls, data: dict, group: str | None):
-    """Dataclass `cls` from a plain dict; unknown keys and mistyped values are ConfigErrors.
-
-    group: the config group holding the keys, for the key in the message (None: top level).
-    """
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    require(not unknown, _key(group, unknown[0] if unknown else ""), f"unknown key; valid keys: {sorted(names)}")
-    check_field_types(cls, data, group)
-    return cls(**data)
-
-
-def check_field_types(cls, data: dict, group: str | None) -> None:
-    """ConfigError for a value whose type does not fit the class's annotation (e.g. "abc" for an int).
-
-    group: the config group holding the keys (None: top-level keys).
-    """
-    hints = typing.get_type_hints(cls)
-    for name, value in data.items():
-        if name in hints and not _fits(value, hints[name]):
-            raise ConfigError(_key(group, name), f"expected {_type_name(hints[name])}, got {value!r}")
-
-
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none)."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _key(group: str | None, name: str) -> str:
-    if not name:
-        return group or "config"
-    return f"{group}.{name}" if group else name
-
-
-def _fits(value, hint) -> bool:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return any(_fits(value, option) for option in typing.get_args(hint))
-    base = typing.get_origin(hint) or hint
-    if base is type(None):
-        return value is None
-    if base is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if base is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, base) if isinstance(base, type) else True
-
-
-def _type_name(hint) -> str:
-    name = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-    return name.replace("NoneType", "null")

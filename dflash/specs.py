@@ -1,7 +1,7 @@
 """Typed specs for the target and the drafter, and the functions that build them.
 
 Entry points turn Hydra config groups `target` and `drafter` into these dataclasses
-(unknown keys and wrong types are errors: `dflash.errors.spec_from_dict`) and call
+(their schemas: dflash/cli/schema.py, which rejects unknown keys and wrong types) and call
 `load_target` / `build_drafter`; library code never reads Hydra objects.
 """
 
@@ -41,7 +41,7 @@ class TargetSpec:
     def __post_init__(self):
         require(
             self.build is None or self.gguf_file is None,
-            "target.gguf_file",
+            "gguf_file",
             "a target is either built here (target.build) or converted from a GGUF file (target.gguf_file), not both",
         )
         if self.gguf_file is not None:  # a missing file or package fails now, before anything loads
@@ -89,7 +89,7 @@ class DrafterSpec:
         check_attn_implementation(self.attn_implementation)
         require(
             not self.init_from_target or (self.path is None and self.init_from is None),
-            "drafter.init_from_target",
+            "init_from_target",
             "starts a new drafter from the target's weights; it cannot be combined with drafter.path or drafter.init_from",
         )
 

@@ -31,7 +31,7 @@ def count(data: str, tokenizer: str, max_length: int, val_fraction: float, pairs
     from dflash.training.anchors import sample_anchors
     from dflash.training.blocks import build_blocks
 
-    spec = DataSpec.from_dict({"path": data, "max_length": max_length, "batch_size": 16, "val_fraction": val_fraction})
+    spec = DataSpec(path=data, max_length=max_length, batch_size=16, val_fraction=val_fraction)
     datamodule = DFlashDataModule.from_spec(spec, AutoTokenizer.from_pretrained(tokenizer))
     datamodule.prepare_data()
     datamodule.setup("fit")

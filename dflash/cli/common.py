@@ -12,6 +12,7 @@ damaged user file become ConfigErrors at the loader (`dflash.errors.reading`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Callable, NoReturn
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
-from dflash.errors import ConfigError, check_writable_dir, first_line, spec_from_dict
+from dflash.errors import ConfigError, check_writable_dir, first_line
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 EXIT_CONFIG_ERROR = 2
@@ -69,6 +70,8 @@ def run_app(
     check: the app's own check of the composed config, for what needs Hydra's compose API
         (which cannot run inside a Hydra app), e.g. the demo's overrides for the train app.
     """
+    import dflash.cli.schema  # noqa: F401 - registers the apps' schemas, which their configs start from
+
     args = sys.argv[1:] if argv is None else argv
     try:
         cfg = check_overrides(config_name, args)
@@ -131,15 +134,6 @@ def quiet_third_party_logs() -> None:
 
 def _drop_lightning_tips(record) -> bool:
     return not str(record.msg).startswith(LIGHTNING_TIP_PREFIX)
-
-
-def to_spec(cls, node: DictConfig, group: str):
-    """Dataclass `cls` from config group `node` (resolved); unknown or missing keys are ConfigErrors."""
-    try:
-        data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as err:
-        raise _omegaconf_error(err, group) from None
-    return spec_from_dict(cls, data, group)
 
 
 def resolved_config(cfg: DictConfig) -> dict:
@@ -232,6 +226,8 @@ def _check_group_option(group: str, group_dir: Path, option) -> None:
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
+    import dflash.cli.schema  # noqa: F401 - registers the apps' schemas in Hydra's ConfigStore
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=config_name):
         return compose(config_name, overrides=overrides, return_hydra_config=True)
 
@@ -253,16 +249,75 @@ def _override_error(config_name: str, good: list[str], bad: str, err: Exception)
     if isinstance(err, MissingConfigException) and err.options:
         options = sorted(o for o in err.options if not o.startswith("_"))
         return ConfigError(key, f"unknown option {override.value()!r}; choose one of {options}")
-    if isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):
+    cause = err.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and (getattr(cause, "full_key", None) or key) == key:
         parent_key, _, _ = key.rpartition(".")
         parent = OmegaConf.select(_compose(config_name, good), parent_key) if parent_key else None
         valid = f"; valid keys here: {sorted(parent.keys())}" if isinstance(parent, DictConfig) else ""
         return ConfigError(key, f"unknown config key{valid} (to add a new key, use +{bad})")
+    if isinstance(cause, OmegaConfBaseException):  # a wrong type or an unknown key, here or in a group option's file
+        bad_key, reason = describe_omegaconf_error(cause)
+        if not bad_key.startswith(key) and not (CONF_DIR / key.split("@")[0]).is_dir():
+            # a list or dict assigned at once: OmegaConf names only the leaf inside it
+            path = _locate(override.value(), bad_key.rpartition(".")[2], getattr(cause, "value", None))
+            bad_key = key + path
+        if reason.startswith("expected") and ", got " not in reason:
+            reason = f"{reason}, got {override.value()!r}"
+        return ConfigError(bad_key or key, reason)
     return ConfigError(key, first_line(err))
+
+
+def _locate(value, leaf: str, bad) -> str:
+    """Path from an override's value (a list or dict) to the entry `leaf` holding `bad`, e.g.
+    `[0].limit` (OmegaConf names only the leaf of a container assigned at once)."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if name == leaf and (bad is None or item == bad):
+                return f".{name}"
+            found = _locate(item, leaf, bad) if isinstance(item, (dict, list)) else None
+            if found:
+                return f".{name}{found}"
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _locate(item, leaf, bad) if isinstance(item, (dict, list)) else None
+            if found:
+                return f"[{index}]{found}"
+    return ""
+
+
+_EXPECTED = (  # OmegaConf's validation messages -> the type the key needs
+    ("converted to Integer", "int"),
+    ("converted to Float", "float"),
+    ("valid bool", "bool"),
+    ("to string", "str"),
+    ("ListConfig", "a list"),
+    ("to Dict", "a mapping"),
+    ("DictConfig", "a mapping"),
+)
+
+
+def describe_omegaconf_error(err: OmegaConfBaseException) -> tuple[str, str]:
+    """(full key, reason) of an OmegaConf error, the reason in the project's words:
+    `expected int, got 'abc'`, `unknown key; valid keys: [...]`, `missing mandatory value ...`."""
+    from omegaconf.errors import ConfigTypeError, ValidationError
+
+    key = getattr(err, "full_key", None) or ""
+    message = first_line(err)
+    if isinstance(err, MissingMandatoryValue):
+        return key, "missing mandatory value; set it on the command line"
+    if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
+        object_type = getattr(err, "object_type", None)
+        if dataclasses.is_dataclass(object_type):
+            return key, f"unknown key; valid keys: {sorted(f.name for f in dataclasses.fields(object_type))}"
+        return key, message
+    if isinstance(err, (ValidationError, ConfigTypeError)):
+        for pattern, expected in _EXPECTED:
+            if pattern in message:
+                value = getattr(err, "value", None)
+                return key, f"expected {expected}, got {value!r}" if value is not None else f"expected {expected}"
+    return key, message
 
 
 def _omegaconf_error(err: OmegaConfBaseException, group: str) -> ConfigError:
-    key = getattr(err, "full_key", None) or group
-    if isinstance(err, MissingMandatoryValue):
-        return ConfigError(key, "missing mandatory value; set it on the command line")
-    return ConfigError(key, first_line(err))
+    key, reason = describe_omegaconf_error(err)
+    return ConfigError(key or group, reason)

@@ -41,7 +41,8 @@ from dflash.cli.common import (
     run_app,
 )
 from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
-from dflash.errors import check_field_types, require, spec_from_dict
+from dflash.cli.schema import check_arguments, typed
+from dflash.errors import require
 
 RESULTS = "results.json"
 EVAL_DIR = "eval"
@@ -165,8 +166,8 @@ def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None
 
     require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
     TinyCodeConfig.from_dict(target_cfg["build"])
-    check_field_types(stdlib_code_prompts, prompts_cfg, "prompts")
-    spec_from_dict(RegenerateSettings, regen_cfg, "regenerate").validate()
+    check_arguments(stdlib_code_prompts, prompts_cfg, "prompts")
+    typed(RegenerateSettings, regen_cfg, "regenerate")
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo_tiny")

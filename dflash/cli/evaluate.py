@@ -24,9 +24,8 @@ from dflash.cli.common import (
     resolved_config,
     run_app,
     set_cpu_threads,
-    to_spec,
 )
-from dflash.errors import check_field_types
+from dflash.cli.schema import build
 from dflash.locks import DirectoryLock
 
 RESULTS_FILE = "results.json"
@@ -38,31 +37,28 @@ LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
     from dflash.drafter.io import check_drafter_dir
-    from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings, evaluate, load_benchmark
+    from dflash.eval import EvalSettings, evaluate, load_benchmark
     from dflash.eval import format_results, write_results
     from dflash.methods import METHODS, check_method_names
-    from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
+    from dflash.specs import build_drafter, load_target
 
     config = resolved_config(cfg)
-    benchmark = to_spec(BenchmarkSpec, cfg.benchmark, "benchmark")
-    top_level = {"hf_generate": cfg.hf_generate, "warmup_tokens": cfg.warmup_tokens}
-    check_field_types(EvalSettings, top_level, group=None)
-    methods = config["methods"]
+    benchmark = build(cfg.benchmark, "benchmark")
+    methods = list(cfg.methods)
     check_method_names(methods)
     set_cpu_threads(cfg.cpu_threads)
     settings = EvalSettings(
-        decoding=to_spec(DecodingSettings, cfg.decoding, "decoding"),
+        decoding=build(cfg.decoding, "decoding"),
         chat_template=benchmark.chat_template,
         enable_thinking=benchmark.enable_thinking,
         methods=methods,
         # every method's group is checked, listed or not: a typo fails now, not in a later run
-        method_settings={
-            name: to_spec(method.settings, cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg
-        },
-        **top_level,
+        method_settings={name: build(cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg},
+        hf_generate=cfg.hf_generate,
+        warmup_tokens=cfg.warmup_tokens,
     )
-    target_spec = to_spec(TargetSpec, cfg.target, "target")
-    drafter_spec = to_spec(DrafterSpec, cfg.drafter, "drafter")
+    target_spec = build(cfg.target, "target")
+    drafter_spec = build(cfg.drafter, "drafter")
     samples = load_benchmark(benchmark)
     uses_drafter = any(METHODS[name].uses_dflash_drafter for name in methods)
     if uses_drafter and drafter_spec.path is not None:

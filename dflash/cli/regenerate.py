@@ -10,15 +10,16 @@ value (or a second regeneration into the same directory) fails in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app, to_spec
-from dflash.errors import ConfigError, require, spec_from_dict
+from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
+from dflash.cli.schema import build
+from dflash.errors import require
 from dflash.locks import DirectoryLock
 
 log = logging.getLogger(__name__)
@@ -27,18 +28,17 @@ log = logging.getLogger(__name__)
 @hydra.main(config_path=str(CONF_DIR), config_name="regenerate", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    from dflash.data import DataSpec, RegenerateSettings, load_conversations, regenerate
+    from dflash.data import RegenerateSettings, load_conversations, regenerate
     from dflash.data.regenerate import LOCK_REMEDY
-    from dflash.specs import TargetSpec, load_target
+    from dflash.specs import load_target
 
-    data = DataSpec.from_dict(_plain(cfg.data, "data"))
-    options = _plain(cfg.regenerate, "regenerate")
-    output_dir = options.pop("output_dir", None)
-    require(bool(output_dir), "regenerate.output_dir", "is required")
-    output_dir = os.path.abspath(os.path.expanduser(output_dir))
-    settings = spec_from_dict(RegenerateSettings, options, "regenerate")
-    settings.validate()
-    target_spec = None if settings.server_url else to_spec(TargetSpec, cfg.target, "target")
+    data = build(cfg.data, "data")
+    group = build(cfg.regenerate, "regenerate")
+    require(bool(group.output_dir), "regenerate.output_dir", "is required")
+    output_dir = os.path.abspath(os.path.expanduser(group.output_dir))
+    # the settings without output_dir: they go into the manifest, which resumption compares
+    settings = RegenerateSettings(**{f.name: getattr(group, f.name) for f in dataclasses.fields(RegenerateSettings)})
+    target_spec = None if settings.server_url else build(cfg.target, "target")
 
     rows = []
     for source, key in data.prompt_sources():
@@ -58,17 +58,6 @@ def _hydra_main(cfg: DictConfig) -> None:
         target = load_target(target_spec) if target_spec is not None else None
         path = regenerate(target, rows, output_dir, settings)
     print(f"regenerated {len(rows)} conversations: {path}")
-
-
-def _plain(node: DictConfig, group: str) -> dict:
-    """Config group `node` as a resolved plain dict; missing values name their key."""
-    try:
-        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or group
-        if type(err).__name__ == "MissingMandatoryValue":
-            raise ConfigError(key, "missing mandatory value; set it on the command line") from None
-        raise ConfigError(key, str(err).strip().splitlines()[0]) from None
 
 
 def main() -> None:

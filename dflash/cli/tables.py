@@ -15,7 +15,8 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
-from dflash.errors import check_field_types, require
+from dflash.cli.schema import typed
+from dflash.errors import require
 from dflash.reports.tables import check_metric
 
 SOURCES = ("dirs", "wandb")
@@ -61,9 +62,7 @@ def load_records(settings: TablesSettings):
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.reports import write_report
 
-    data = resolved_config(cfg)
-    check_field_types(TablesSettings, data, group=None)
-    settings = TablesSettings(**data)
+    settings = typed(TablesSettings, resolved_config(cfg), "")
     records = load_records(settings)
     where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
     require(bool(records), "root" if settings.source == "dirs" else "project", f"no runs found in {where}")

@@ -7,8 +7,8 @@ the clock: running the same command again finds `checkpoints/last.ckpt` there an
 resumes (`checkpoint.resume=auto`). Set `run_name=NAME` to pin the directory yourself
 (for instance to continue a run with a larger `trainer.max_steps`).
 
-Every group is turned into a dataclass (unknown keys and wrong types are errors naming
-the key) before any model loads; then `dflash.training.run.run_training` does the work.
+Every group is a dataclass of the config schema (dflash/cli/schema.py: unknown keys and
+wrong types fail at composition, naming the key) and is built as one before any model loads; then `dflash.training.run.run_training` does the work.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dflash.cli.common import (
     resolved_config,
     run_app,
     set_cpu_threads,
-    to_spec,
 )
-from dflash.errors import check_field_types, require, spec_from_dict
+from dflash.cli.schema import build, config_key
+from dflash.errors import require
 
 log = logging.getLogger(__name__)
 
@@ -56,34 +56,28 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 
 
 def job_from_config(cfg: DictConfig):
-    """The `TrainJob` described by a composed `train` config (all groups validated)."""
-    from dflash.data.config import DataSpec
-    from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training.config import TrainingConfig
-    from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob
+    """The `TrainJob` described by a composed `train` config (every group built as its
+    dataclass by `dflash.cli.schema.build`, errors naming the full key)."""
+    from dflash.training.run import TrainJob
 
-    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"must be an integer, got {cfg.seed!r}")
     method, settings = _method(cfg)
     trained = method.training()
     # The drafter's initialisation follows the run's seed unless set on its own: building the
     # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order.
-    drafter = _seeded(to_spec(DrafterSpec, cfg.drafter, "drafter"), cfg.seed)
+    drafter = _seeded(build(cfg.drafter, "drafter"), cfg.seed)
     settings = _seeded(settings, cfg.seed)
-    training_dict = resolved_config(cfg.training)
-    if isinstance(training_dict.get("betas"), list):
-        training_dict["betas"] = tuple(training_dict["betas"])
-    training = spec_from_dict(TrainingConfig, training_dict, "training")
-    data = DataSpec.from_dict(resolved_config(cfg.data))
+    training = build(cfg.training, "training")
+    data = build(cfg.data, "data")
     trained.check(settings, drafter, data, training)  # e.g. a drafter directory is read now, before the target loads
     return TrainJob(
-        target=to_spec(TargetSpec, cfg.target, "target"),
+        target=build(cfg.target, "target"),
         drafter=drafter,
         data=data,
         training=training,
-        trainer=to_spec(TrainerSettings, cfg.trainer, "trainer"),
+        trainer=build(cfg.trainer, "trainer"),
         output_dir=cfg.paths.output_dir,
-        checkpoint=to_spec(CheckpointSettings, cfg.checkpoint, "checkpoint"),
-        logger=to_spec(LoggerSettings, cfg.logger, "logger"),
+        checkpoint=build(cfg.checkpoint, "checkpoint"),
+        logger=build(cfg.logger, "logger"),
         evaluation=_evaluation(cfg.eval, trained, settings),
         seed=cfg.seed,
         config=resolved_config(cfg),
@@ -100,7 +94,8 @@ def _seeded(settings, seed: int):
 
 
 def _method(cfg: DictConfig):
-    """The trained method of the `method` group (`dflash.methods`) and its settings."""
+    """The trained method of the `method` group (`dflash.methods`) and its settings (each
+    option of dflash/conf/method/ starts from its method's `train_settings` schema)."""
     from dflash.methods import METHODS, trained_methods
 
     node = cfg.get("method")
@@ -109,35 +104,26 @@ def _method(cfg: DictConfig):
     require(name in choices, "method", f"unknown method {name!r}; choose one of {choices}")
     method = METHODS[name]
     method.check_installed()
-    return method, to_spec(method.train_settings, node, "method")
+    return method, (method.train_settings() if node is None else build(node, "method"))
 
 
 def _evaluation(node: DictConfig, trained, train_settings):
     """The `eval` group as an `AfterTrainEval` of the trained method, or None when `eval.after_train` is false."""
-    from dflash.eval import BenchmarkSpec, DecodingSettings, EvalSettings
+    from dflash.eval import EvalSettings
     from dflash.eval.after_train import AfterTrainEval
 
-    top_level = {"after_train": node.after_train, "hf_generate": node.hf_generate, "warmup_tokens": node.warmup_tokens}
-    check_field_types(_EvalSwitches, top_level, "eval")
     if not node.after_train:
         return None
-    benchmark = to_spec(BenchmarkSpec, node.benchmark, "eval.benchmark")
-    settings = EvalSettings(
-        decoding=to_spec(DecodingSettings, node.decoding, "eval.decoding"),
-        chat_template=benchmark.chat_template,
-        enable_thinking=benchmark.enable_thinking,
-        hf_generate=node.hf_generate,
-        warmup_tokens=node.warmup_tokens,
-    )
+    benchmark = build(node.benchmark, "eval.benchmark")
+    with config_key("eval"):
+        settings = EvalSettings(
+            decoding=build(node.decoding, "eval.decoding"),
+            chat_template=benchmark.chat_template,
+            enable_thinking=benchmark.enable_thinking,
+            hf_generate=node.hf_generate,
+            warmup_tokens=node.warmup_tokens,
+        )
     return AfterTrainEval(benchmark=benchmark, settings=settings, trained=trained, train_settings=train_settings)
-
-
-class _EvalSwitches:
-    """Types of the `eval` group's own keys (its benchmark and decoding blocks are specs)."""
-
-    after_train: bool
-    hf_generate: bool
-    warmup_tokens: int
 
 
 # What Lightning's DDP launcher writes into the parent's environment (and leaves there).

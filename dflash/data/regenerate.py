@@ -47,7 +47,8 @@ LOCK_REMEDY = "wait for it to finish, or write elsewhere (regenerate.output_dir=
 class RegenerateSettings:
     """How the target regenerates responses.
 
-    batch_size: prompts per `generate` call (or concurrent requests to a server).
+    batch_size: prompts per `generate` call (or concurrent requests to a server); the
+        command line's default, 16, is the default here too (it was 8 before the schema).
     shard_size: rows per output file; the unit of resumption.
     temperature: 0 for greedy decoding; top_p / top_k apply only when sampling
         (top_k 0 = off, so a model's default top_k does not sneak in).
@@ -57,9 +58,10 @@ class RegenerateSettings:
     server_url: OpenAI-compatible server (vLLM, SGLang) base URL, e.g.
         "http://localhost:8000/v1"; None generates with the HF target in-process.
     server_model: model name for the server; None asks the server's /models.
+    request_timeout_s: seconds a server request may take.
     """
 
-    batch_size: int = 8
+    batch_size: int = 16
     shard_size: int = 512
     max_new_tokens: int = 2048
     temperature: float = 0.0
@@ -71,13 +73,16 @@ class RegenerateSettings:
     server_model: str | None = None
     request_timeout_s: float = 600.0
 
-    def validate(self, key: str = "regenerate") -> None:
-        """ConfigError naming `key`.field for out-of-range values."""
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """ConfigError naming the field for out-of-range values."""
         for name in ("batch_size", "shard_size", "max_new_tokens"):
-            require(getattr(self, name) >= 1, f"{key}.{name}", f"must be at least 1, got {getattr(self, name)}")
-        require(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
-        require(0 < self.top_p <= 1, f"{key}.top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k >= 0, f"{key}.top_k", f"must be >= 0, got {self.top_k}")
+            require(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
+        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
 
 
 def make_generator(target, settings: RegenerateSettings) -> Generator:

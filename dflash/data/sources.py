@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from dflash.data.builtin_prompts import builtin_rows, is_builtin
 from dflash.data.token_ids import TOKEN_IDS
@@ -64,13 +65,20 @@ class SourceSpec:
     format: str = "auto"
     split: str = "train"
     subset: str | None = None
-    data_files: str | list[str] | None = None
+    data_files: Any = None  # str | list[str] | None (OmegaConf has no unions with containers)
     messages_column: str = "messages"
     conversations_column: str = "conversations"
     prompt_column: str = "prompt"
     input_column: str | None = None
     response_column: str | None = "response"
     limit: int | None = None
+
+    def __post_init__(self):
+        files = self.data_files
+        if isinstance(files, (list, tuple)) and all(isinstance(f, str) for f in files):
+            self.data_files = list(files)
+        else:
+            require(files is None or isinstance(files, str), "data_files", f"expected a file name, a list of them or null, got {files!r}")
 
 
 def load_conversations(spec: SourceSpec, key: str = "data", require_response: bool = False) -> list[dict]:

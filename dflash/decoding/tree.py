@@ -50,8 +50,9 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
     )
     require(
         not windowed,
-        "decoding.verify",
-        f"tree verification does not support sliding-window targets ({target.config.model_type}); use verify=chain",
+        "methods",
+        f"tree verification (method dflash_tree) does not support sliding-window targets ({target.config.model_type}); "
+        "use method dflash (chain verification)",
     )
     require(
         sampling.greedy or sampling.verify_rule == "match",
@@ -151,7 +152,7 @@ def generate_tree(
             probabilities) is below it; 0 keeps the full budget every step.
     """
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
-    require(tree_budget >= 1, "decoding.tree_budget", f"must be >= 1, got {tree_budget}")
+    require(tree_budget >= 1, "dflash_tree.budget", f"must be >= 1, got {tree_budget}")
     require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
     verifier = TreeVerifier(block_size, tree_budget, draft_threshold)
     return decode(

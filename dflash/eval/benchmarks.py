@@ -75,6 +75,10 @@ class BenchmarkSpec:
     chat_template: bool = True
     enable_thinking: bool = False
 
+    def __post_init__(self):
+        # benchmark=jsonl's `path: ???` does not replace the schema's None when Hydra merges it
+        require(self.name != "jsonl" or self.path is not None, "path", "missing mandatory value; set it on the command line")
+
 
 @dataclass(frozen=True)
 class Benchmark:

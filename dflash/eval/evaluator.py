@@ -66,10 +66,10 @@ class DecodingSettings:
     def __post_init__(self):
         # checked here too (not only in `generate`) so bad values fail before a model loads
         require(
-            self.block_size is None or self.block_size >= 1, "decoding.block_size", f"must be >= 1, got {self.block_size}"
+            self.block_size is None or self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}"
         )
-        require(self.max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        require(0 <= self.draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
+        require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        require(0 <= self.draft_threshold <= 1, "draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
         self.sampling  # validates temperature, top_p, top_k, verify_rule
 
     @property

@@ -12,7 +12,7 @@ from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class TreeSettings:
     """The `dflash_tree` config group. budget: draft nodes per verify step."""
 

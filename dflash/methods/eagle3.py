@@ -14,7 +14,7 @@ from dflash.methods.base import EvalContext, Method, MethodSetup
 PACKAGE = "dflash.eagle3"
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class Eagle3Settings:
     """The `eagle3` config group: path None drafts with a randomly initialised EAGLE-3 drafter
     (the acceptance floor); num_draft_tokens k, the chain length (EAGLE-3's default 7)."""

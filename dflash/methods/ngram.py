@@ -9,7 +9,7 @@ from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Hydra merges the config group into it
 class NgramSettings:
     """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
 

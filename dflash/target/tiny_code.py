@@ -35,7 +35,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 
-from dflash.errors import require, spec_from_dict
+from dflash.errors import require
 from dflash.target.builds import Say, build_once, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
@@ -113,7 +113,9 @@ class TinyCodeConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TinyCodeConfig":
         """Build from a plain dict (a `target.build` config block; `kind` is ignored)."""
-        return spec_from_dict(cls, {k: v for k, v in data.items() if k != "kind"}, "target.build")
+        from dflash.cli.schema import typed
+
+        return typed(cls, {k: v for k, v in data.items() if k != "kind"}, "target.build")
 
     def build_hash(self) -> str:
         """Hash of everything that determines the weights: this config, the build

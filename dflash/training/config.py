@@ -9,6 +9,7 @@ precision are `lightning.Trainer` settings (`gradient_clip_val=1.0`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dflash.errors import require
 from dflash.training.disk_cache import STORAGE_DTYPES
@@ -58,7 +59,7 @@ class TrainingConfig:
     anchor_sampling: str = "random"
     loss: str = "ce"
     position_weights: str = "gamma"
-    loss_gamma: float | str | None = "auto"  # None only to refuse it with a pointer (it meant uniform)
+    loss_gamma: Any = "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
     dpace_alpha: float = 0.5
     loss_chunk_rows: int | None = 256
     learning_rate: float = 6e-4
@@ -74,60 +75,60 @@ class TrainingConfig:
     draft_vocab_size: int | None = None
 
     def __post_init__(self):
-        require(self.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {self.num_anchors}")
+        require(self.num_anchors >= 1, "num_anchors", f"must be >= 1, got {self.num_anchors}")
         require(
             self.anchor_sampling in ANCHOR_SAMPLING_MODES,
-            "training.anchor_sampling",
+            "anchor_sampling",
             f"unknown {self.anchor_sampling!r}; choose one of {list(ANCHOR_SAMPLING_MODES)}",
         )
-        require(self.loss in OBJECTIVES, "training.loss", f"unknown {self.loss!r}; choose one of {list(OBJECTIVES)}")
+        require(self.loss in OBJECTIVES, "loss", f"unknown {self.loss!r}; choose one of {list(OBJECTIVES)}")
         require(
             self.position_weights in POSITION_WEIGHTS,
-            "training.position_weights",
+            "position_weights",
             f"unknown {self.position_weights!r}; choose one of {list(POSITION_WEIGHTS)}",
         )
         gamma = self.loss_gamma
         require(
             gamma is not None,
-            "training.loss_gamma",
+            "loss_gamma",
             "null no longer means uniform weights; set training.position_weights=uniform",
         )
         require(
             gamma == "auto" or (isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and gamma > 0),
-            "training.loss_gamma",
+            "loss_gamma",
             f"must be 'auto' or a positive number, got {gamma!r}",
         )
-        require(0.0 <= self.dpace_alpha <= 1.0, "training.dpace_alpha", f"must be in [0, 1], got {self.dpace_alpha}")
+        require(0.0 <= self.dpace_alpha <= 1.0, "dpace_alpha", f"must be in [0, 1], got {self.dpace_alpha}")
         require(
             self.loss_chunk_rows is None or self.loss_chunk_rows >= 1,
-            "training.loss_chunk_rows",
+            "loss_chunk_rows",
             f"must be >= 1 (rows of logits at a time) or null (all at once), got {self.loss_chunk_rows}",
         )
-        require(self.learning_rate > 0, "training.learning_rate", f"must be > 0, got {self.learning_rate}")
-        require(len(self.betas) == 2, "training.betas", f"needs two values, got {self.betas!r}")
+        require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        require(len(self.betas) == 2, "betas", f"needs two values, got {self.betas!r}")
         self.betas = tuple(float(b) for b in self.betas)
-        require(0.0 <= self.warmup_ratio < 1.0, "training.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
-        require(0.0 <= self.min_lr_ratio <= 1.0, "training.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        require(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         require(
             isinstance(self.target_cache_gib, (int, float))
             and not isinstance(self.target_cache_gib, bool)
             and self.target_cache_gib >= 0,
-            "training.target_cache_gib",
+            "target_cache_gib",
             f"must be a number of GiB >= 0 (0: no cache), got {self.target_cache_gib!r}",
         )
         require(
             self.target_cache_dtype in STORAGE_DTYPES,
-            "training.target_cache_dtype",
+            "target_cache_dtype",
             f"unknown {self.target_cache_dtype!r}; choose one of {list(STORAGE_DTYPES)}",
         )
         require(
             self.draft_vocab_size is None or self.draft_vocab_size >= 1,
-            "training.draft_vocab_size",
+            "draft_vocab_size",
             f"must be a number of tokens >= 1 or null (the whole vocabulary), got {self.draft_vocab_size}",
         )
         require(
             self.target_cache_batch_size >= 1,
-            "training.target_cache_batch_size",
+            "target_cache_batch_size",
             f"must be >= 1, got {self.target_cache_batch_size}",
         )
 

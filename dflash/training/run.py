@@ -37,6 +37,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import lightning as L
 import torch
@@ -87,7 +88,7 @@ class TrainerSettings:
     """
 
     accelerator: str = "cpu"
-    devices: int | str | list = 1
+    devices: Any = 1  # int | str | list[int] (OmegaConf has no unions with containers)
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
@@ -95,32 +96,45 @@ class TrainerSettings:
     max_steps: int = -1
     gradient_clip_val: float | None = 1.0
     accumulate_grad_batches: int = 1
-    log_every_n_steps: int = 50
-    val_check_interval: int | float | None = 1.0
+    log_every_n_steps: int = 10  # the command line's default (trainer=cpu); trainer=gpu sets 50
+    val_check_interval: Any = 1.0  # int | float | None (checked below; OmegaConf unions are fragile)
     check_val_every_n_epoch: int | None = 1
-    limit_val_batches: int | float | None = 1.0
+    limit_val_batches: Any = 1.0  # int | float | None (checked below)
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     fsdp: dict | None = None
     max_minutes: float | None = None
 
     def __post_init__(self):
+        devices = self.devices
+        require(
+            isinstance(devices, (int, str, list, tuple)) and not isinstance(devices, bool),
+            "devices",
+            f"expected a number of devices, 'auto' or a list of device indices, got {devices!r}",
+        )
+        for name in ("val_check_interval", "limit_val_batches"):
+            value = getattr(self, name)
+            require(
+                value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
+                name,
+                f"expected a number (float: a fraction, int: a count) or null, got {value!r}",
+            )
         require(
             self.max_minutes is None or (not isinstance(self.max_minutes, bool) and self.max_minutes > 0),
-            "trainer.max_minutes",
+            "max_minutes",
             f"must be a number of minutes > 0 (null: no time budget), got {self.max_minutes!r}",
         )
         require(
             self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0) or self.max_minutes is not None,
-            "trainer.max_steps",
+            "max_steps",
             "set trainer.max_steps > 0, trainer.max_epochs > 0 or trainer.max_minutes: the cosine schedule needs a finite length",
         )
-        require(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
-        require(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
-        require(self.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1, got {self.num_nodes}")
+        require(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
+        require(self.log_every_n_steps >= 1, "log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
+        require(self.num_nodes >= 1, "num_nodes", f"must be >= 1, got {self.num_nodes}")
         require(
             self.fsdp is None or self.strategy == "fsdp",
-            "trainer.fsdp",
+            "fsdp",
             f"FSDP options need trainer.strategy=fsdp (use trainer=fsdp), got strategy {self.strategy!r}",
         )
 
@@ -141,7 +155,7 @@ class LoggerSettings:
     offline: bool = False
 
     def __post_init__(self):
-        require(self.kind in LOGGER_KINDS, "logger.kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
+        require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
 
 
 @dataclass
@@ -163,13 +177,13 @@ class CheckpointSettings:
     mode: str = "max"
 
     def __post_init__(self):
-        require(self.every_n_train_steps >= 1, "checkpoint.every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
-        weight_dtype(self.export_dtype, "checkpoint.export_dtype")
-        require(self.select in SELECT_CHOICES, "checkpoint.select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
-        require(self.mode in ("max", "min"), "checkpoint.mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
+        require(self.every_n_train_steps >= 1, "every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
+        weight_dtype(self.export_dtype, "export_dtype")
+        require(self.select in SELECT_CHOICES, "select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
+        require(self.mode in ("max", "min"), "mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
         require(
             self.monitor.startswith("val/"),
-            "checkpoint.monitor",
+            "monitor",
             f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
         )
 

@@ -155,13 +155,14 @@ def test_shipped_data_configs_build(name, tmp_path):
     from omegaconf import OmegaConf
 
     from dflash.cli.common import CONF_DIR
+    from dflash.cli.schema import typed
 
     overrides = [f"data={name}", f"paths.root={tmp_path}", "target=qwen3_8b"]
     if name == "local_jsonl":
         overrides.append("data.path=chats.jsonl")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("regenerate", overrides=overrides)
-    spec = DataSpec.from_dict(OmegaConf.to_container(cfg.data, resolve=True))
+    spec = typed(DataSpec, OmegaConf.to_container(cfg.data, resolve=True), "data")
     spec.tokenize_settings().validate(byte_tokenizer(chat_template=True))
     assert cfg.regenerate.enable_thinking == spec.enable_thinking
     if name != "local_jsonl":

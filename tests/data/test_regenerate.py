@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, regenerate, shard_paths
+from dflash.cli.schema import config_key
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
@@ -140,7 +141,7 @@ def test_plain_text_target_stops_at_eos():
 
 def test_bad_settings_and_rows_name_their_keys(chat_target, tmp_path):
     for field, value in [("batch_size", 0), ("shard_size", 0), ("max_new_tokens", 0), ("top_p", 0.0), ("temperature", -1.0)]:
-        with pytest.raises(ConfigError) as err:
+        with pytest.raises(ConfigError) as err, config_key("regenerate"):  # the entry point's adapter adds the group
             regenerate(chat_target, rows_of(PROMPTS[:1]), str(tmp_path), RegenerateSettings(**{field: value}), progress=False)
         assert err.value.key == f"regenerate.{field}"
     with pytest.raises(ConfigError) as err:

@@ -152,18 +152,20 @@ def test_bad_layout_settings_name_their_keys(tmp_path):
     assert err.value.key == "data.path"
 
 
-def test_data_spec_from_dict_checks_keys_and_builds_sources():
-    spec = DataSpec.from_dict(
-        {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]}
+def test_data_schema_checks_keys_and_builds_sources():
+    from dflash.cli.schema import typed
+
+    spec = typed(
+        DataSpec, {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]}, "data"
     )
     assert [(s.path, s.split) for s in spec.sources] == [("org/a", "chat"), ("b.jsonl", "train")]
     assert [key for _, key in spec.prompt_sources()] == ["data.sources[0]", "data.sources[1]"]
     assert DataSpec(path="x.jsonl").prompt_sources()[0][1] == "data"
     with pytest.raises(ConfigError) as err:
-        DataSpec.from_dict({"path": "out", "max_len": 5})
+        typed(DataSpec, {"path": "out", "max_len": 5}, "data")
     assert err.value.key == "data.max_len"
     with pytest.raises(ConfigError) as err:
-        DataSpec.from_dict({"path": "out", "sources": [{"path": "org/a", "colum": "x"}]})
+        typed(DataSpec, {"path": "out", "sources": [{"path": "org/a", "colum": "x"}]}, "data")
     assert err.value.key == "data.sources[0].colum"
 
 

@@ -148,7 +148,7 @@ def test_attention_mask_shows_each_node_its_ancestors_only():
     "sampling,overrides,key",
     [
         (SamplingConfig(temperature=0.7, verify_rule="rejection"), {}, "decoding.verify_rule"),
-        (SamplingConfig(), {"sliding_window": 8}, "decoding.verify"),
+        (SamplingConfig(), {"sliding_window": 8}, "methods"),
         (SamplingConfig(), {"attn": "flash_attention_2"}, "target.attn_implementation"),
     ],
 )

@@ -13,6 +13,7 @@ import pytest
 
 from dflash.decoding import SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
+from dflash.cli.schema import config_key
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, PromptBuilder, Sample, evaluate, format_results, write_results
 from dflash.eval.results import GenerationRecord, build_results, first_mismatch, speedup
@@ -120,7 +121,7 @@ def test_bad_settings_are_config_errors_before_any_model_runs():
         ({"temperature": -0.5}, "decoding.temperature"),
         ({"verify_rule": "vote"}, "decoding.verify_rule"),
     ]:
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(ConfigError) as info, config_key("decoding"):  # the entry points' adapter adds the group
             DecodingSettings(**kwargs)
         assert info.value.key == key
     with pytest.raises(ConfigError) as info:
@@ -189,21 +190,19 @@ def test_override_check_names_unknown_keys_options_and_sweeps():
         assert info.value.key == key
 
 
-def test_to_spec_checks_types_and_unknown_keys():
-    from omegaconf import OmegaConf
+def test_schema_checks_types_and_unknown_keys():
+    from dflash.cli.schema import typed
+    from dflash.eval import BenchmarkSpec
 
-    from dflash.cli.common import to_spec
-
-    cfg = OmegaConf.create({"decoding": {"block_size": None, "temperature": 1, "stop_tokens": ["<|pad|>"]}})
-    spec = to_spec(DecodingSettings, cfg.decoding, "decoding")
+    spec = typed(DecodingSettings, {"block_size": None, "temperature": 1, "stop_tokens": ["<|pad|>"]}, "decoding")
     assert (spec.block_size, spec.temperature, spec.stop_tokens) == (None, 1, ["<|pad|>"])
-    for bad, key in [({"block_size": "4"}, "decoding.block_size"), ({"top_k": 2.5}, "decoding.top_k"), ({"speed": 1}, "decoding.speed")]:
+    for bad, key in [({"block_size": "four"}, "decoding.block_size"), ({"top_k": 2.5}, "decoding.top_k"), ({"speed": 1}, "decoding.speed")]:
         with pytest.raises(ConfigError) as info:
-            to_spec(DecodingSettings, OmegaConf.create({"decoding": bad}).decoding, "decoding")
+            typed(DecodingSettings, bad, "decoding")
         assert info.value.key == key
     with pytest.raises(ConfigError, match="missing mandatory") as info:
-        to_spec(DecodingSettings, OmegaConf.create({"decoding": {"max_new_tokens": "???"}}).decoding, "decoding")
-    assert info.value.key == "decoding.max_new_tokens"
+        typed(BenchmarkSpec, {}, "benchmark")  # name has no default
+    assert info.value.key == "benchmark.name"
 
 
 # ---------------------------------------------------------------- the Hydra app, as a user runs it

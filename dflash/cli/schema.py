@@ -1,0 +1,292 @@
+"""The apps' config schemas, registered in Hydra's ConfigStore, and the one adapter that
+turns a composed config group into the library's dataclass.
+
+Every config group is described by one dataclass of the library (`TargetSpec`,
+`DataSpec`, `TrainingConfig`, `DecodingSettings`, ...); its field defaults are the
+defaults, and the group's YAML options hold only what differs from them. Each app's
+primary config (dflash/conf/train.yaml, evaluate.yaml, regenerate.yaml) starts from its
+schema below (`- _train_schema` etc. first in its defaults list), so composition itself
+rejects an unknown key or a value of the wrong type, naming the full key
+(`dflash.cli.common.check_overrides` reports it before Hydra runs).
+
+Range checks live in each dataclass's `__post_init__` and name the field only
+(`require(..., "num_layers", ...)`); `build` (the adapter) instantiates a group under its
+key, so the error the user sees names the full key (`drafter.num_layers`).
+
+Invariants:
+- The Python API and the command line get the same defaults: a composed app with no
+  overrides, turned into objects, equals the dataclasses built with their defaults
+  (tests/test_config_schema.py).
+- OmegaConf structured configs accept unions of primitive types and Optional, not unions
+  with containers: such fields are `Any` and their `__post_init__` checks the type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dflash.data.config import DataSpec
+from dflash.data.regenerate import RegenerateSettings
+from dflash.errors import ConfigError
+from dflash.eval.benchmarks import BenchmarkSpec
+from dflash.eval.evaluator import DecodingSettings, EvalSettings
+from dflash.methods import METHODS, trained_methods
+from dflash.specs import DrafterSpec, TargetSpec
+from dflash.training.config import TrainingConfig
+from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings
+
+
+def _default(cls, name: str):
+    """The default of field `name` of dataclass `cls` (one place for defaults shared by two schemas)."""
+    spec = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+
+
+@dataclass
+class PathsConfig:
+    """The `paths` group: root (the working directory), artifacts (everything the apps
+    write; DFLASH_ARTIFACTS or paths.artifacts=...), output_dir (the run's directory)."""
+
+    root: str = MISSING
+    artifacts: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class AfterTrainEvalConfig:
+    """The train app's `eval` group: evaluation of the exported drafter at the end of
+    training (eval.after_train=true), with the benchmark and decoding blocks of
+    `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME).
+
+    hf_generate: also time the target's own model.generate() (off here: training runs
+        compare against the autoregressive loop only).
+    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
+    """
+
+    benchmark: BenchmarkSpec = MISSING
+    decoding: DecodingSettings = field(default_factory=DecodingSettings)
+    after_train: bool = False
+    hf_generate: bool = False
+    warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+
+
+@dataclass
+class TrainConfig:
+    """`python -m dflash.train` (dflash/conf/train.yaml).
+
+    run_name: directory under ${paths.artifacts}/runs (train.yaml derives it from the command line).
+    seed: the run's seed (data order, anchors, and the drafter's initialisation unless drafter.seed is set).
+    cpu_threads: torch intra-op threads; None: torch's default.
+    method: the `method` group: the trained method's `train_settings` (`dflash.methods`),
+        the group option's own schema (dflash/conf/method/NAME.yaml starts from `_NAME_schema`).
+    """
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    drafter: DrafterSpec = MISSING
+    data: DataSpec = MISSING
+    training: TrainingConfig = MISSING
+    method: Any = None
+    trainer: TrainerSettings = MISSING
+    logger: LoggerSettings = MISSING
+    eval: AfterTrainEvalConfig = MISSING
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    run_name: str = MISSING
+    seed: int = 0
+    cpu_threads: Optional[int] = None
+    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
+
+
+@dataclass
+class _EvaluateKeys:
+    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateConfig` adds one
+    group per method with settings, named after it and typed by its schema
+    (`dflash.methods`; e.g. `ngram.*`), present with its defaults without any YAML.
+
+    methods: drafting methods compared on the same prompts, the first is primary
+        (`dflash.methods.METHODS`; dflash and dflash_tree draft with drafter.* at
+        decoding.block_size); every other method is configured by its own group.
+    hf_generate: also time the target's model.generate(), the baseline a user would otherwise run.
+    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
+    cpu_threads: torch intra-op threads; None: torch's default (the smoke preset uses 1).
+    """
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    drafter: DrafterSpec = MISSING
+    decoding: DecodingSettings = MISSING
+    benchmark: BenchmarkSpec = MISSING
+    methods: List[str] = field(default_factory=lambda: list(_default(EvalSettings, "methods")))
+    hf_generate: bool = _default(EvalSettings, "hf_generate")
+    warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+    cpu_threads: Optional[int] = None
+    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
+    # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
+    # part of its directory name, and read by the tables from results.json
+    train_seed: Optional[int] = None
+    train_block_size: Optional[int] = None
+    train_anchors: Any = None
+
+
+EvaluateConfig = dataclasses.make_dataclass(
+    "EvaluateConfig",
+    [(name, method.settings, field(default_factory=method.settings)) for name, method in METHODS.items() if method.settings],
+    bases=(_EvaluateKeys,),
+)
+
+
+@dataclass
+class RegenerateGroup(RegenerateSettings):
+    """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
+    the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
+
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class RegenerateConfig:
+    """`python -m dflash.regenerate` (dflash/conf/regenerate.yaml)."""
+
+    paths: PathsConfig = MISSING
+    target: TargetSpec = MISSING
+    data: DataSpec = MISSING
+    regenerate: RegenerateGroup = field(default_factory=RegenerateGroup)
+
+
+# group -> its schema; `method` has one per option (each trained method's `train_settings`).
+GROUP_SCHEMAS = {
+    "paths": PathsConfig,
+    "target": TargetSpec,
+    "drafter": DrafterSpec,
+    "data": DataSpec,
+    "training": TrainingConfig,
+    "trainer": TrainerSettings,
+    "logger": LoggerSettings,
+    "eval": AfterTrainEvalConfig,
+    "decoding": DecodingSettings,
+    "benchmark": BenchmarkSpec,
+    **{name: method.settings for name, method in METHODS.items() if method.settings},
+}
+METHOD_SCHEMAS = {name: method.train_settings for name, method in trained_methods().items()}
+APP_SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "regenerate": RegenerateConfig}
+
+
+def register() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent): `_<app>_schema` for the apps'
+    primary configs, `<group>/_schema` for each group, `method/_<name>_schema` per method."""
+    store = ConfigStore.instance()
+    for app, schema in APP_SCHEMAS.items():
+        store.store(name=f"_{app}_schema", node=schema)
+    for group, schema in GROUP_SCHEMAS.items():
+        store.store(group=group, name="_schema", node=schema)
+    for name, schema in METHOD_SCHEMAS.items():
+        store.store(group="method", name=f"_{name}_schema", node=schema)
+
+
+@contextlib.contextmanager
+def config_key(prefix: str):
+    """Prefix the key of a `ConfigError` raised in the block with `prefix.` (the adapter
+    between library checks, which name a field, and the user's full config key)."""
+    try:
+        yield
+    except ConfigError as err:
+        if not prefix:
+            raise
+        raise ConfigError(full_key(prefix, err.key), str(err)[len(err.key) + 2 :]) from None
+
+
+def full_key(prefix: str, key: str) -> str:
+    """`prefix.key`; a key that already starts with the group's own name (`decoding.top_p`, as
+    checks outside the schemas still write it) is re-rooted under `prefix` (`eval.decoding.top_p`)."""
+    if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
+        return key
+    group = prefix.rpartition(".")[2]
+    if key == group:
+        return prefix
+    if key.startswith(group + ".") or key.startswith(group + "["):
+        key = key[len(group) :].lstrip(".")
+    return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
+
+
+def build(node: DictConfig | ListConfig, key: str):
+    """The object of config node `node` at full key `key` (`OmegaConf.to_object`): a
+    dataclass for a typed group, plain containers otherwise. Nested typed nodes are built
+    first under their own keys, so a range check names e.g. `eval.decoding.top_p`; missing
+    values and failed interpolations name their key too."""
+    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+        for name in node.keys():
+            child = node._get_node(name)
+            if isinstance(child, (DictConfig, ListConfig)):
+                build(child, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
+        for index in range(len(node)):
+            child = node._get_node(index)
+            if isinstance(child, (DictConfig, ListConfig)):
+                build(child, f"{key}[{index}]")
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:  # to_object would quietly use the dataclass default
+        raise ConfigError(full_key(key, missing[0]) if key else missing[0], "missing mandatory value; set it on the command line")
+    with config_key(key):
+        try:
+            return OmegaConf.to_object(node)
+        except OmegaConfBaseException as err:
+            raise omegaconf_error(err, key) from None
+
+
+def typed(cls, data: dict, key: str):
+    """Dataclass `cls` from a plain dict through its OmegaConf schema (unknown keys and
+    wrong types are ConfigErrors naming `key.<field>`), for configs that are not a group of
+    an app (e.g. a `target.build` block)."""
+    from dflash.cli.common import _locate, describe_omegaconf_error
+
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), data)
+    except OmegaConfBaseException as err:
+        name, reason = describe_omegaconf_error(err)
+        if name and "." not in name and "[" not in name and name not in data:  # a leaf inside a list: find it
+            name = _locate(data, name, getattr(err, "value", None)).lstrip(".") or name
+        raise ConfigError(full_key(key, name) if key else name or "config", reason) from None
+    return build(node, key)
+
+
+def check_arguments(function, data: dict, key: str) -> None:
+    """ConfigError naming `key.<name>` unless `data` fits the keyword arguments of `function`
+    (names and annotated types): a config block passed to a function as keywords."""
+    import inspect
+
+    fields = [
+        (
+            name,
+            Any if param.annotation is inspect.Parameter.empty else _resolve(param.annotation, function),
+            MISSING if param.default is inspect.Parameter.empty else param.default,
+        )
+        for name, param in inspect.signature(function).parameters.items()
+        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    ]
+    typed(dataclasses.make_dataclass(f"{function.__name__}_arguments", fields), data, key)
+
+
+def _resolve(hint, function):
+    """An annotation that `from __future__ import annotations` left as a string, evaluated."""
+    return eval(hint, function.__globals__) if isinstance(hint, str) else hint  # noqa: S307 - the function's own annotation
+
+
+def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
+    """One-line ConfigError for an OmegaConf error: the full key (prefixed with `prefix`
+    when the node was made outside the app's config) and the reason."""
+    from dflash.cli.common import describe_omegaconf_error
+
+    key, reason = describe_omegaconf_error(err)
+    if prefix and key and not key.startswith(prefix + ".") and key != prefix:
+        key = f"{prefix}.{key}" if not key.startswith("[") else f"{prefix}{key}"
+    return ConfigError(key or prefix or "config", reason)
+
+
+register()
