@@ -185,11 +185,11 @@ def test_loss_options_reach_the_module_and_leave_the_metrics_alone(artifacts, mo
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("loss", "mse", "training.loss: unknown 'mse'; choose one of ['ce', 'kl', 'ce_target_argmax']"),
-        ("position_weights", "exp", "training.position_weights: unknown 'exp'"),
-        ("loss_gamma", None, "training.loss_gamma: null no longer means uniform weights; set training.position_weights=uniform"),
-        ("dpace_alpha", 1.5, "training.dpace_alpha: must be in [0, 1]"),
-        ("loss_chunk_rows", 0, "training.loss_chunk_rows: must be >= 1"),
+        ("loss", "mse", "loss: unknown 'mse'; choose one of ['ce', 'kl', 'ce_target_argmax']"),
+        ("position_weights", "exp", "position_weights: unknown 'exp'"),
+        ("loss_gamma", None, "loss_gamma: null no longer means uniform weights; set training.position_weights=uniform"),
+        ("dpace_alpha", 1.5, "dpace_alpha: must be in [0, 1]"),
+        ("loss_chunk_rows", 0, "loss_chunk_rows: must be >= 1"),
     ],
 )
 def test_a_bad_loss_option_is_one_clear_line(key, value, message):
