@@ -19,7 +19,7 @@ class TreeSettings:
     budget: int = 16
 
     def __post_init__(self):
-        require(self.budget >= 1, "dflash_tree.budget", f"must be >= 1, got {self.budget}")
+        require(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:

@@ -23,7 +23,7 @@ class Eagle3Settings:
     num_draft_tokens: int = 7
 
     def __post_init__(self):
-        require(self.num_draft_tokens >= 1, "eagle3.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+        require(self.num_draft_tokens >= 1, "num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
 
 
 @dataclass
@@ -46,8 +46,8 @@ class Eagle3TrainSettings:
     seed: int | None = None
 
     def __post_init__(self):
-        require(self.ttt_length >= 1, "method.ttt_length", f"must be >= 1, got {self.ttt_length}")
-        require(0 < self.step_weight_decay <= 1, "method.step_weight_decay", f"must be in (0, 1], got {self.step_weight_decay}")
+        require(self.ttt_length >= 1, "ttt_length", f"must be >= 1, got {self.ttt_length}")
+        require(0 < self.step_weight_decay <= 1, "step_weight_decay", f"must be in (0, 1], got {self.step_weight_decay}")
 
 
 def check(settings: Eagle3Settings) -> None:

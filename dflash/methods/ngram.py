@@ -18,13 +18,13 @@ class NgramSettings:
     num_draft_tokens: int = 10
 
     def __post_init__(self):
-        require(self.min_ngram >= 1, "ngram.min_ngram", f"must be >= 1, got {self.min_ngram}")
+        require(self.min_ngram >= 1, "min_ngram", f"must be >= 1, got {self.min_ngram}")
         require(
             self.max_ngram >= self.min_ngram,
-            "ngram.max_ngram",
+            "max_ngram",
             f"must be >= ngram.min_ngram ({self.min_ngram}), got {self.max_ngram}",
         )
-        require(self.num_draft_tokens >= 1, "ngram.num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
+        require(self.num_draft_tokens >= 1, "num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
 
 
 def build(target, settings: NgramSettings, context: EvalContext) -> MethodSetup:

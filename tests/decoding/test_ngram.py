@@ -35,9 +35,9 @@ def test_lookup_prefers_the_longest_ngram_then_the_most_recent_occurrence():
 
 def test_bad_settings_are_config_errors():
     for kwargs, key in [
-        ({"min_ngram": 0}, "ngram.min_ngram"),
-        ({"max_ngram": 1, "min_ngram": 2}, "ngram.max_ngram"),
-        ({"num_draft_tokens": 0}, "ngram.num_draft_tokens"),
+        ({"min_ngram": 0}, "min_ngram"),
+        ({"max_ngram": 1, "min_ngram": 2}, "max_ngram"),
+        ({"num_draft_tokens": 0}, "num_draft_tokens"),
     ]:
         with pytest.raises(ConfigError) as info:
             NgramSettings(**kwargs)

@@ -254,7 +254,7 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     check_accounting(results, "dflash_tree")
     with pytest.raises(ConfigError, match="must be >= 1") as info:
         TreeSettings(budget=0)
-    assert info.value.key == "dflash_tree.budget"
+    assert info.value.key == "budget"  # the field; the CLI adds the group
 
 
 def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(qwen3_target, monkeypatch):
