@@ -61,7 +61,10 @@ class DrafterSpec:
     block_size: training block size of a new drafter (a loaded drafter keeps its own).
     target_layer_ids: explicit taps; None = the default rule with
         `num_target_features` taps (None = as many taps as drafter layers).
+    intermediate_size: the drafter's MLP width (None: the target's).
     mask_token: token string to use as <mask> (None: the tokenizer's, else "<|MASK|>").
+    attn_implementation: "sdpa", "flex_attention" or "flash_attention_2"; dtype: the
+        drafter's weights ("auto": the target's).
     seed: initialisation of a new drafter (None: 0; `python -m dflash.train` passes the
         run's `seed`, so a seed sweep trains different drafters).
     use_target_features: False builds a standalone block-diffusion drafter whose context

@@ -45,6 +45,10 @@ class DecodingSettings:
 
     block_size: inference block size B; None = the drafter's trained block size (they
         may differ: an ablation crosses train B with inference B).
+    temperature: 0 is greedy; top_p (1.0: off) and top_k (0: off) filter the sampled
+        distribution, target's and drafter's alike.
+    verify_rule: sampling only: "rejection" (speculative sampling) or "match" (keep drafts
+        equal to the target's own samples).
     seed: seeds the sampling generators (one per generation and method).
     stop_tokens: extra stop tokens, as token strings or ids, on top of eos and
         end-of-turn markers.

@@ -32,8 +32,9 @@ class Eagle3TrainSettings:
 
     ttt_length: training-time-test steps (published: 7). step_weight_decay: loss weight
     of step j is decay^j (published: 0.8). draft_vocab_size: None = the full target
-    vocabulary, else the most frequent response tokens of the training data.
-    target_layer_ids: three target layers (None: [1, L//2-1, L-4]).
+    vocabulary, else the most frequent response tokens of the training data (d2t/t2d).
+    target_layer_ids: three target layers, 0-based outputs (None: [1, L//2-1, L-4], as
+        SGLang and vLLM).
     intermediate_size: MLP width (None: the target's). seed: initialisation (None: the run's seed).
     """
 

@@ -11,7 +11,8 @@ from dflash.methods.base import EvalContext, Method, MethodSetup
 
 @dataclass  # not frozen: Hydra merges the config group into it
 class NgramSettings:
-    """The `ngram` config group: n-gram lengths tried (longest first) and tokens proposed per step."""
+    """The `ngram` config group: n-gram lengths tried (max_ngram first, down to min_ngram)
+    and num_draft_tokens, the most tokens proposed per verify step (verify width = it + 1)."""
 
     max_ngram: int = 2
     min_ngram: int = 1

@@ -80,6 +80,12 @@ FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 class TrainerSettings:
     """The `trainer` config group: arguments of `lightning.Trainer` (see dflash/conf/trainer/*.yaml).
 
+    max_epochs, gradient_clip_val: 6 and 1.0, the published recipe.
+    max_steps: > 0 stops after this many optimizer steps (wins over max_epochs).
+    log_every_n_steps: optimizer steps between train/* metric logs.
+    val_check_interval: float: fraction of an epoch; int: every N training batches.
+    check_val_every_n_epoch: None counts val_check_interval batches across epochs.
+    limit_val_batches: share (float) or number (int) of held-out batches per validation.
     fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
     max_minutes: a wall-clock budget for the fit (Lightning's `max_time`, kept across
         resumes): training stops when it is spent, and the learning-rate schedule follows

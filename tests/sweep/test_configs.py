@@ -23,8 +23,6 @@ SCALES = available_scales()
 # recipe's budget reversed the block-size trend, a question the full recipe does not have.
 CPU_ONLY = {"block_size_controlled", "block_size_controlled_infer"}
 SWEEP_SCALES = [(name, scale) for name in SWEEPS for scale in SCALES if name not in CPU_ONLY or scale == "cpu"]
-# The target-context ablation needs a drafter switch that dflash/conf/drafter does not have yet.
-HAS_TARGET_FEATURE_SWITCH = "use_target_features" in (CONF / "drafter" / "dflash.yaml").read_text()
 
 register_resolver()
 
@@ -50,14 +48,8 @@ def _first_point(name: str, scale: str | None = None) -> list[str]:
     return points
 
 
-def _needs_switch(name: str):
-    if name.startswith("target_context") and not HAS_TARGET_FEATURE_SWITCH:
-        pytest.skip("drafter.use_target_features does not exist yet (see docs/sweeps.md)")
-
-
 @pytest.mark.parametrize("name, scale", SWEEP_SCALES)
 def test_every_sweep_composes_at_its_first_grid_point_at_every_scale(name, scale):
-    _needs_switch(name)
     cfg = _compose(name, _first_point(name, scale), scale)
     # The scale names the directory: depth_cpu, as when each scale had its own file.
     dirname = name + ("" if scale == "full" else f"_{scale}")
