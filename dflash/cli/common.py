@@ -12,18 +12,18 @@ damaged user file become ConfigErrors at the loader (`dflash.errors.reading`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from dflash import CONF_DIR
 from dflash.errors import ConfigError, check_writable_dir, first_line
+from dflash.structured import _locate, describe_omegaconf_error
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 EXIT_CONFIG_ERROR = 2
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
@@ -265,57 +265,6 @@ def _override_error(config_name: str, good: list[str], bad: str, err: Exception)
             reason = f"{reason}, got {override.value()!r}"
         return ConfigError(bad_key or key, reason)
     return ConfigError(key, first_line(err))
-
-
-def _locate(value, leaf: str, bad) -> str:
-    """Path from an override's value (a list or dict) to the entry `leaf` holding `bad`, e.g.
-    `[0].limit` (OmegaConf names only the leaf of a container assigned at once)."""
-    if isinstance(value, dict):
-        for name, item in value.items():
-            if name == leaf and (bad is None or item == bad):
-                return f".{name}"
-            found = _locate(item, leaf, bad) if isinstance(item, (dict, list)) else None
-            if found:
-                return f".{name}{found}"
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _locate(item, leaf, bad) if isinstance(item, (dict, list)) else None
-            if found:
-                return f"[{index}]{found}"
-    return ""
-
-
-_EXPECTED = (  # OmegaConf's validation messages -> the type the key needs
-    ("converted to Integer", "int"),
-    ("converted to Float", "float"),
-    ("valid bool", "bool"),
-    ("to string", "str"),
-    ("ListConfig", "a list"),
-    ("to Dict", "a mapping"),
-    ("DictConfig", "a mapping"),
-)
-
-
-def describe_omegaconf_error(err: OmegaConfBaseException) -> tuple[str, str]:
-    """(full key, reason) of an OmegaConf error, the reason in the project's words:
-    `expected int, got 'abc'`, `unknown key; valid keys: [...]`, `missing mandatory value ...`."""
-    from omegaconf.errors import ConfigTypeError, ValidationError
-
-    key = getattr(err, "full_key", None) or ""
-    message = first_line(err)
-    if isinstance(err, MissingMandatoryValue):
-        return key, "missing mandatory value; set it on the command line"
-    if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
-        object_type = getattr(err, "object_type", None)
-        if dataclasses.is_dataclass(object_type):
-            return key, f"unknown key; valid keys: {sorted(f.name for f in dataclasses.fields(object_type))}"
-        return key, message
-    if isinstance(err, (ValidationError, ConfigTypeError)):
-        for pattern, expected in _EXPECTED:
-            if pattern in message:
-                value = getattr(err, "value", None)
-                return key, f"expected {expected}, got {value!r}" if value is not None else f"expected {expected}"
-    return key, message
 
 
 def _omegaconf_error(err: OmegaConfBaseException, group: str) -> ConfigError:

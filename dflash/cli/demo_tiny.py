@@ -41,7 +41,7 @@ from dflash.cli.common import (
     run_app,
 )
 from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
-from dflash.cli.schema import check_arguments, typed
+from dflash.structured import check_arguments, typed
 from dflash.errors import require
 
 RESULTS = "results.json"

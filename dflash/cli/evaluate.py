@@ -25,7 +25,7 @@ from dflash.cli.common import (
     run_app,
     set_cpu_threads,
 )
-from dflash.cli.schema import build
+from dflash.structured import build
 from dflash.locks import DirectoryLock
 
 RESULTS_FILE = "results.json"

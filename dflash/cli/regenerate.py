@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
-from dflash.cli.schema import build
+from dflash.structured import build
 from dflash.errors import require
 from dflash.locks import DirectoryLock
 

@@ -10,31 +10,29 @@ rejects an unknown key or a value of the wrong type, naming the full key
 (`dflash.cli.common.check_overrides` reports it before Hydra runs).
 
 Range checks live in each dataclass's `__post_init__` and name the field only
-(`require(..., "num_layers", ...)`); `build` (the adapter) instantiates a group under its
-key, so the error the user sees names the full key (`drafter.num_layers`).
+(`require(..., "num_layers", ...)`); `dflash.structured.build` (the adapter) instantiates a
+group under its key, so the error the user sees names the full key (`drafter.num_layers`).
 
 Invariants:
 - The Python API and the command line get the same defaults: a composed app with no
   overrides, turned into objects, equals the dataclasses built with their defaults
-  (tests/test_config_schema.py).
+  (tests/cli/test_config_schema.py).
 - OmegaConf structured configs accept unions of primitive types and Optional, not unions
   with containers: such fields are `Any` and their `__post_init__` checks the type.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import MISSING
 
 from dflash.data.config import DataSpec
 from dflash.data.regenerate import RegenerateSettings
-from dflash.errors import ConfigError
+
 from dflash.eval.benchmarks import BenchmarkSpec
 from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
@@ -188,105 +186,6 @@ def register() -> None:
         store.store(group=group, name="_schema", node=schema)
     for name, schema in METHOD_SCHEMAS.items():
         store.store(group="method", name=f"_{name}_schema", node=schema)
-
-
-@contextlib.contextmanager
-def config_key(prefix: str):
-    """Prefix the key of a `ConfigError` raised in the block with `prefix.` (the adapter
-    between library checks, which name a field, and the user's full config key)."""
-    try:
-        yield
-    except ConfigError as err:
-        if not prefix:
-            raise
-        raise ConfigError(full_key(prefix, err.key), str(err)[len(err.key) + 2 :]) from None
-
-
-def full_key(prefix: str, key: str) -> str:
-    """`prefix.key`; a key that already starts with the group's own name (`decoding.top_p`, as
-    checks outside the schemas still write it) is re-rooted under `prefix` (`eval.decoding.top_p`)."""
-    if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
-        return key
-    group = prefix.rpartition(".")[2]
-    if key == group:
-        return prefix
-    if key.startswith(group + ".") or key.startswith(group + "["):
-        key = key[len(group) :].lstrip(".")
-    return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
-
-
-def build(node: DictConfig | ListConfig, key: str):
-    """The object of config node `node` at full key `key` (`OmegaConf.to_object`): a
-    dataclass for a typed group, plain containers otherwise. Nested typed nodes are built
-    first under their own keys, so a range check names e.g. `eval.decoding.top_p`; missing
-    values and failed interpolations name their key too."""
-    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
-        for name in node.keys():
-            child = node._get_node(name)
-            if isinstance(child, (DictConfig, ListConfig)):
-                build(child, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
-        for index in range(len(node)):
-            child = node._get_node(index)
-            if isinstance(child, (DictConfig, ListConfig)):
-                build(child, f"{key}[{index}]")
-    missing = sorted(OmegaConf.missing_keys(node))
-    if missing:  # to_object would quietly use the dataclass default
-        raise ConfigError(full_key(key, missing[0]) if key else missing[0], "missing mandatory value; set it on the command line")
-    with config_key(key):
-        try:
-            return OmegaConf.to_object(node)
-        except OmegaConfBaseException as err:
-            raise omegaconf_error(err, key) from None
-
-
-def typed(cls, data: dict, key: str):
-    """Dataclass `cls` from a plain dict through its OmegaConf schema (unknown keys and
-    wrong types are ConfigErrors naming `key.<field>`), for configs that are not a group of
-    an app (e.g. a `target.build` block)."""
-    from dflash.cli.common import _locate, describe_omegaconf_error
-
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(cls), data)
-    except OmegaConfBaseException as err:
-        name, reason = describe_omegaconf_error(err)
-        if name and "." not in name and "[" not in name and name not in data:  # a leaf inside a list: find it
-            name = _locate(data, name, getattr(err, "value", None)).lstrip(".") or name
-        raise ConfigError(full_key(key, name) if key else name or "config", reason) from None
-    return build(node, key)
-
-
-def check_arguments(function, data: dict, key: str) -> None:
-    """ConfigError naming `key.<name>` unless `data` fits the keyword arguments of `function`
-    (names and annotated types): a config block passed to a function as keywords."""
-    import inspect
-
-    fields = [
-        (
-            name,
-            Any if param.annotation is inspect.Parameter.empty else _resolve(param.annotation, function),
-            MISSING if param.default is inspect.Parameter.empty else param.default,
-        )
-        for name, param in inspect.signature(function).parameters.items()
-        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-    ]
-    typed(dataclasses.make_dataclass(f"{function.__name__}_arguments", fields), data, key)
-
-
-def _resolve(hint, function):
-    """An annotation that `from __future__ import annotations` left as a string, evaluated."""
-    return eval(hint, function.__globals__) if isinstance(hint, str) else hint  # noqa: S307 - the function's own annotation
-
-
-def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
-    """One-line ConfigError for an OmegaConf error: the full key (prefixed with `prefix`
-    when the node was made outside the app's config) and the reason."""
-    from dflash.cli.common import describe_omegaconf_error
-
-    key, reason = describe_omegaconf_error(err)
-    if prefix and key and not key.startswith(prefix + ".") and key != prefix:
-        key = f"{prefix}.{key}" if not key.startswith("[") else f"{prefix}{key}"
-    return ConfigError(key or prefix or "config", reason)
 
 
 register()

@@ -31,7 +31,7 @@ from dflash.cli.common import (
     run_app,
     set_cpu_threads,
 )
-from dflash.cli.schema import build, config_key
+from dflash.structured import build, config_key
 from dflash.errors import require
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 
 def job_from_config(cfg: DictConfig):
     """The `TrainJob` described by a composed `train` config (every group built as its
-    dataclass by `dflash.cli.schema.build`, errors naming the full key)."""
+    dataclass by `dflash.structured.build`, errors naming the full key)."""
     from dflash.training.run import TrainJob
 
     method, settings = _method(cfg)

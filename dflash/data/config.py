@@ -7,7 +7,7 @@ The group describes, in one place:
   "the conversations at `path` themselves";
 - how conversations are tokenised, and how the DataModule batches and splits them.
 Its fields and defaults are the group's schema (dflash/cli/schema.py); entry points build
-it from the composed group with `dflash.cli.schema.build`.
+it from the composed group with `dflash.structured.build`.
 """
 
 from __future__ import annotations

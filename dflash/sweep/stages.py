@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash.cli.common import CONF_DIR
+from dflash import CONF_DIR
 from dflash.errors import ConfigError, first_line, require
 
 SWEEPS_DIR = CONF_DIR / "sweep"

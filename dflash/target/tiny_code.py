@@ -113,7 +113,7 @@ class TinyCodeConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TinyCodeConfig":
         """Build from a plain dict (a `target.build` config block; `kind` is ignored)."""
-        from dflash.cli.schema import typed
+        from dflash.structured import typed
 
         return typed(cls, {k: v for k, v in data.items() if k != "kind"}, "target.build")
 

@@ -15,7 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from dflash.cli.common import _compose, run_app
-from dflash.cli.schema import APP_SCHEMAS, METHOD_SCHEMAS, build
+from dflash.cli.schema import APP_SCHEMAS, METHOD_SCHEMAS
+from dflash.structured import build
 
 # the override that selects the schema of the `method` group (TrainConfig.method is Any)
 METHOD_OVERRIDES = {"dflash": [], "eagle3": ["method=eagle3"]}

@@ -155,7 +155,7 @@ def test_shipped_data_configs_build(name, tmp_path):
     from omegaconf import OmegaConf
 
     from dflash.cli.common import CONF_DIR
-    from dflash.cli.schema import typed
+    from dflash.structured import typed
 
     overrides = [f"data={name}", f"paths.root={tmp_path}", "target=qwen3_8b"]
     if name == "local_jsonl":

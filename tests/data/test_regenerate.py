@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, regenerate, shard_paths
-from dflash.cli.schema import config_key
+from dflash.structured import config_key
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target

@@ -153,7 +153,7 @@ def test_bad_layout_settings_name_their_keys(tmp_path):
 
 
 def test_data_schema_checks_keys_and_builds_sources():
-    from dflash.cli.schema import typed
+    from dflash.structured import typed
 
     spec = typed(
         DataSpec, {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]}, "data"

@@ -13,7 +13,7 @@ import pytest
 
 from dflash.decoding import SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
-from dflash.cli.schema import config_key
+from dflash.structured import config_key
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, PromptBuilder, Sample, evaluate, format_results, write_results
 from dflash.eval.results import GenerationRecord, build_results, first_mismatch, speedup
@@ -191,7 +191,7 @@ def test_override_check_names_unknown_keys_options_and_sweeps():
 
 
 def test_schema_checks_types_and_unknown_keys():
-    from dflash.cli.schema import typed
+    from dflash.structured import typed
     from dflash.eval import BenchmarkSpec
 
     spec = typed(DecodingSettings, {"block_size": None, "temperature": 1, "stop_tokens": ["<|pad|>"]}, "decoding")
