@@ -82,5 +82,3 @@ def first_line(err: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none)."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-

@@ -18,7 +18,7 @@ import json
 import os
 import socket
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 TEMPORARY_SUFFIX = ".tmp"
 

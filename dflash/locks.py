@@ -50,7 +50,7 @@ class DirectoryLock:
         self._descriptor: int | None = None
         self._holding = False
 
-    def __enter__(self) -> "DirectoryLock":
+    def __enter__(self) -> DirectoryLock:
         self.acquire()
         return self
 
@@ -77,7 +77,9 @@ class DirectoryLock:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(descriptor)
-                raise ConfigError(self.key, f"{self.directory} is in use by {describe(read_holder(self.path))}; {self.remedy}") from None
+                raise ConfigError(
+                    self.key, f"{self.directory} is in use by {describe(read_holder(self.path))}; {self.remedy}"
+                ) from None
             except OSError as err:
                 if err.errno not in _UNSUPPORTED:
                     os.close(descriptor)

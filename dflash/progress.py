@@ -22,7 +22,7 @@ import logging
 import math
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
@@ -98,7 +98,11 @@ class LineProgress(Callback):
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return  # the sanity check, or trainer.validate() outside training
         metrics = trainer.callback_metrics
-        values = [f"{name} {float(metrics[key]):.3f}" for name, key in (("loss", "val/loss"), ("tau_sim", "val/tau_sim")) if key in metrics]
+        values = [
+            f"{name} {float(metrics[key]):.3f}"
+            for name, key in (("loss", "val/loss"), ("tau_sim", "val/tau_sim"))
+            if key in metrics
+        ]
         if values and trainer.is_global_zero:
             log.info("%s: validation at step %d: %s", self.label, trainer.global_step, ", ".join(values))
 

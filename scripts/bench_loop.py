@@ -45,12 +45,12 @@ from dflash.target.tiny import build_tiny_target
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
-    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
+    'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
     "A train travels 120 km in 1.5 hours. What is its average speed in km/h? Explain step by step.",
     "Explain in two sentences what a hash table is.",
     "Write a function that merges two sorted lists into one sorted list.",
     "List three uses of the Python standard library module itertools.",
-    "def count_words(text):\n    \"\"\"Count how often each word occurs in text.\"\"\"\n",
+    'def count_words(text):\n    """Count how often each word occurs in text."""\n',
     "What is 17 * 23? Show your working.",
 ]
 

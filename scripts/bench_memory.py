@@ -125,20 +125,36 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
-    print(f"{args.what} forward+backward, loss={args.loss}: vocab {VOCAB}, hidden {HIDDEN}, sequence {SEQ_LEN}, "
-          f"{ANCHORS} anchors x B={BLOCK}, float32, {args.threads} thread(s), best of {args.repeats}")
+    print(
+        f"{args.what} forward+backward, loss={args.loss}: vocab {VOCAB}, hidden {HIDDEN}, sequence {SEQ_LEN}, "
+        f"{ANCHORS} anchors x B={BLOCK}, float32, {args.threads} thread(s), best of {args.repeats}"
+    )
     print(f"{'variant':>8} {'rows':>6} {'RSS before':>11} {'peak RSS':>9} {'added':>7} {'wall s':>7} {'CPU s':>6}")
     for variant in args.variants:
-        command = [sys.executable, __file__, "--child", variant, "--what", args.what, "--loss", args.loss,
-                   "--threads", str(args.threads), "--repeats", str(args.repeats)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--what",
+            args.what,
+            "--loss",
+            args.loss,
+            "--threads",
+            str(args.threads),
+            "--repeats",
+            str(args.repeats),
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"{variant:>8} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
             continue
         out = json.loads(done.stdout.strip().splitlines()[-1])
         added = out["peak_rss_gb"] - out["rss_before_gb"]
-        print(f"{variant:>8} {out['rows']:>6} {out['rss_before_gb']:>9.2f}GB {out['peak_rss_gb']:>7.2f}GB "
-              f"{added:>5.2f}GB {out['seconds']:>7.1f} {out['cpu_seconds']:>6.1f}")
+        print(
+            f"{variant:>8} {out['rows']:>6} {out['rss_before_gb']:>9.2f}GB {out['peak_rss_gb']:>7.2f}GB "
+            f"{added:>5.2f}GB {out['seconds']:>7.1f} {out['cpu_seconds']:>6.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -112,7 +112,10 @@ def _write_synthetic_conversations(path: str, count: int) -> None:
     with open(path, "w") as f:
         for i in range(count):
             answer = " ".join(f"w{(i * 7 + j) % 23}" for j in range(120))
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]}) + "\n")
+            f.write(
+                json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]})
+                + "\n"
+            )
 
 
 def bench_attention(
@@ -128,7 +131,9 @@ def bench_attention(
     from dflash.training.forward import set_attention_implementation
     from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
 
-    config = tiny_config("qwen3", hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=2 * hidden, max_positions=2 * seq_len)
+    config = tiny_config(
+        "qwen3", hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=2 * hidden, max_positions=2 * seq_len
+    )
     drafter = DFlashDrafter(
         DrafterConfig.from_target(config, num_layers=1, block_size=block_size, mask_token_id=258, num_target_features=2)
     ).eval()

@@ -71,8 +71,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="HumanEval prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32])
-    parser.add_argument("--thresholds", type=float, nargs="*", default=[],
-                        help="draft_threshold values, each run on the chain and on the largest tree")
+    parser.add_argument(
+        "--thresholds",
+        type=float,
+        nargs="*",
+        default=[],
+        help="draft_threshold values, each run on the chain and on the largest tree",
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,8 +102,13 @@ def main() -> None:
             target, ids, block_size=block_size, proposer=cut, **common
         )
         methods[f"tree N={max(args.budgets)} t={threshold:g}"] = lambda ids, threshold=threshold: generate_tree(
-            target, ids, proposer=proposer, block_size=block_size, tree_budget=max(args.budgets),
-            draft_threshold=threshold, **common
+            target,
+            ids,
+            proposer=proposer,
+            block_size=block_size,
+            tree_budget=max(args.budgets),
+            draft_threshold=threshold,
+            **common,
         )
 
     totals = {name: {"tokens": 0, "seconds": 0.0, "lengths": [], "verified": 0} for name in methods}
@@ -118,8 +128,10 @@ def main() -> None:
             totals[name]["lengths"] += result.acceptance_lengths
             totals[name]["verified"] += verified_tokens[0] - forwards_before
 
-    print(f"{len(prompts)} HumanEval prompts, max_new_tokens {args.max_new_tokens}, greedy, all outputs lossless; "
-          f"{time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{len(prompts)} HumanEval prompts, max_new_tokens {args.max_new_tokens}, greedy, all outputs lossless; "
+        f"{time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f}"
+    )
     ar_rate = totals["autoregressive"]["tokens"] / totals["autoregressive"]["seconds"]
     chain_rate = totals[f"chain B={block_size}"]["tokens"] / totals[f"chain B={block_size}"]["seconds"]
     print(f"{'method':<18} {'tau (pooled)':>12} {'steps':>6} {'verified/step':>13} {'tokens/s':>9} {'vs AR':>6} {'vs chain':>8}")
@@ -127,7 +139,9 @@ def main() -> None:
         rate = total["tokens"] / total["seconds"]
         tau = sum(total["lengths"]) / len(total["lengths"])
         verified = total["verified"] / len(total["lengths"])
-        print(f"{name:<18} {tau:>12.2f} {len(total['lengths']):>6} {verified:>13.1f} {rate:>9.1f} {rate / ar_rate:>6.2f} {rate / chain_rate:>8.2f}")
+        print(
+            f"{name:<18} {tau:>12.2f} {len(total['lengths']):>6} {verified:>13.1f} {rate:>9.1f} {rate / ar_rate:>6.2f} {rate / chain_rate:>8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,15 @@ import os
 import torch
 
 
-def count(data: str, tokenizer: str, max_length: int, val_fraction: float, pairs: list[tuple[int, int]],
-          sampling: str = "random", seed: int = 0) -> dict[tuple[int, int], float]:
+def count(
+    data: str,
+    tokenizer: str,
+    max_length: int,
+    val_fraction: float,
+    pairs: list[tuple[int, int]],
+    sampling: str = "random",
+    seed: int = 0,
+) -> dict[tuple[int, int], float]:
     """Mean supervised positions per training sequence for each (B, anchors) pair."""
     from transformers import AutoTokenizer
 
@@ -71,10 +78,13 @@ def main() -> None:
         # a local directory, or (the tokenizer) a hub id such as Qwen/Qwen3-8B
         if not os.path.isdir(path) and (flag == "--data" or os.path.isabs(path) or path.startswith(".")):
             parser.error(f"{flag} {path}: no such directory (build it first, e.g. `make demo`, or set DFLASH_ARTIFACTS)")
-    for (block_size, num_anchors), value in count(args.data, args.tokenizer, args.max_length, args.val_fraction,
-                                                  pairs, args.sampling).items():
-        print(f"B = {block_size:>3}, {num_anchors:>4} anchors: {value:7.1f} supervised positions per sequence "
-              f"({value / num_anchors:.2f} per anchor asked for)")
+    for (block_size, num_anchors), value in count(
+        args.data, args.tokenizer, args.max_length, args.val_fraction, pairs, args.sampling
+    ).items():
+        print(
+            f"B = {block_size:>3}, {num_anchors:>4} anchors: {value:7.1f} supervised positions per sequence "
+            f"({value / num_anchors:.2f} per anchor asked for)"
+        )
 
 
 if __name__ == "__main__":

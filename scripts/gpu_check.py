@@ -166,7 +166,10 @@ def build_drafter(target, layers: int, block_size: int, dtype: torch.dtype):
     depth = target.num_layers
     taps = [round(i * (depth - 1) / 4) for i in range(5)]
     config = DrafterConfig.from_target(
-        target.config, num_layers=layers, block_size=block_size, mask_token_id=target.config.vocab_size - 1,
+        target.config,
+        num_layers=layers,
+        block_size=block_size,
+        mask_token_id=target.config.vocab_size - 1,
         target_layer_ids=taps,
     )
     torch.manual_seed(1)
@@ -255,7 +258,9 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(device)
                     resident = torch.cuda.memory_allocated(device) / 2**30
-                result, seconds = timed(device, lambda path=path, backward=backward: training_step(target, drafter, batch, path, backward))
+                result, seconds = timed(
+                    device, lambda path=path, backward=backward: training_step(target, drafter, batch, path, backward)
+                )
                 times.append(seconds)
                 if cuda:
                     peak = max(peak, torch.cuda.max_memory_allocated(device) / 2**30)
@@ -269,7 +274,9 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
                 checks.append(f"- {path} vs {reference}: {comparison}")
             grad = f"{result['grads']['all']:.4g}" if result["grads"] else "forward only"
             peak_text = f"{peak:.2f} ({peak - resident:.2f})" if cuda else "n/a (CPU)"
-            lines.append(f"| {path} | {result['loss']:.6g} | {grad} | {statistics.median(times) * 1e3:.1f} | {peak_text} | {comparison.split(':')[0]} |")
+            lines.append(
+                f"| {path} | {result['loss']:.6g} | {grad} | {statistics.median(times) * 1e3:.1f} | {peak_text} | {comparison.split(':')[0]} |"
+            )
         except Exception as error:  # one path failing must not lose the others
             lines.append(f"| {path} | FAILED: {one_line(error)} | | | | |")
         drafter.zero_grad(set_to_none=True)
@@ -423,7 +430,9 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
                 kinds, runs, gaps = [], 0, []
                 for index in range(sizes.lossless_prompts):
                     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(index)).to(device)
-                    expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=sizes.lossless_tokens, **options)
+                    expected = target.model.generate(
+                        ids, attention_mask=torch.ones_like(ids), max_new_tokens=sizes.lossless_tokens, **options
+                    )
                     expected = expected[0, ids.shape[1] :].tolist()
                     baseline = generate(target, ids, max_new_tokens=sizes.lossless_tokens, stop_token_ids=[eos])
                     for block_size in (1,) + BLOCK_SIZES:
@@ -443,7 +452,9 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
                                          hf_logits, our_logits, dtype)  # fmt: skip
                         kinds.append(entry["kind"])
                         if entry["candidate"] is not None:
-                            gaps.append(f"B={block_size} pos {position}: gap {entry['candidate']['gap']:.3g} (tol {entry['tolerance']:.3g}, {entry['kind']})")
+                            gaps.append(
+                                f"B={block_size} pos {position}: gap {entry['candidate']['gap']:.3g} (tol {entry['tolerance']:.3g}, {entry['kind']})"
+                            )
                 ok = lossless_verdict(dtype, kinds)
                 detail = "; ".join(gaps[:4]) if gaps else ""
                 lines.append(f"- {arch} {str(dtype).removeprefix('torch.')}: {verdict(ok)}: {runs} outputs, "
@@ -465,7 +476,9 @@ def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, comp
     heads, kv_heads, head_dim = (32, 8, 128) if device.type == "cuda" else (4, 2, 16)
     lines = []
     batch = training_batch(sizes, 1000, device)
-    anchors = sample_anchors(batch["loss_mask"], sizes.block_size, sizes.num_anchors, "random", torch.Generator(device=device).manual_seed(0))
+    anchors = sample_anchors(
+        batch["loss_mask"], sizes.block_size, sizes.num_anchors, "random", torch.Generator(device=device).manual_seed(0)
+    )
     queries = anchors.positions.shape[1] * sizes.block_size
     generator = torch.Generator(device=device).manual_seed(3)
 
@@ -489,8 +502,12 @@ def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, comp
                 return out.detach()
 
             ref = run(lambda: attend(q, k, v, factored, "sdpa"))
-            _, compile_seconds = timed(device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)))
-            out, flex_seconds = timed(device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)))
+            _, compile_seconds = timed(
+                device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True))
+            )
+            out, flex_seconds = timed(
+                device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True))
+            )
             _, sdpa_seconds = timed(device, lambda: run(lambda: attend(q, k, v, factored, "sdpa")))
             diff = float((out.float() - ref.float()).abs().max())
             tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
@@ -539,7 +556,9 @@ def progress(message: str) -> None:
 def machine_lines(device: torch.device) -> list[str]:
     import transformers
 
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"none (CPU: {platform.processor() or platform.machine()})"
+    gpu = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"none (CPU: {platform.processor() or platform.machine()})"
+    )
     return [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"- GPU: {gpu}",
@@ -608,9 +627,21 @@ def main(argv: list[str] | None = None) -> str:
             report += [f"FAILED to build: {one_line(error)}", ""]
             continue
         if "a" in args.sections:
-            run_section(report, out, f"a. training step, {family}", lambda family=family, target=target, drafter=drafter: section_training(family, target, drafter, sizes, device, dtype))
+            run_section(
+                report,
+                out,
+                f"a. training step, {family}",
+                lambda family=family, target=target, drafter=drafter: section_training(
+                    family, target, drafter, sizes, device, dtype
+                ),
+            )
         if "b" in args.sections:
-            run_section(report, out, f"b. decode-loop efficiency, {family}", lambda target=target, drafter=drafter: section_decoding(target, drafter, sizes, args.p))
+            run_section(
+                report,
+                out,
+                f"b. decode-loop efficiency, {family}",
+                lambda target=target, drafter=drafter: section_decoding(target, drafter, sizes, args.p),
+            )
         del target, drafter
         free_memory()
     report += ["## Shared checks", ""]

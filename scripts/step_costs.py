@@ -59,7 +59,9 @@ def main() -> None:
         for path in args.drafters:
             drafter = load_drafter(path)
             block, taps = drafter.config.block_size, list(drafter.config.target_layer_ids)
-            features = target.forward(ids[:, :PROMPT], torch.arange(PROMPT).unsqueeze(0), target.new_cache(), taps, logits_to_keep=1).features
+            features = target.forward(
+                ids[:, :PROMPT], torch.arange(PROMPT).unsqueeze(0), target.new_cache(), taps, logits_to_keep=1
+            ).features
             proposer = DFlashProposer(drafter, target.embed, target.logits)
             committed = ids[:, : PROMPT + 1]
             proposer.propose(committed, features, block, block - 1)

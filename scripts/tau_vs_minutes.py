@@ -39,7 +39,14 @@ def curve(run_dir: str) -> list[tuple[float, int, float, float]]:
                 started = _time(match.group(1), match.group(2)) - (3600 * hours + 60 * minutes + seconds)
             match = VALIDATION.match(line)
             if match and started is not None:
-                points.append(((_time(match.group(1), match.group(2)) - started) / 60, int(match.group(3)), float(match.group(4)), float(match.group(5))))
+                points.append(
+                    (
+                        (_time(match.group(1), match.group(2)) - started) / 60,
+                        int(match.group(3)),
+                        float(match.group(4)),
+                        float(match.group(5)),
+                    )
+                )
     return points
 
 

@@ -41,7 +41,16 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
-from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
+from dflash.cli.pipeline import (
+    SUMMARY,
+    StageClock,
+    check_stage_overrides,
+    quiet_progress_bars,
+    read_json,
+    run_stage,
+    short_hash,
+    stage,
+)
 from dflash.errors import ConfigError, require
 
 RESULTS = "results.json"
@@ -83,7 +92,9 @@ def prepare_target(target_cfg: dict, threads: int) -> float:
             if repeat >= 2:  # the first calls warm up
                 times.append(time.perf_counter() - started)
     forward_s = statistics.median(times)
-    print(f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads")
+    print(
+        f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads"
+    )
     return forward_s
 
 
@@ -99,9 +110,16 @@ def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
         stage(2, "data", f"done already in {data_dir}")
         return data_dir
     command = [
-        sys.executable, "-m", "dflash.regenerate", f"target={target_option()}", f"data={cfg.data}", f"data.path={data_dir}",
-        f"paths.artifacts={artifacts}", f"hydra.run.dir={os.path.join(meta_dir, 'logs')}",
-        *(f"regenerate.{key}={value}" for key, value in settings.items()), *data_overrides,
+        sys.executable,
+        "-m",
+        "dflash.regenerate",
+        f"target={target_option()}",
+        f"data={cfg.data}",
+        f"data.path={data_dir}",
+        f"paths.artifacts={artifacts}",
+        f"hydra.run.dir={os.path.join(meta_dir, 'logs')}",
+        *(f"regenerate.{key}={value}" for key, value in settings.items()),
+        *data_overrides,
     ]
     stage(2, "data", f"the target answers the {cfg.data} prompts -> {data_dir}")
     print("    " + " ".join(["python", *command[1:]]), flush=True)
@@ -183,10 +201,21 @@ def train(cfg: DictConfig, data_dir: str, artifacts: str, forward_s: float) -> s
         return run_dir
     minutes = train_minutes(cfg, run_dir, forward_s)
     command = [
-        sys.executable, "-m", "dflash.train", "experiment=smollm2", f"run_name={os.path.basename(run_dir)}",
-        f"target={target_option()}", f"data={cfg.data}", f"data.path={data_dir}", f"paths.artifacts={artifacts}",
-        "eval.after_train=false", "trainer.max_steps=-1", "trainer.max_epochs=null", f"trainer.max_minutes={minutes}",
-        *cfg.data_overrides, *overrides,
+        sys.executable,
+        "-m",
+        "dflash.train",
+        "experiment=smollm2",
+        f"run_name={os.path.basename(run_dir)}",
+        f"target={target_option()}",
+        f"data={cfg.data}",
+        f"data.path={data_dir}",
+        f"paths.artifacts={artifacts}",
+        "eval.after_train=false",
+        "trainer.max_steps=-1",
+        "trainer.max_epochs=null",
+        f"trainer.max_minutes={minutes}",
+        *cfg.data_overrides,
+        *overrides,
     ]
     stage(3, "train", " ".join(["python", *command[1:]]))
     run_stage(3, "train", command)
@@ -206,9 +235,17 @@ def evaluate(cfg: DictConfig, run_dir: str, data_dir: str, artifacts: str) -> di
         eval_dir = os.path.join(run_dir, "eval", family)
         results_path = os.path.join(eval_dir, RESULTS)
         command = [
-            sys.executable, "-m", "dflash.evaluate", f"target={target_option()}", f"drafter.path={os.path.join(run_dir, 'drafter')}",
-            *per_family[family], f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}", "hf_generate=false",
-            f"cpu_threads={cfg.cpu_threads}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
+            sys.executable,
+            "-m",
+            "dflash.evaluate",
+            f"target={target_option()}",
+            f"drafter.path={os.path.join(run_dir, 'drafter')}",
+            *per_family[family],
+            f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}",
+            "hf_generate=false",
+            f"cpu_threads={cfg.cpu_threads}",
+            f"paths.artifacts={artifacts}",
+            f"hydra.run.dir={eval_dir}",
             *cfg.eval_overrides,
         ]
         settings_path = os.path.join(eval_dir, "demo_eval_command.json")
@@ -265,18 +302,23 @@ def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budge
         json.dump(summary, f, indent=2)
     print("\nwall time per stage:")
     print(clock.table())
-    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), eval/<family>/{RESULTS}, {SUMMARY}, checkpoints/, csv/")
+    print(
+        f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), eval/<family>/{RESULTS}, {SUMMARY}, checkpoints/, csv/"
+    )
     return summary
 
 
 def check_app_overrides(cfg: DictConfig) -> None:
     """ConfigError unless `train_overrides` compose with the recipe and `eval_overrides`
     with the evaluate app; their values are checked by those apps at stages 3 and 4."""
-    check_stage_overrides(cfg, (
-        ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={cfg.data}"], "data.sources.0.limit=64"),
-        ("train_overrides", "train", ["experiment=smollm2"], "drafter.num_layers=2"),
-        ("eval_overrides", "evaluate", ["target=smollm2_135m"], "decoding.block_size=4"),
-    ))
+    check_stage_overrides(
+        cfg,
+        (
+            ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={cfg.data}"], "data.sources.0.limit=64"),
+            ("train_overrides", "train", ["experiment=smollm2"], "drafter.num_layers=2"),
+            ("eval_overrides", "evaluate", ["target=smollm2_135m"], "decoding.block_size=4"),
+        ),
+    )
     check_settings(cfg)
 
 
@@ -285,7 +327,11 @@ def check_settings(cfg: DictConfig) -> None:
     demo_started()
     for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
         value = cfg[key]
-        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, key, f"must be a number > 0, got {value!r}")
+        require(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+            key,
+            f"must be a number > 0, got {value!r}",
+        )
     minutes = cfg.train_minutes
     require(
         minutes == "auto" or (isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0),
@@ -294,7 +340,11 @@ def check_settings(cfg: DictConfig) -> None:
     )
     for key in (*FAMILIES, "max_new_tokens"):
         value = cfg.evaluation[key]
-        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"evaluation.{key}", f"must be an integer >= 1, got {value!r}")
+        require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"evaluation.{key}",
+            f"must be an integer >= 1, got {value!r}",
+        )
 
 
 def target_option() -> str:
@@ -323,7 +373,16 @@ def _hydra_main(cfg: DictConfig) -> None:
     with clock.time("evaluate"):
         results = evaluate(cfg, run_dir, data_dir, artifacts)
     minutes = read_json(os.path.join(run_dir, TRAIN_MINUTES)) or {"minutes": None}
-    report(run_dir, results, clock, {"budget_minutes": cfg.budget_minutes, "train_minutes": minutes["minutes"] or float("nan"), "one_token_forward_ms": round(1000 * forward_s, 1)})
+    report(
+        run_dir,
+        results,
+        clock,
+        {
+            "budget_minutes": cfg.budget_minutes,
+            "train_minutes": minutes["minutes"] or float("nan"),
+            "one_token_forward_ms": round(1000 * forward_s, 1),
+        },
+    )
 
 
 def main() -> None:

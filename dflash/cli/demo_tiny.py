@@ -40,9 +40,18 @@ from dflash.cli.common import (
     resolved_config,
     run_app,
 )
-from dflash.cli.pipeline import SUMMARY, StageClock, check_stage_overrides, quiet_progress_bars, read_json, run_stage, short_hash, stage
-from dflash.structured import check_arguments, typed
+from dflash.cli.pipeline import (
+    SUMMARY,
+    StageClock,
+    check_stage_overrides,
+    quiet_progress_bars,
+    read_json,
+    run_stage,
+    short_hash,
+    stage,
+)
 from dflash.errors import require
+from dflash.structured import check_arguments, typed
 
 RESULTS = "results.json"
 EVAL_DIR = "eval"
@@ -88,11 +97,21 @@ def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts
     run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"
     run_dir = os.path.join(artifacts, "runs", run_name)
     command = [
-        sys.executable, "-m", "dflash.train", "experiment=demo", f"run_name={run_name}",
-        f"target.path={target_path}", "target.build=null", "eval.after_train=false",
-        f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides,
+        sys.executable,
+        "-m",
+        "dflash.train",
+        "experiment=demo",
+        f"run_name={run_name}",
+        f"target.path={target_path}",
+        "target.build=null",
+        "eval.after_train=false",
+        f"data.path={data_dir}",
+        f"paths.artifacts={artifacts}",
+        *train_overrides,
     ]
-    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
+    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(
+        os.path.join(run_dir, "drafter", "model.safetensors")
+    ):
         stage(3, "train", f"done already in {run_dir}")
         return run_dir
     stage(3, "train", " ".join(["python", *command[1:]]))
@@ -105,8 +124,15 @@ def evaluate(target_path: str, run_dir: str, eval_overrides: list[str], artifact
     eval_dir = os.path.join(run_dir, EVAL_DIR)
     results_path = os.path.join(eval_dir, RESULTS)
     command = [
-        sys.executable, "-m", "dflash.evaluate", "target=tiny_code", f"target.path={target_path}", "target.build=null",
-        f"drafter.path={os.path.join(run_dir, 'drafter')}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}",
+        sys.executable,
+        "-m",
+        "dflash.evaluate",
+        "target=tiny_code",
+        f"target.path={target_path}",
+        "target.build=null",
+        f"drafter.path={os.path.join(run_dir, 'drafter')}",
+        f"paths.artifacts={artifacts}",
+        f"hydra.run.dir={eval_dir}",
         *eval_overrides,
     ]
     # The overrides are part of the check: evaluating under other settings runs again.
@@ -144,17 +170,22 @@ def report(run_dir: str, results_path: str, clock: StageClock) -> None:
         json.dump(summary, f, indent=2)
     print("\nwall time per stage (the install before it not counted):")
     print(clock.table())
-    print(f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs")
+    print(
+        f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs"
+    )
 
 
 def check_app_overrides(cfg: DictConfig) -> None:
     """ConfigError unless `train_overrides` compose with `experiment=demo` and
     `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
     are checked by those apps themselves at stages 3 and 4."""
-    check_stage_overrides(cfg, (
-        ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
-        ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
-    ))
+    check_stage_overrides(
+        cfg,
+        (
+            ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
+            ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
+        ),
+    )
 
 
 def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:

@@ -25,8 +25,8 @@ from dflash.cli.common import (
     run_app,
     set_cpu_threads,
 )
-from dflash.structured import build
 from dflash.locks import DirectoryLock
+from dflash.structured import build
 
 RESULTS_FILE = "results.json"
 LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.run.dir=DIR)"
@@ -37,8 +37,7 @@ LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
     from dflash.drafter.io import check_drafter_dir
-    from dflash.eval import EvalSettings, evaluate, load_benchmark
-    from dflash.eval import format_results, write_results
+    from dflash.eval import EvalSettings, evaluate, format_results, load_benchmark, write_results
     from dflash.methods import METHODS, check_method_names
     from dflash.specs import build_drafter, load_target
 
@@ -53,7 +52,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         enable_thinking=benchmark.enable_thinking,
         methods=methods,
         # every method's group is checked, listed or not: a typo fails now, not in a later run
-        method_settings={name: build(cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg},
+        method_settings={
+            name: build(cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg
+        },
         hf_generate=cfg.hf_generate,
         warmup_tokens=cfg.warmup_tokens,
     )

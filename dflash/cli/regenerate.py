@@ -18,9 +18,9 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
-from dflash.structured import build
 from dflash.errors import require
 from dflash.locks import DirectoryLock
+from dflash.structured import build
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from dflash.data.config import DataSpec
 from dflash.data.regenerate import RegenerateSettings
-
 from dflash.eval.benchmarks import BenchmarkSpec
 from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
@@ -98,7 +97,7 @@ class TrainConfig:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     run_name: str = MISSING
     seed: int = 0
-    cpu_threads: Optional[int] = None
+    cpu_threads: int | None = None
     sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
 
 
@@ -121,15 +120,15 @@ class _EvaluateKeys:
     drafter: DrafterSpec = MISSING
     decoding: DecodingSettings = MISSING
     benchmark: BenchmarkSpec = MISSING
-    methods: List[str] = field(default_factory=lambda: list(_default(EvalSettings, "methods")))
+    methods: list[str] = field(default_factory=lambda: list(_default(EvalSettings, "methods")))
     hf_generate: bool = _default(EvalSettings, "hf_generate")
     warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
-    cpu_threads: Optional[int] = None
+    cpu_threads: int | None = None
     sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
     # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
     # part of its directory name, and read by the tables from results.json
-    train_seed: Optional[int] = None
-    train_block_size: Optional[int] = None
+    train_seed: int | None = None
+    train_block_size: int | None = None
     train_anchors: Any = None
 
 
@@ -145,7 +144,7 @@ class RegenerateGroup(RegenerateSettings):
     """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
     the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
 
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
 
 
 @dataclass

@@ -15,9 +15,9 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
-from dflash.structured import typed
 from dflash.errors import require
 from dflash.reports.tables import check_metric
+from dflash.structured import typed
 
 SOURCES = ("dirs", "wandb")
 

@@ -31,8 +31,8 @@ from dflash.cli.common import (
     run_app,
     set_cpu_threads,
 )
-from dflash.structured import build, config_key
 from dflash.errors import require
+from dflash.structured import build, config_key
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     with single_job_for_ddp_ranks():
         outcome = run_training(job)
     if outcome.drafter_dir is not None:
-        print(f"trained to global step {outcome.global_step}" + (f" (resumed from {outcome.resumed_from})" if outcome.resumed_from else ""))
+        print(
+            f"trained to global step {outcome.global_step}"
+            + (f" (resumed from {outcome.resumed_from})" if outcome.resumed_from else "")
+        )
         print(f"drafter: {outcome.drafter_dir}")
         if outcome.results_path is not None:
             print(f"results: {outcome.results_path}")

@@ -70,7 +70,9 @@ def builtin_rows(path: str, limit: int | None, key: str, seed: int = 0) -> list[
     """Rows of the family that `path` ("builtin:<family>") names: at most `limit`, seeded order."""
     family = path[len(PREFIX) :]
     if family not in FAMILIES:
-        raise ConfigError(f"{key}.path", f"unknown built-in prompt family {family!r}; choose one of {[PREFIX + f for f in FAMILIES]}")
+        raise ConfigError(
+            f"{key}.path", f"unknown built-in prompt family {family!r}; choose one of {[PREFIX + f for f in FAMILIES]}"
+        )
     require(limit is None or limit > 0, f"{key}.limit", f"must be positive or null, got {limit}")
     try:
         prompts = FAMILIES[family](limit, seed)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dflash.errors import require
 
+
 class UnlocatableResponse(ValueError):
     """The chat template renders an assistant turn so that its text cannot be found.
 
@@ -48,9 +49,7 @@ def plain_prompt_text(prompt_messages: list[dict]) -> str:
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool | None) -> str:
     """The chat template's text for `messages` (thinking switch passed only when set)."""
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
 
 
 def prompt_token_ids(tokenizer, prompt_messages: list[dict], enable_thinking: bool | None = None) -> list[int]:

@@ -65,4 +65,3 @@ class DataSpec(SourceSpec):
 
     def tokenize_settings(self) -> TokenizeSettings:
         return TokenizeSettings(**{name: getattr(self, name) for name in _TOKENIZE_FIELDS})
-

@@ -149,7 +149,7 @@ class DFlashDataModule(L.LightningDataModule):
         self._check_regenerated_directory()
 
     @classmethod
-    def from_spec(cls, spec: DataSpec, tokenizer, key: str = "data") -> "DFlashDataModule":
+    def from_spec(cls, spec: DataSpec, tokenizer, key: str = "data") -> DFlashDataModule:
         """Build from the `data` config group."""
         return cls(
             spec.source(),
@@ -185,7 +185,10 @@ class DFlashDataModule(L.LightningDataModule):
         require(len(self.train_set) > 0, f"{self.key}.path", "no training sequence is left after tokenisation")
         log.info(
             "data: %d train / %d held-out sequences from %d conversations (%d dropped)",
-            len(self.train_set), len(self.val_set), num_conversations, self.num_dropped,
+            len(self.train_set),
+            len(self.val_set),
+            num_conversations,
+            self.num_dropped,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -264,4 +267,6 @@ class DFlashDataModule(L.LightningDataModule):
             f"{self.source.path!r} is unfinished regenerated data: {missing}; finish it by re-running the "
             f"same python -m dflash.regenerate command, or set {self.key}.allow_partial=true to train on the {present} there",
         )
-        log.warning("data: %s in %s; training on the %d there (%s.allow_partial=true)", missing, self.source.path, present, self.key)
+        log.warning(
+            "data: %s in %s; training on the %d there (%s.allow_partial=true)", missing, self.source.path, present, self.key
+        )

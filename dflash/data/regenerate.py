@@ -24,8 +24,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -178,9 +178,7 @@ def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSetti
         _write_shard(out_dir, start, stop, shard_prompts, answers, fingerprint)
     bar.close()
     if unfinished:
-        log.warning(
-            "regenerate: %d responses reached max_new_tokens=%d and are cut", unfinished, settings.max_new_tokens
-        )
+        log.warning("regenerate: %d responses reached max_new_tokens=%d and are cut", unfinished, settings.max_new_tokens)
 
 
 def shard_paths(out_dir: str) -> list[str]:
@@ -243,9 +241,7 @@ def _manifest(generator, prompts, settings: RegenerateSettings, tokenizer) -> di
     for prompt in prompts:
         digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False).encode())
         digest.update(b"\n")
-    generation = {
-        k: v for k, v in asdict(settings).items() if k not in ("batch_size", "request_timeout_s", "server_url")
-    }
+    generation = {k: v for k, v in asdict(settings).items() if k not in ("batch_size", "request_timeout_s", "server_url")}
     manifest = {
         "generator": getattr(generator, "name", type(generator).__name__),
         "num_rows": len(prompts),
@@ -260,9 +256,7 @@ def _manifest(generator, prompts, settings: RegenerateSettings, tokenizer) -> di
 def _check_manifest(out_dir: str, manifest: dict) -> None:
     existing = read_manifest(out_dir)
     if existing is not None and existing != manifest:
-        changed = sorted(
-            k for k in set(existing) | set(manifest) if existing.get(k) != manifest.get(k) and k != "settings"
-        )
+        changed = sorted(k for k in set(existing) | set(manifest) if existing.get(k) != manifest.get(k) and k != "settings")
         changed += [
             f"settings.{k}"
             for k in sorted(set(existing.get("settings", {})) | set(manifest["settings"]))

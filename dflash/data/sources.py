@@ -78,7 +78,11 @@ class SourceSpec:
         if isinstance(files, (list, tuple)) and all(isinstance(f, str) for f in files):
             self.data_files = list(files)
         else:
-            require(files is None or isinstance(files, str), "data_files", f"expected a file name, a list of them or null, got {files!r}")
+            require(
+                files is None or isinstance(files, str),
+                "data_files",
+                f"expected a file name, a list of them or null, got {files!r}",
+            )
 
 
 def load_conversations(spec: SourceSpec, key: str = "data", require_response: bool = False) -> list[dict]:
@@ -201,9 +205,7 @@ def _local_files(path: str, key: str) -> list[str]:
         )
         require(os.path.getsize(path) > 0, f"{key}.path", f"{path!r} is empty; point {key}.path at a file with rows")
         return [path]
-    files = sorted(
-        f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in LOCAL_SUFFIXES and os.path.isfile(f)
-    )
+    files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in LOCAL_SUFFIXES and os.path.isfile(f))
     files = [f for f in files if not os.path.basename(f).startswith(".") and os.path.basename(f) != "manifest.json"]
     require(files, f"{key}.path", f"directory {path!r} holds no .jsonl, .json or .parquet files")
     files = [f for f in files if os.path.getsize(f) > 0]  # an empty file holds no rows (and stops `datasets`)
@@ -248,9 +250,7 @@ def _resolve_layout(spec: SourceSpec, columns: list[str], key: str, require_resp
 
 
 def _require_column(field: str, column: str, columns: list[str], spec: SourceSpec, key: str) -> None:
-    require(
-        column in columns, f"{key}.{field}", f"column {column!r} is not in {spec.path!r}; its columns are {columns}"
-    )
+    require(column in columns, f"{key}.{field}", f"column {column!r} is not in {spec.path!r}; its columns are {columns}")
 
 
 def _normalise(raw: dict, spec: SourceSpec, layout: str) -> list[dict] | None:

@@ -148,7 +148,7 @@ class TokenizedRows:
         os.replace(temporary, path)
 
     @classmethod
-    def load(cls, path: str) -> "TokenizedRows":
+    def load(cls, path: str) -> TokenizedRows:
         with np.load(path) as stored:
             dropped = dict(zip(stored["dropped_names"].tolist(), stored["dropped_counts"].tolist()))
             counts = dict(zip(stored["count_names"].tolist(), stored["count_values"].tolist()))
@@ -163,9 +163,7 @@ class TokenizedRows:
             )
 
 
-def tokenize_conversations(
-    tokenizer, rows: Iterable[dict], settings: TokenizeSettings, progress: bool = True
-) -> TokenizedRows:
+def tokenize_conversations(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, progress: bool = True) -> TokenizedRows:
     """Tokenise rows `{"messages": [...]}` (optionally with the target's `"token_ids"`),
     a list or a stream (each row is turned into compact arrays at once); drop (and log
     the count of) rows with no response token left after truncation or whose response
@@ -257,7 +255,8 @@ def _log_counts(counts: dict, fingerprint: str) -> None:
         log.warning(
             "tokenise: %d rows carry token ids of another tokenizer than this one (fingerprint %s) and are "
             "encoded from their text instead",
-            counts["token_ids_of_other_tokenizer"], fingerprint,
+            counts["token_ids_of_other_tokenizer"],
+            fingerprint,
         )
     if counts["token_ids_unused_for_all_turns"]:
         log.warning(
@@ -270,5 +269,7 @@ def _log_counts(counts: dict, fingerprint: str) -> None:
             "tokenise: %d of %d responses encoded from text cannot be the tokens the target produced (%d contain "
             "U+FFFD from invalid UTF-8; others hold special tokens or change under decode(encode(text))); "
             "regenerate with the HF target (not a server) to keep its exact token ids",
-            counts["text_not_token_exact"], counts["from_text"], counts["text_with_replacement_char"],
+            counts["text_not_token_exact"],
+            counts["from_text"],
+            counts["text_with_replacement_char"],
         )

@@ -7,6 +7,15 @@ from dflash.decoding.sampling import VERIFY_RULES, SamplingConfig
 from dflash.decoding.verify import Drafts
 
 __all__ = [
-    "ChainVerifier", "DFlashProposer", "Drafts", "GenerationResult", "Proposer", "SamplingConfig", "TokenProposer",
-    "VERIFY_RULES", "Verifier", "VerifyStep", "generate",
+    "ChainVerifier",
+    "DFlashProposer",
+    "Drafts",
+    "GenerationResult",
+    "Proposer",
+    "SamplingConfig",
+    "TokenProposer",
+    "VERIFY_RULES",
+    "Verifier",
+    "VerifyStep",
+    "generate",
 ]

@@ -14,7 +14,8 @@ runs the target):
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -121,8 +122,6 @@ class DFlashProposer:
         block_ids[0, 0] = committed_ids[0, -1]
         block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
         context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
-        hidden = self.drafter(
-            self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache
-        )
+        hidden = self.drafter(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
         self.cache.crop(anchor_pos)
         return self.logits(hidden[0, 1 : 1 + num_drafts]).float()

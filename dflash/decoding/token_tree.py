@@ -43,7 +43,7 @@ class TokenTree:
     depths: list[int]
 
     @classmethod
-    def empty(cls, device) -> "TokenTree":
+    def empty(cls, device) -> TokenTree:
         """No drafts: the verify forward runs on the anchor alone."""
         return cls(torch.empty(0, dtype=torch.long, device=device), [], [])
 

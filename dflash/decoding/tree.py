@@ -41,13 +41,10 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
     require(
         implementation in TREE_ATTENTION,
         "target.attn_implementation",
-        f"tree verification needs a custom attention mask, which {implementation!r} ignores; "
-        f"use one of {TREE_ATTENTION}",
+        f"tree verification needs a custom attention mask, which {implementation!r} ignores; use one of {TREE_ATTENTION}",
     )
     layer_types = getattr(target.config, "layer_types", None) or ()
-    windowed = getattr(target.config, "sliding_window", None) and (
-        not layer_types or "sliding_attention" in layer_types
-    )
+    windowed = getattr(target.config, "sliding_window", None) and (not layer_types or "sliding_attention" in layer_types)
     require(
         not windowed,
         "methods",
@@ -62,9 +59,7 @@ def check_tree_support(target: TargetModel, sampling: SamplingConfig) -> None:
     )
 
 
-def accepted_path(
-    tree: TokenTree, target_logits: torch.Tensor, sampling: SamplingConfig, generator
-) -> tuple[list[int], int]:
+def accepted_path(tree: TokenTree, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
     """Walk the tree along the target's own tokens.
 
     Args:

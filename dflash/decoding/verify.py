@@ -34,9 +34,7 @@ def propose_tokens(draft_logits: torch.Tensor, sampling: SamplingConfig, generat
     return Drafts(tokens=sample(probs, generator), probs=probs)
 
 
-def verify(
-    target_logits: torch.Tensor, drafts: Drafts, sampling: SamplingConfig, generator
-) -> tuple[int, int]:
+def verify(target_logits: torch.Tensor, drafts: Drafts, sampling: SamplingConfig, generator) -> tuple[int, int]:
     """Decide how many drafts to keep.
 
     Args:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from dflash.target.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
 from dflash.errors import ConfigError, require
+from dflash.target.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
 
 # Keys of the target's HF config not copied into the drafter's config.json: per-layer
 # structure of the target and loading hooks that would point other programs at the
@@ -112,7 +112,7 @@ class DrafterConfig:
         intermediate_size: int | None = None,
         attn_implementation: str = "sdpa",
         use_target_features: bool = True,
-    ) -> "DrafterConfig":
+    ) -> DrafterConfig:
         """A drafter as wide as the target, with `num_layers` layers.
 
         Whatever the target's family, the drafter is Qwen3-style: it takes the target's
@@ -175,7 +175,11 @@ class DrafterConfig:
         dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
         out.update(rope_config_keys(self.rope_hf_config()))
-        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id, "block_size": self.block_size}
+        dflash = {
+            "target_layer_ids": list(self.target_layer_ids),
+            "mask_token_id": self.mask_token_id,
+            "block_size": self.block_size,
+        }
         if self.mask_token is not None:
             dflash["mask_token"] = self.mask_token
         if not self.use_target_features:
@@ -206,7 +210,7 @@ class DrafterConfig:
         return out
 
     @classmethod
-    def from_hf_dict(cls, data: dict, attn_implementation: str = "sdpa") -> "DrafterConfig":
+    def from_hf_dict(cls, data: dict, attn_implementation: str = "sdpa") -> DrafterConfig:
         """Parse a drafter config.json: ours, or a published DFlash drafter's (transformers
         4 rope keys only, `block_size` at the top level or in `dflash_config`)."""
         try:

@@ -45,7 +45,8 @@ def resolve_mask_token_id(tokenizer, embedding_rows: int, mask_token: str | None
                 )
             log.info(
                 "mask token: %r (id %d), an unused special token: the target's embedding has no spare row",
-                mask_token, tokenizer.convert_tokens_to_ids(mask_token),
+                mask_token,
+                tokenizer.convert_tokens_to_ids(mask_token),
             )
         else:
             mask_token = DEFAULT_MASK_TOKEN

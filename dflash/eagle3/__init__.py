@@ -5,10 +5,10 @@ training-time test (training, module), EAGLE-3 directory layout (io) and chain d
 from __future__ import annotations
 
 from dflash.eagle3.config import Eagle3Config, default_eagle3_layer_ids
-from dflash.errors import require
 from dflash.eagle3.io import load_eagle3, save_eagle3
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.eagle3.proposer import Eagle3Proposer
+from dflash.errors import require
 
 
 def build_eagle3_proposer(path: str | None, target, num_draft_tokens: int, seed: int = 0) -> Eagle3Proposer:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dflash.target.rope_keys import full_attention_rope, rope_config_keys, running_version_keys
 from dflash.errors import ConfigError, require
+from dflash.target.rope_keys import full_attention_rope, rope_config_keys, running_version_keys
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NUM_TAPS = 3
@@ -68,7 +68,7 @@ class Eagle3Config:
         target_layer_ids: list[int] | None = None,
         draft_vocab_size: int | None = None,
         intermediate_size: int | None = None,
-    ) -> "Eagle3Config":
+    ) -> Eagle3Config:
         """Size the drafter from the target's HF config (None: the published defaults)."""
         hidden = target_config.hidden_size
         heads = target_config.num_attention_heads
@@ -132,7 +132,7 @@ class Eagle3Config:
         }
 
     @classmethod
-    def from_hf_dict(cls, data: dict) -> "Eagle3Config":
+    def from_hf_dict(cls, data: dict) -> Eagle3Config:
         """Read a config.json written by `to_hf_dict`."""
         require(
             ARCHITECTURE in (data.get("architectures") or []) and "dflash_eagle3" in data,

@@ -67,11 +67,17 @@ def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtyp
         state = load_file(os.path.join(path, WEIGHTS_FILE))
     drafter = Eagle3Drafter(config)
     expected = set(drafter.state_dict())
-    require(set(state) == expected, "eagle3.path", f"{path!r} has weights {sorted(set(state) ^ expected)[:4]} that do not fit its config.json")
+    require(
+        set(state) == expected,
+        "eagle3.path",
+        f"{path!r} has weights {sorted(set(state) ^ expected)[:4]} that do not fit its config.json",
+    )
     try:
         drafter.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise ConfigError("eagle3.path", f"{path!r} has weights that do not fit its config.json ({str(err).splitlines()[-1].strip()})") from None
+        raise ConfigError(
+            "eagle3.path", f"{path!r} has weights that do not fit its config.json ({str(err).splitlines()[-1].strip()})"
+        ) from None
     drafter = drafter.to(device)
     if dtype is not None:
         drafter = drafter.to(dtype)

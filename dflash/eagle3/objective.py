@@ -27,7 +27,9 @@ def build_eagle3_drafter(target: TargetModel, settings) -> Eagle3Drafter:
 
     settings: the `method` group of `method=eagle3` (`dflash.methods.eagle3.Eagle3TrainSettings`).
     """
-    config = Eagle3Config.from_target(target.config, settings.target_layer_ids, settings.draft_vocab_size, settings.intermediate_size)
+    config = Eagle3Config.from_target(
+        target.config, settings.target_layer_ids, settings.draft_vocab_size, settings.intermediate_size
+    )
     torch.manual_seed(0 if settings.seed is None else settings.seed)
     drafter = Eagle3Drafter(config).to(target.device)
     drafter.lm_head.weight.data.copy_(target.lm_head.weight[: config.draft_vocab_size].float())
@@ -65,12 +67,24 @@ class Eagle3Objective(Objective):
         `full_vocab` is DFlash's (EAGLE-3 scores its own draft vocabulary either way)."""
         loss_mask = batch["loss_mask"].bool() & batch["attention_mask"].bool()
         settings = self.settings
-        return ttt_loss(self.drafter, module.target.embed, states, batch["input_ids"], loss_mask, settings.ttt_length, settings.step_weight_decay)
+        return ttt_loss(
+            self.drafter,
+            module.target.embed,
+            states,
+            batch["input_ids"],
+            loss_mask,
+            settings.ttt_length,
+            settings.step_weight_decay,
+        )
 
 
 def eagle3_training_module(target: TargetSpec, settings, training: TrainingConfig):
     """A `DrafterTrainingModule` training an EAGLE-3 drafter against `target`."""
     from dflash.training.module import DrafterTrainingModule
 
-    hparams = {"target": dataclasses.asdict(target), "method": dataclasses.asdict(settings), "training": dataclasses.asdict(training)}
+    hparams = {
+        "target": dataclasses.asdict(target),
+        "method": dataclasses.asdict(settings),
+        "training": dataclasses.asdict(training),
+    }
     return DrafterTrainingModule(target, lambda model: Eagle3Objective(model, settings), training, hparams)

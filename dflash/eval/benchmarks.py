@@ -35,9 +35,7 @@ PROMPT_FORMATS = ("paper", "raw")
 TEXT_FIELDS = ("prompt", "question", "problem")
 
 MATH_TEMPLATE = "{text}" + MATH_SUFFIX
-HUMANEVAL_TEMPLATE = (
-    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{text}\n```"
-)
+HUMANEVAL_TEMPLATE = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{text}\n```"
 SWE_BENCH_TEMPLATE = "Problem Statement:\n{text}\nPlease fix the issue described above."
 LIVECODEBENCH_SYSTEM = (
     "You are an expert Python programmer. You will be given a question (problem specification) "
@@ -152,9 +150,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             template=livecodebench_prompt("{text}"),
             paper_turns=_livecodebench_paper,
         ),
-        Benchmark(
-            "swe_bench_lite", _field("problem_statement"), "princeton-nlp/SWE-bench_Lite", template=SWE_BENCH_TEMPLATE
-        ),
+        Benchmark("swe_bench_lite", _field("problem_statement"), "princeton-nlp/SWE-bench_Lite", template=SWE_BENCH_TEMPLATE),
         Benchmark("mt_bench", lambda row: list(row["prompt"]), "HuggingFaceH4/mt_bench_prompts", split="train"),
         Benchmark("alpaca", _alpaca_text, "tatsu-lab/alpaca", split="train"),
     ]
@@ -172,9 +168,7 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
         "benchmark.prompt_format",
         f"unknown format {spec.prompt_format!r}; choose one of {PROMPT_FORMATS}",
     )
-    require(
-        spec.max_samples is None or spec.max_samples >= 0, "benchmark.max_samples", f"must be >= 0, got {spec.max_samples}"
-    )
+    require(spec.max_samples is None or spec.max_samples >= 0, "benchmark.max_samples", f"must be >= 0, got {spec.max_samples}")
     benchmark = BENCHMARKS.get(spec.name)
     if spec.path is not None:
         template = benchmark.template if benchmark is not None else "{text}"

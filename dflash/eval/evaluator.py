@@ -69,12 +69,10 @@ class DecodingSettings:
 
     def __post_init__(self):
         # checked here too (not only in `generate`) so bad values fail before a model loads
-        require(
-            self.block_size is None or self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}"
-        )
+        require(self.block_size is None or self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
         require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         require(0 <= self.draft_threshold <= 1, "draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
-        self.sampling  # validates temperature, top_p, top_k, verify_rule
+        _ = self.sampling  # validates temperature, top_p, top_k, verify_rule
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -159,7 +157,9 @@ def evaluate(
             conversation.append(target.tokenizer.decode(record.outputs[primary], skip_special_tokens=True))
 
     infos = {
-        name: MethodInfo(setup.label, setup.block_size, setup.trained_block_size, METHODS[name].recorded(_own_settings(name, settings), context))
+        name: MethodInfo(
+            setup.label, setup.block_size, setup.trained_block_size, METHODS[name].recorded(_own_settings(name, settings), context)
+        )
         for name, setup in setups.items()
     }
     first = infos[primary]
@@ -226,9 +226,7 @@ class _Methods:
         baseline_logits = replay(baseline)
         candidates = {name: replay(results[name]) for name in self.setups}
         if "hf_generate" in record.outputs:
-            candidates["hf_generate"] = lambda position: hf_generate_logits(
-                self.target, input_ids, position, self._hf_options()
-            )
+            candidates["hf_generate"] = lambda position: hf_generate_logits(self.target, input_ids, position, self._hf_options())
         for method, candidate_logits in candidates.items():
             output = record.outputs[method]
             position = first_difference(baseline.output_ids, output)

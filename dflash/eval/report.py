@@ -51,8 +51,7 @@ def format_results(results: dict) -> str:
     ]
     lines += _divergence_lines(results["divergences"])
     lines.append(
-        "HF generate matches autoregressive: "
-        + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"])
+        "HF generate matches autoregressive: " + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"])
     )
     lines += _divergence_lines(results["hf_generate_divergences"])
     methods = results.get("methods") or {}

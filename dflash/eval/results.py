@@ -261,9 +261,7 @@ def build_results(
     ran_hf = all("hf_generate" in r.outputs for r in records)
     methods = methods or {METHOD: MethodInfo(drafter, block_size, drafter_block_size)}
     primary = next(iter(methods))
-    per_method = {
-        name: method_record(records, name, info, greedy) for name, info in methods.items()
-    }
+    per_method = {name: method_record(records, name, info, greedy) for name, info in methods.items()}
     top = per_method[primary]
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
     return {

@@ -81,4 +81,15 @@ def width_label(name: str, block_size: int, settings: dict) -> str:
     return method.width_label(block_size, settings) if method is not None else f"(k={block_size - 1})"
 
 
-__all__ = ["METHODS", "EvalContext", "Method", "MethodSetup", "build_method", "check_method_names", "label", "method_of_checkpoint", "trained_methods", "width_label"]
+__all__ = [
+    "METHODS",
+    "EvalContext",
+    "Method",
+    "MethodSetup",
+    "build_method",
+    "check_method_names",
+    "label",
+    "method_of_checkpoint",
+    "trained_methods",
+    "width_label",
+]

@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dflash.errors import require
 
@@ -100,7 +101,11 @@ class Method:
 
     def check_installed(self) -> None:
         """ConfigError naming `methods` when its optional package is missing."""
-        require(self.package is None or installed(self.package), "methods", f"{self.name} is not available in this installation (no {self.package} package)")
+        require(
+            self.package is None or installed(self.package),
+            "methods",
+            f"{self.name} is not available in this installation (no {self.package} package)",
+        )
 
 
 def installed(package: str) -> bool:

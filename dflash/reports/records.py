@@ -102,7 +102,7 @@ class RunRecord:
         histogram = self.results.get("acceptance_histogram")
         return list(histogram) if histogram else None
 
-    def method_views(self) -> list["RunRecord"]:
+    def method_views(self) -> list[RunRecord]:
         """One record per drafting method the run compared (results.json `methods`), each
         reading that method's figures as its own; [self] for a run of one method.
 

@@ -11,13 +11,26 @@ from dflash.reports.tables import METRICS, Cell, Table, benchmark_label
 
 DASH = "–"
 SUPERSCRIPT_DIGITS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
-LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                 "τ": r"$\tau$", "×": r"$\times$", "±": r"$\pm$", "–": "--"}
+LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "τ": r"$\tau$",
+    "×": r"$\times$",
+    "±": r"$\pm$",
+    "–": "--",
+}
 
 
 def format_value(cell: Cell, metric: str) -> str | None:
-    """"4.91×" / "6.53", with " ± std" over seeds; None for a missing cell."""
+    """ "4.91×" / "6.53", with " ± std" over seeds; None for a missing cell."""
     if cell.mean is None:
         return None
     unit = "×" if metric == "speedup" else ""
@@ -51,10 +64,10 @@ def to_latex(table: Table) -> str:
     group_header = " & " * (keys - 1) + "".join(
         f" & \\multicolumn{{{len(METRICS)}}}{{c}}{{{_tex(benchmark_label(b))}}}" for b in table.benchmarks
     )
-    rules = " ".join(
-        f"\\cmidrule(lr){{{keys + 1 + i * len(METRICS)}-{keys + (i + 1) * len(METRICS)}}}" for i in range(groups)
+    rules = " ".join(f"\\cmidrule(lr){{{keys + 1 + i * len(METRICS)}-{keys + (i + 1) * len(METRICS)}}}" for i in range(groups))
+    metric_header = " & ".join(
+        [*(_tex(h) for h in table.key_headers), *(_tex(label) for _ in table.benchmarks for _, label in METRICS)]
     )
-    metric_header = " & ".join([*(_tex(h) for h in table.key_headers), *(_tex(label) for _ in table.benchmarks for _, label in METRICS)])
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -75,7 +88,9 @@ def to_latex(table: Table) -> str:
                 lines.append(r"\midrule")
             section = row.section
             lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\textit{{{_tex(section)}}}}} \\\\")
-        values = [*(_tex(k) for k in row.keys)] + [_tex_cell(table.cell(row, b, m), m) for b in table.benchmarks for m, _ in METRICS]
+        values = [*(_tex(k) for k in row.keys)] + [
+            _tex_cell(table.cell(row, b, m), m) for b in table.benchmarks for m, _ in METRICS
+        ]
         lines.append(" & ".join(values) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     notes = [f"$^{{{i}}}$\\,{_tex(text)}" for i, text in enumerate(table.footnotes, start=1)] + [_tex(n) for n in table.notes]

@@ -26,8 +26,14 @@ class Report:
     files: list[str] = field(default_factory=list)
 
 
-def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots: bool = True,
-                 ablations: list[str] | tuple = (), metric: str = "pooled") -> Report:
+def write_report(
+    records: list[RunRecord],
+    out_dir: str,
+    formats=FORMATS,
+    plots: bool = True,
+    ablations: list[str] | tuple = (),
+    metric: str = "pooled",
+) -> Report:
     """Build the tables of `records` and write `tables.md` / `tables.tex` and `plots/*.png`.
 
     ablations: only these tables (e.g. ["main", "depth"]); empty: every table.
@@ -61,4 +67,3 @@ def write_report(records: list[RunRecord], out_dir: str, formats=FORMATS, plots:
         latex = "% Needs \\usepackage{booktabs}.\n" + "\n".join(to_latex(t) for t in tables)
         files.append(write_text(os.path.join(out_dir, "tables.tex"), latex))
     return Report(tables, markdown, files)
-

@@ -44,9 +44,16 @@ METRIC_SOURCES = {
     },
 }
 BENCHMARK_NAMES = {
-    "gsm8k": "GSM8K", "math500": "MATH-500", "aime24": "AIME24", "aime25": "AIME25",
-    "humaneval": "HumanEval", "mbpp": "MBPP", "livecodebench": "LiveCodeBench",
-    "swe_bench_lite": "SWE-Bench", "mt_bench": "MT-Bench", "alpaca": "Alpaca",
+    "gsm8k": "GSM8K",
+    "math500": "MATH-500",
+    "aime24": "AIME24",
+    "aime25": "AIME25",
+    "humaneval": "HumanEval",
+    "mbpp": "MBPP",
+    "livecodebench": "LiveCodeBench",
+    "swe_bench_lite": "SWE-Bench",
+    "mt_bench": "MT-Bench",
+    "alpaca": "Alpaca",
 }
 ABLATION_TITLES = {
     "main": "Main results",

@@ -18,8 +18,8 @@ difference smaller than the seed spread will read as inconclusive.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dflash.reports.tables import Cell, Row, Table
 
@@ -49,19 +49,35 @@ def _method(prefix: str, temperature: str = "0") -> Callable[[Row], bool]:
 PAPER_TRENDS = (
     Trend("main", "DFlash is faster than EAGLE-3 (T = 0)", "speedup", (_method("EAGLE-3"), _method("DFlash"))),
     Trend("main", "DFlash accepts more than EAGLE-3 (T = 0)", "tau", (_method("EAGLE-3"), _method("DFlash"))),
-    Trend("block_size", "a drafter trained with a larger B accepts more (each at its own B)", "tau",
-          (("8", "8"), ("10", "10"), ("16", "16"))),
-    Trend("block_size", "a larger inference B accepts more for a given drafter (train B 8)", "tau",
-          (("8", "8"), ("8", "16"))),
-    Trend("block_size_controlled", "a drafter trained with a larger B accepts more, at equal supervised positions "
-          "(B 8 with 164 anchors, B 16 with 64; each at its own B)", "tau", (("8", "164"), ("16", "64"))),
+    Trend(
+        "block_size",
+        "a drafter trained with a larger B accepts more (each at its own B)",
+        "tau",
+        (("8", "8"), ("10", "10"), ("16", "16")),
+    ),
+    Trend("block_size", "a larger inference B accepts more for a given drafter (train B 8)", "tau", (("8", "8"), ("8", "16"))),
+    Trend(
+        "block_size_controlled",
+        "a drafter trained with a larger B accepts more, at equal supervised positions "
+        "(B 8 with 164 anchors, B 16 with 64; each at its own B)",
+        "tau",
+        (("8", "164"), ("16", "64")),
+    ),
     Trend("depth", "a deeper drafter accepts more", "tau", (("1",), ("3",), ("5",))),
     Trend("target_features", "more tapped target layers accept more", "tau", (("1",), ("3",), ("5",))),
-    Trend("loss", "decaying position weights beat uniform ones (CE)", "tau",
-          (("CE (data)", "uniform"), ("CE (data)", "decay (gamma by B)"))),
+    Trend(
+        "loss",
+        "decaying position weights beat uniform ones (CE)",
+        "tau",
+        (("CE (data)", "uniform"), ("CE (data)", "decay (gamma by B)")),
+    ),
     Trend("anchors", "random anchors beat fixed-stride blocks", "tau", (("stride",), ("random",))),
-    Trend("target_context", "the target's features make the drafter (against a standalone one)", "tau",
-          (("none (standalone)",), ("injected (DFlash)",))),
+    Trend(
+        "target_context",
+        "the target's features make the drafter (against a standalone one)",
+        "tau",
+        (("none (standalone)",), ("injected (DFlash)",)),
+    ),
 )
 
 
@@ -94,29 +110,38 @@ def judge(trend: Trend, table: Table, benchmark: str) -> TrendResult:
 
 def judge_all(tables: list[Table], trends=PAPER_TRENDS) -> list[TrendResult]:
     """Every trend on every benchmark of every table of its ablation."""
-    return [judge(trend, table, b) for trend in trends for table in tables if table.ablation == trend.ablation
-            for b in table.benchmarks]
+    return [
+        judge(trend, table, b) for trend in trends for table in tables if table.ablation == trend.ablation for b in table.benchmarks
+    ]
 
 
 def to_markdown(results: list[TrendResult]) -> str:
     """The trends table: claim, metric, our means in the paper's order, verdict."""
-    lines = ["### Trends: the paper's against ours", "",
-             "| ablation | the paper says | metric | ours, worst to best by the paper (mean ± std, seeds) | verdict |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "### Trends: the paper's against ours",
+        "",
+        "| ablation | the paper says | metric | ours, worst to best by the paper (mean ± std, seeds) | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         ours = " → ".join(_describe(selector, cell) for selector, cell in zip(r.trend.order, r.cells))
-        lines.append(f"| {r.trend.ablation} ({r.target}) | {r.trend.claim} | {r.trend.metric} | {ours} | "
-                     f"**{r.verdict}** ({r.reason}) |")
-    lines += ["", f"Verdict per neighbouring pair: the difference of means against {SPREAD_FACTOR:g}x its standard "
-              "error over seeds (dflash/reports/trends.py); every pair as the paper: matches; one reversed: does "
-              "not match; otherwise inconclusive.", ""]
+        lines.append(
+            f"| {r.trend.ablation} ({r.target}) | {r.trend.claim} | {r.trend.metric} | {ours} | **{r.verdict}** ({r.reason}) |"
+        )
+    lines += [
+        "",
+        f"Verdict per neighbouring pair: the difference of means against {SPREAD_FACTOR:g}x its standard "
+        "error over seeds (dflash/reports/trends.py); every pair as the paper: matches; one reversed: does "
+        "not match; otherwise inconclusive.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _pair(a: Cell, b: Cell) -> int:
     """+1 when b is beyond a by more than the spread allows, -1 when below it, else 0."""
     difference = b.mean - a.mean
-    se = math.sqrt(a.std ** 2 / len(a.values) + b.std ** 2 / len(b.values))
+    se = math.sqrt(a.std**2 / len(a.values) + b.std**2 / len(b.values))
     if abs(difference) > SPREAD_FACTOR * se:
         return 1 if difference > 0 else -1
     return 0

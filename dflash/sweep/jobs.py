@@ -136,7 +136,10 @@ class JobRunner:
                 if self._stopping:
                     return JobOutcome(job, "failed", slot, None, {"exception": "sweep interrupted before the job started"})
                 process = subprocess.Popen(
-                    job.command, stdout=log, stderr=subprocess.STDOUT, env=job_environment(slot, self.env),
+                    job.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=job_environment(slot, self.env),
                     stdin=subprocess.DEVNULL,
                 )
                 self._running[job.index] = process

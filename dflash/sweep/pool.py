@@ -18,9 +18,10 @@ import os
 import queue
 import shutil
 import subprocess
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from dflash.errors import ConfigError, require
 

@@ -71,9 +71,14 @@ def sweep_plan(name: str, scale: str | None = None) -> SweepPlan:
         except Exception as err:  # noqa: BLE001 - a sweep of the other app does not compose here; reported below
             errors.append(f"as a {app} sweep: {first_line(err)}")
             continue
-        require(node.get("app") == app, "sweep.app", f"dflash/conf/sweep/{name}.yaml: composes for {app} but says {node.get('app')!r}")
+        require(
+            node.get("app") == app, "sweep.app", f"dflash/conf/sweep/{name}.yaml: composes for {app} but says {node.get('app')!r}"
+        )
         return _plan(name, app, node, overrides)
-    raise ConfigError("sweep", f"dflash/conf/sweep/{name}.yaml does not compose{'' if scale is None else f' at scale {scale}'}: {'; '.join(errors)}")
+    raise ConfigError(
+        "sweep",
+        f"dflash/conf/sweep/{name}.yaml does not compose{'' if scale is None else f' at scale {scale}'}: {'; '.join(errors)}",
+    )
 
 
 def _plan(name: str, app: str, node: dict, overrides: list[str]) -> SweepPlan:
@@ -89,7 +94,9 @@ def _plan(name: str, app: str, node: dict, overrides: list[str]) -> SweepPlan:
         "sweep.prepare",
         f"dflash/conf/sweep/{name}.yaml: expected a list of argv lists (module first), got {prepare!r}",
     )
-    return SweepPlan(name=name, app=app, scale=scale, prepare=[list(cmd) for cmd in prepare], next=node.get("next"), overrides=overrides)
+    return SweepPlan(
+        name=name, app=app, scale=scale, prepare=[list(cmd) for cmd in prepare], next=node.get("next"), overrides=overrides
+    )
 
 
 def _compose(app: str, overrides: list[str]) -> dict:

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 BUILD_INFO = "build_info.json"
 

@@ -182,7 +182,7 @@ class TargetModel:
         dtype: str = "auto",
         attn_implementation: str | None = "sdpa",
         device: str = "cpu",
-    ) -> "TargetModel":
+    ) -> TargetModel:
         """Load an HF causal LM and its tokenizer by hub id or local directory.
 
         Args:

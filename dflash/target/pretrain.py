@@ -14,8 +14,8 @@ import time
 import warnings
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset
 
 from dflash.errors import require

@@ -45,8 +45,18 @@ BUILD_FORMAT_VERSION = 1
 # code, and generated tables (codec maps, pydoc topics) that teach nothing about code.
 EXCLUDED_DIRS = frozenset(
     {
-        "test", "tests", "idle_test", "idlelib", "lib2to3", "site-packages", "dist-packages",
-        "ensurepip", "encodings", "pydoc_data", "turtledemo", "__pycache__",
+        "test",
+        "tests",
+        "idle_test",
+        "idlelib",
+        "lib2to3",
+        "site-packages",
+        "dist-packages",
+        "ensurepip",
+        "encodings",
+        "pydoc_data",
+        "turtledemo",
+        "__pycache__",
     }
 )
 
@@ -87,8 +97,20 @@ class TinyCodeConfig:
 
     def __post_init__(self):
         key = "target.build."
-        for name in ("vocab_size", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
-                     "seq_len", "batch_size", "max_steps", "max_corpus_bytes", "val_windows", "num_threads"):
+        for name in (
+            "vocab_size",
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "seq_len",
+            "batch_size",
+            "max_steps",
+            "max_corpus_bytes",
+            "val_windows",
+            "num_threads",
+        ):
             require(getattr(self, name) > 0, key + name, f"must be a positive integer, got {getattr(self, name)}")
         require(self.vocab_size >= 512, key + "vocab_size", f"must be >= 512 (256 bytes + merges), got {self.vocab_size}")
         require(
@@ -111,7 +133,7 @@ class TinyCodeConfig:
         require(0 <= self.warmup_steps < self.max_steps, key + "warmup_steps", "must be in [0, max_steps)")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TinyCodeConfig":
+    def from_dict(cls, data: dict) -> TinyCodeConfig:
         """Build from a plain dict (a `target.build` config block; `kind` is ignored)."""
         from dflash.structured import typed
 
@@ -199,7 +221,9 @@ def _functions(tree: ast.Module, lines: list[str]) -> list[FunctionSource]:
         if not text.startswith(("def ", "async def ")):
             continue  # a multi-line string at column 0 kept the indentation: not a clean cut
         body = node.body
-        has_docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+        has_docstring = (
+            isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+        )
         header = None
         # `"""doc"""; body` on one line leaves no clean place to cut.
         if has_docstring and len(body) > 1 and body[1].lineno > body[0].end_lineno:

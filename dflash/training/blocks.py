@@ -35,9 +35,7 @@ class Blocks:
     slots: torch.Tensor
 
 
-def build_blocks(
-    input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anchors, block_size: int, mask_token_id: int
-) -> Blocks:
+def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anchors, block_size: int, mask_token_id: int) -> Blocks:
     """Lay out one block per anchor.
 
     Args:

@@ -54,9 +54,13 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     if resume == "never":
         return None
     if resume != "auto":
-        require(os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these")
+        require(
+            os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these"
+        )
         problem = checkpoint_problem(resume)
-        require(problem is None, "checkpoint.resume", f"cannot read {resume!r} ({problem}); pass another checkpoint, or auto or never")
+        require(
+            problem is None, "checkpoint.resume", f"cannot read {resume!r} ({problem}); pass another checkpoint, or auto or never"
+        )
         return os.path.abspath(resume)
     last = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
     previous = os.path.join(checkpoint_dir, PREVIOUS_CHECKPOINT)
@@ -83,7 +87,13 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     else:
         if is_first_process():
             os.replace(last, last + CORRUPT_SUFFIX)
-        log.warning("%s cannot be read (%s); it is kept as %s and training resumes from %s", last, last_problem, last + CORRUPT_SUFFIX, previous)
+        log.warning(
+            "%s cannot be read (%s); it is kept as %s and training resumes from %s",
+            last,
+            last_problem,
+            last + CORRUPT_SUFFIX,
+            previous,
+        )
     return previous
 
 
@@ -103,8 +113,16 @@ def checkpoint_problem(path: str) -> str | None:
 
 # Drafter config.json keys that must agree for a checkpoint to continue this run.
 _DRAFTER_SHAPE_KEYS = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "intermediate_size", "vocab_size", "block_size", "num_target_layers", "dflash_config",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "block_size",
+    "num_target_layers",
+    "dflash_config",
 )
 
 
@@ -114,12 +132,20 @@ def check_checkpoint_fits(path: str, module, key: str) -> None:
 
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     stored, current = checkpoint.get(DRAFTER_CONFIG_KEY, {}), module.drafter.config.to_hf_dict()
-    differences = [f"{name} {stored.get(name)} there, {current.get(name)} here" for name in _DRAFTER_SHAPE_KEYS if stored.get(name) != current.get(name)]
+    differences = [
+        f"{name} {stored.get(name)} there, {current.get(name)} here"
+        for name in _DRAFTER_SHAPE_KEYS
+        if stored.get(name) != current.get(name)
+    ]
     if not differences:  # same config, yet other weights: name the first tensors that differ
         shapes = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
         stored_shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
         names = sorted(set(shapes) | set(stored_shapes))
-        differences = [f"{name} {stored_shapes.get(name)} there, {shapes.get(name)} here" for name in names if shapes.get(name) != stored_shapes.get(name)]
+        differences = [
+            f"{name} {stored_shapes.get(name)} there, {shapes.get(name)} here"
+            for name in names
+            if shapes.get(name) != stored_shapes.get(name)
+        ]
     require(
         not differences,
         key,

@@ -59,7 +59,9 @@ class TrainingConfig:
     anchor_sampling: str = "random"
     loss: str = "ce"
     position_weights: str = "gamma"
-    loss_gamma: Any = "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
+    loss_gamma: Any = (
+        "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
+    )
     dpace_alpha: float = 0.5
     loss_chunk_rows: int | None = 256
     learning_rate: float = 6e-4

@@ -100,7 +100,7 @@ class DiskStateCache:
         lengths: np.ndarray,
         dtype: str = "bfloat16",
         shard_rows: int = 64,
-    ) -> "DiskStateCache":
+    ) -> DiskStateCache:
         """The cache of `target` (a `TargetModel`) on the rows `data_fingerprint` names,
         under `root`; creates its directory and manifest when new."""
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -218,13 +218,19 @@ class DiskStateCache:
         rows = sum(self._rows(s)[1] - self._rows(s)[0] for s in todo)
         log.info(
             "target state cache: computing layers %s for %d rows (%d shards) into %s",
-            sorted({layer for absent in todo.values() for layer in absent}), rows, len(todo), self.directory,
+            sorted({layer for absent in todo.values() for layer in absent}),
+            rows,
+            len(todo),
+            self.directory,
         )
         report = _FillProgress(rows, progress)
         began, tokens = time.perf_counter(), 0
         for shard, absent in todo.items():
             start, stop = self._rows(shard)
-            buffers = {layer: torch.empty(int(self.offsets[stop] - self.offsets[start]), self.hidden_size, dtype=self.torch_dtype) for layer in absent}
+            buffers = {
+                layer: torch.empty(int(self.offsets[stop] - self.offsets[start]), self.hidden_size, dtype=self.torch_dtype)
+                for layer in absent
+            }
             order = sorted(range(start, stop), key=lambda r: -int(self.lengths[r]))  # similar lengths batch together
             for first in range(0, len(order), batch_size):
                 batch_rows = order[first : first + batch_size]
@@ -232,7 +238,11 @@ class DiskStateCache:
                 input_ids = torch.zeros((len(batch_rows), width), dtype=torch.long)  # right padding: never read
                 for i, row in enumerate(batch_rows):
                     ids = torch.as_tensor(np.asarray(row_ids(row)), dtype=torch.long)
-                    require(len(ids) == self.lengths[row], "training.target_cache_dir", f"row {row} changed length; delete {self.directory}")
+                    require(
+                        len(ids) == self.lengths[row],
+                        "training.target_cache_dir",
+                        f"row {row} changed length; delete {self.directory}",
+                    )
                     input_ids[i, : len(ids)] = ids
                 with torch.no_grad():
                     states = target_features(target, input_ids.to(target.device), absent).cpu()
@@ -251,7 +261,11 @@ class DiskStateCache:
         elapsed = time.perf_counter() - began
         log.info(
             "target state cache: %d tokens in %.0f s (%.0f tokens/s); %.1f MiB on disk in %s",
-            tokens, elapsed, tokens / max(elapsed, 1e-9), self.disk_bytes() / 2**20, self.directory,
+            tokens,
+            elapsed,
+            tokens / max(elapsed, 1e-9),
+            self.disk_bytes() / 2**20,
+            self.directory,
         )
         return tokens
 
@@ -287,7 +301,11 @@ class DiskStateCache:
             start = self.shard_rows * shard
             at = int(self.offsets[row] - self.offsets[start])
             length = int(self.lengths[row])
-            require(length <= width, "training.target_cache_dir", f"row {row} is longer than its batch; the cache does not fit this data")
+            require(
+                length <= width,
+                "training.target_cache_dir",
+                f"row {row} is longer than its batch; the cache does not fit this data",
+            )
             for j, layer in enumerate(layers):
                 values = torch.from_numpy(np.array(self._map(shard, layer)[at : at + length]))
                 if self.torch_dtype == torch.bfloat16:
@@ -325,10 +343,13 @@ class _FillProgress:
             eta = (now - self.began) / self.done * (self.total - self.done)
             log.info(
                 "target states: %d/%d rows (%d%%), %.0f tokens/s, ETA %s",
-                self.done, self.total, 100 * self.done // self.total, rate, format_duration(eta),
+                self.done,
+                self.total,
+                100 * self.done // self.total,
+                rate,
+                format_duration(eta),
             )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-

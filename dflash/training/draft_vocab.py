@@ -58,10 +58,10 @@ class DraftVocab:
     head_rows: torch.Tensor
 
     @classmethod
-    def build(cls, ids: torch.Tensor, head_rows: torch.Tensor, vocab_rows: int) -> "DraftVocab":
+    def build(cls, ids: torch.Tensor, head_rows: torch.Tensor, vocab_rows: int) -> DraftVocab:
         lookup = torch.full((vocab_rows,), -1, dtype=torch.long, device=ids.device)
         lookup[ids] = torch.arange(ids.numel(), device=ids.device)
         return cls(ids=ids, lookup=lookup, head_rows=head_rows)
 
-    def to(self, device: torch.device) -> "DraftVocab":
+    def to(self, device: torch.device) -> DraftVocab:
         return DraftVocab(self.ids.to(device), self.lookup.to(device), self.head_rows.to(device))

@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -38,7 +38,7 @@ class TargetStateCache:
     def __init__(self, budget_bytes: int):
         self.budget_bytes = int(budget_bytes)
         self.used_bytes = 0
-        self.hits = 0    # batches built from the cache
+        self.hits = 0  # batches built from the cache
         self.misses = 0  # batches computed
         self._states: dict[int, torch.Tensor] = {}
         self._warned_full = False
@@ -47,7 +47,9 @@ class TargetStateCache:
     def __len__(self) -> int:
         return len(self._states)
 
-    def get(self, row_index: torch.Tensor | None, attention_mask: torch.Tensor, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def get(
+        self, row_index: torch.Tensor | None, attention_mask: torch.Tensor, compute: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
         """The batch's target states, from memory when every sequence is cached.
 
         Args:
@@ -88,7 +90,8 @@ class TargetStateCache:
                     log.warning(
                         "target state cache full (%.2f GiB, %d sequences): the rest are computed every step; "
                         "raise training.target_cache_gib to keep them all",
-                        self.used_bytes / 2**30, len(self._states),
+                        self.used_bytes / 2**30,
+                        len(self._states),
                     )
                 continue
             self._states[key] = row

@@ -8,7 +8,7 @@ holds the two together.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -27,12 +27,13 @@ sums over that window and all ranks; `val/...` the same over the whole validatio
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import lightning as L
 import torch
 
 from dflash.errors import require
+from dflash.progress import budget_timer
 from dflash.specs import TargetSpec, load_target
 from dflash.target import TargetModel
 from dflash.training.config import TrainingConfig
@@ -42,7 +43,6 @@ from dflash.training.forward import target_features
 from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
 from dflash.training.objective import Objective
-from dflash.progress import budget_timer
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
 
@@ -201,8 +201,9 @@ class DrafterTrainingModule(L.LightningModule):
         checkpoint[DRAFTER_CONFIG_KEY] = self.objective.checkpoint_config()
 
 
-
-def open_disk_cache(config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1) -> DiskStateCache:
+def open_disk_cache(
+    config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1
+) -> DiskStateCache:
     """The disk cache of `target` on tokenised `rows` (`dflash.data.tokenize.TokenizedRows`),
     with this rank's share of the missing `layers` filled."""
     lengths = rows.offsets[1:] - rows.offsets[:-1]

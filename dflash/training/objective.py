@@ -15,8 +15,9 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -169,7 +170,9 @@ class DFlashObjective(Objective):
                 "training.draft_vocab_size",
                 "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
             )
-            ids = frequent_response_tokens(rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows)
+            ids = frequent_response_tokens(
+                rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows
+            )
             self.draft_vocab = DraftVocab.build(ids, target.head_rows_of(ids), target.embedding_rows)
         if self.draft_vocab.ids.device != module.device:
             self.draft_vocab = self.draft_vocab.to(module.device)
@@ -180,7 +183,11 @@ def dflash_training_module(target: TargetSpec, drafter: DrafterSpec, training: T
     """A `DrafterTrainingModule` training a DFlash drafter (`drafter.*`) against `target`."""
     from dflash.training.module import DrafterTrainingModule
 
-    hparams = {"target": dataclasses.asdict(target), "drafter": dataclasses.asdict(drafter), "training": dataclasses.asdict(training)}
+    hparams = {
+        "target": dataclasses.asdict(target),
+        "drafter": dataclasses.asdict(drafter),
+        "training": dataclasses.asdict(training),
+    }
     return DrafterTrainingModule(target, lambda model: DFlashObjective(model, drafter, training), training, hparams)
 
 

@@ -49,6 +49,7 @@ from dflash.data.config import DataSpec
 from dflash.errors import ConfigError, require
 from dflash.fileio import remove_partial_writes, write_text
 from dflash.locks import DirectoryLock
+from dflash.progress import training_progress
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.after_train import log_evaluation
 from dflash.training.checkpoints import (
@@ -63,7 +64,6 @@ from dflash.training.checkpoints import (
 )
 from dflash.training.config import TrainingConfig
 from dflash.training.objective import TrainedMethod, dflash_trained_method
-from dflash.progress import training_progress
 
 log = logging.getLogger(__name__)
 
@@ -346,8 +346,14 @@ def _strategy(settings: TrainerSettings):
     options = dict(settings.fsdp or {})
     wrap_layers = options.pop("wrap_drafter_layers", True)
     sharding = options.pop("sharding_strategy", "FULL_SHARD")
-    require(not options, f"trainer.fsdp.{next(iter(options), '')}", "unknown key; valid keys: ['sharding_strategy', 'wrap_drafter_layers']")
-    require(sharding in FSDP_SHARDING, "trainer.fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}")
+    require(
+        not options,
+        f"trainer.fsdp.{next(iter(options), '')}",
+        "unknown key; valid keys: ['sharding_strategy', 'wrap_drafter_layers']",
+    )
+    require(
+        sharding in FSDP_SHARDING, "trainer.fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}"
+    )
     return FSDPStrategy(
         auto_wrap_policy={DrafterLayer} if wrap_layers else None,
         sharding_strategy=sharding,
@@ -421,4 +427,3 @@ def finish_loggers(loggers: list) -> None:
         logger.save()
         if type(logger).__name__ == "WandbLogger" and rank_zero_only.rank == 0:
             logger.experiment.finish()
-

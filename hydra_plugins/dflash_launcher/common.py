@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
@@ -17,8 +17,17 @@ from dflash.sweep.jobs import SweepJob
 log = logging.getLogger(__name__)
 
 # Hydra overrides that only make sense for the sweep itself, not for one job run on its own.
-SWEEP_ONLY_HYDRA_KEYS = ("hydra.launcher", "hydra/launcher", "hydra.sweeper", "hydra/sweeper", "hydra.mode",
-                         "hydra.sweep.", "hydra.run.dir", "hydra.job.num", "hydra.job.id")
+SWEEP_ONLY_HYDRA_KEYS = (
+    "hydra.launcher",
+    "hydra/launcher",
+    "hydra.sweeper",
+    "hydra/sweeper",
+    "hydra.mode",
+    "hydra.sweep.",
+    "hydra.run.dir",
+    "hydra.job.num",
+    "hydra.job.id",
+)
 
 
 def job_config(hydra_context: HydraContext, sweep_config: DictConfig, overrides: Sequence[str], index: int) -> DictConfig:
@@ -38,7 +47,9 @@ def job_output_dir(config: DictConfig) -> str:
     return os.path.abspath(os.path.join(sweep_dir, subdir))
 
 
-def sweep_jobs(hydra_context: HydraContext, sweep_config: DictConfig, job_overrides, initial_job_idx: int) -> list[tuple[SweepJob, DictConfig]]:
+def sweep_jobs(
+    hydra_context: HydraContext, sweep_config: DictConfig, job_overrides, initial_job_idx: int
+) -> list[tuple[SweepJob, DictConfig]]:
     """One `SweepJob` per override list; ConfigError if two jobs would share a directory."""
     jobs = []
     by_dir: dict[str, SweepJob] = {}

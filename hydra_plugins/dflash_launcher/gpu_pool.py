@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -61,8 +61,12 @@ class GpuPoolLauncher(Launcher):
         gpu_ids = parse_gpu_ids(self.gpus)
         slots = device_slots(gpu_ids, self.gpus_per_job, self.cpu_jobs)
         if gpu_ids and len(gpu_ids) % self.gpus_per_job:
-            log.warning("%d GPUs do not split into jobs of %d: GPUs %s stay unused",
-                        len(gpu_ids), self.gpus_per_job, gpu_ids[len(slots) * self.gpus_per_job:])
+            log.warning(
+                "%d GPUs do not split into jobs of %d: GPUs %s stay unused",
+                len(gpu_ids),
+                self.gpus_per_job,
+                gpu_ids[len(slots) * self.gpus_per_job :],
+            )
         jobs = sweep_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx)
         app, hydra_overrides = app_command(), job_hydra_overrides(self.config)
         for job, _ in jobs:
@@ -71,7 +75,10 @@ class GpuPoolLauncher(Launcher):
         todo = [job for job, _ in jobs if not (self.skip_finished and is_finished(job.output_dir, self.result_file))]
         log.info(
             "Sweep of %d jobs (%d already finished, skipped) on %d slots: %s",
-            len(jobs), len(jobs) - len(todo), len(slots), ", ".join(slot.describe() for slot in slots),
+            len(jobs),
+            len(jobs) - len(todo),
+            len(slots),
+            ", ".join(slot.describe() for slot in slots),
         )
         runner = JobRunner(log_file=self.log_file, on_event=log.info)
         with _sigterm_as_exit():

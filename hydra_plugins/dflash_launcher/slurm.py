@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 
@@ -38,8 +38,7 @@ if SlurmLauncher is not None:
             submitted = iter(super().launch([job.overrides for job in todo], initial_job_idx) if todo else [])
             finished = {id(job) for job, _ in jobs} - {id(job) for job in todo}
             return [
-                job_return(job, config, JobStatus.COMPLETED) if id(job) in finished else next(submitted)
-                for job, config in jobs
+                job_return(job, config, JobStatus.COMPLETED) if id(job) in finished else next(submitted) for job, config in jobs
             ]
 
         def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state) -> JobReturn:

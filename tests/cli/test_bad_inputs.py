@@ -100,18 +100,34 @@ TRAIN_CASES = {
     "drafter config.json not an object": (["drafter.path={ws}/drafter_json_list"], "drafter.path", "no JSON object"),
     "drafter weights empty": (["drafter.path={ws}/drafter_empty_weights"], "drafter.path", "SafetensorError"),
     "drafter weights truncated": (["drafter.path={ws}/drafter_truncated_weights"], "drafter.path", "SafetensorError"),
-    "drafter hidden size vs weights": (["drafter.path={ws}/drafter_wide"], "drafter.path", "hidden_norm.weight is (64,), not (128,)"),
+    "drafter hidden size vs weights": (
+        ["drafter.path={ws}/drafter_wide"],
+        "drafter.path",
+        "hidden_norm.weight is (64,), not (128,)",
+    ),
     "a target dir as drafter": (["drafter.path={ws}/artifacts/targets/tiny_qwen3_random"], "drafter.path", "not a DFlash drafter"),
     "data type": (["data.batch_size=two"], "data.batch_size", "expected int, got 'two'"),
     "source type": (["data.sources=[{{path: a.jsonl, limit: many}}]"], "data.sources[0].limit", "expected int"),
-    "block longer than sequence": (["drafter.block_size=1024", "data.max_length=256"], "drafter.block_size", "set drafter.block_size <= 255"),
+    "block longer than sequence": (
+        ["drafter.block_size=1024", "data.max_length=256"],
+        "drafter.block_size",
+        "set drafter.block_size <= 255",
+    ),
     "more anchors than positions": (["training.num_anchors=100000"], "training.num_anchors", "<= 3072"),
     "artifacts under a file": (["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
     "cache dir under a file": (["data.cache_dir={ws}/blocker/cache"], "data.cache_dir", "is a file"),
-    "target state cache under a file": (["training.target_cache_dir={ws}/blocker/states"], "training.target_cache_dir", "is a file"),
+    "target state cache under a file": (
+        ["training.target_cache_dir={ws}/blocker/states"],
+        "training.target_cache_dir",
+        "is a file",
+    ),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
     "target dir without a model": (["target.build=null", "target.path={ws}/empty_target"], "target.path", "holds no config.json"),
-    "data dir without data files": (["data.path={ws}/empty_target", "target.path={ws}/no_target_yet"], "data.path", "holds no .jsonl"),
+    "data dir without data files": (
+        ["data.path={ws}/empty_target", "target.path={ws}/no_target_yet"],
+        "data.path",
+        "holds no .jsonl",
+    ),
 }
 
 
@@ -125,7 +141,14 @@ def test_train(case, ws, monkeypatch, capsys):
 
 def test_unknown_experiment_lists_the_experiments_and_writes_nothing(ws, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "dflash.train", "experiment=nope", f"paths.artifacts={tmp_path}", f"data.path={ws / 'chats.jsonl'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "dflash.train",
+        "experiment=nope",
+        f"paths.artifacts={tmp_path}",
+        f"data.path={ws / 'chats.jsonl'}",
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     experiments = sorted(p.stem for p in (REPO / "dflash" / "conf" / "experiment").glob("*.yaml"))
     assert_one_error_line(result.returncode, result.stderr.strip().splitlines(), "experiment", f"choose one of {experiments}")
@@ -139,14 +162,23 @@ EVALUATE_CASES = {
     "target weights truncated": (["target.build=null", "target.path={ws}/truncated_target"], "target.path", "SafetensorError"),
     "run dir under a file": (["hydra.run.dir={ws}/blocker/run"], "hydra.run.dir", "is a file"),
     "unknown decoding preset": (["decoding=nope"], "decoding", "choose one of ['greedy', 'sampling']"),
-    "drafter attention": (["drafter.attn_implementation=bogus", "target.path={ws}/no_target_yet"], "drafter.attn_implementation", "'bogus'"),
+    "drafter attention": (
+        ["drafter.attn_implementation=bogus", "target.path={ws}/no_target_yet"],
+        "drafter.attn_implementation",
+        "'bogus'",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(EVALUATE_CASES))
 def test_evaluate(case, ws, tmp_path, monkeypatch, capsys):
     overrides, key, text = EVALUATE_CASES[case]
-    argv = [f"paths.artifacts={ws / 'artifacts'}", f"hydra.run.dir={tmp_path / 'run'}", "benchmark.max_samples=1", *(o.format(ws=ws) for o in overrides)]
+    argv = [
+        f"paths.artifacts={ws / 'artifacts'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "benchmark.max_samples=1",
+        *(o.format(ws=ws) for o in overrides),
+    ]
     assert_one_error_line(*run_main("evaluate", argv, monkeypatch, capsys), key, text)
     assert not (tmp_path / "run" / "results.json").exists() and not (ws / "no_target_yet").exists()
 
@@ -181,26 +213,70 @@ def test_export_after_a_bad_checkpoint_and_into_an_unwritable_out(ws, tmp_path, 
 
 
 OTHER_APPS = {
-    "regenerate: output under a file": ("regenerate", ["regenerate.output_dir={ws}/blocker/out"], "regenerate.output_dir", "is a file"),
-    "regenerate: data type": ("regenerate", ["regenerate.output_dir={tmp}/out", "data.batch_size=two"], "data.batch_size", "expected int"),
-    "regenerate: setting type": ("regenerate", ["regenerate.output_dir={tmp}/out", "regenerate.batch_size=two"], "regenerate.batch_size", "expected int"),
+    "regenerate: output under a file": (
+        "regenerate",
+        ["regenerate.output_dir={ws}/blocker/out"],
+        "regenerate.output_dir",
+        "is a file",
+    ),
+    "regenerate: data type": (
+        "regenerate",
+        ["regenerate.output_dir={tmp}/out", "data.batch_size=two"],
+        "data.batch_size",
+        "expected int",
+    ),
+    "regenerate: setting type": (
+        "regenerate",
+        ["regenerate.output_dir={tmp}/out", "regenerate.batch_size=two"],
+        "regenerate.batch_size",
+        "expected int",
+    ),
     "tables: out_dir under a file": ("tables", ["root={ws}/sweeps", "out_dir={ws}/blocker/tables"], "out_dir", "is a file"),
     "tables: unknown ablation": ("tables", ["root={ws}/sweeps", "out_dir={tmp}/tables", "ablations=[nope]"], "ablations", "'nope'"),
     "tables: setting type": ("tables", ["root={ws}/sweeps", "out_dir={tmp}/tables", "plots=maybe"], "plots", "expected bool"),
     "demo_tiny: artifacts under a file": ("demo_tiny", ["paths.artifacts={ws}/blocker/artifacts"], "paths.artifacts", "is a file"),
-    "demo_tiny: prompt setting type": ("demo_tiny", ["paths.artifacts={tmp}", "prompts.num_prompts=two"], "prompts.num_prompts", "expected int"),
-    "demo_tiny: target build type": ("demo_tiny", ["paths.artifacts={tmp}", "target.build.lr=fast"], "target.build.lr", "expected float"),
-    "demo: unknown train override": ("demo", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
-    "demo: unknown data override": ("demo", ["paths.artifacts={tmp}", 'data_overrides=["data.bogus=3"]'], "data_overrides", "data.bogus"),
+    "demo_tiny: prompt setting type": (
+        "demo_tiny",
+        ["paths.artifacts={tmp}", "prompts.num_prompts=two"],
+        "prompts.num_prompts",
+        "expected int",
+    ),
+    "demo_tiny: target build type": (
+        "demo_tiny",
+        ["paths.artifacts={tmp}", "target.build.lr=fast"],
+        "target.build.lr",
+        "expected float",
+    ),
+    "demo: unknown train override": (
+        "demo",
+        ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'],
+        "train_overrides",
+        "trainer.maxsteps",
+    ),
+    "demo: unknown data override": (
+        "demo",
+        ["paths.artifacts={tmp}", 'data_overrides=["data.bogus=3"]'],
+        "data_overrides",
+        "data.bogus",
+    ),
     "demo: budget": ("demo", ["paths.artifacts={tmp}", "budget_minutes=-5"], "budget_minutes", "must be a number > 0"),
-    "demo_tiny: unknown train override": ("demo_tiny", ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'], "train_overrides", "trainer.maxsteps"),
+    "demo_tiny: unknown train override": (
+        "demo_tiny",
+        ["paths.artifacts={tmp}", 'train_overrides=["trainer.maxsteps=3"]'],
+        "train_overrides",
+        "trainer.maxsteps",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(OTHER_APPS))
 def test_other_apps(case, ws, tmp_path, monkeypatch, capsys):
     app, overrides, key, text = OTHER_APPS[case]
-    extra = [f"data.path={ws / 'chats.jsonl'}", f"paths.artifacts={ws / 'artifacts'}", f"hydra.run.dir={tmp_path / 'run'}"] if app == "regenerate" else []
+    extra = (
+        [f"data.path={ws / 'chats.jsonl'}", f"paths.artifacts={ws / 'artifacts'}", f"hydra.run.dir={tmp_path / 'run'}"]
+        if app == "regenerate"
+        else []
+    )
     argv = [*extra, *(o.format(ws=ws, tmp=tmp_path) for o in overrides)]
     assert_one_error_line(*run_main(app, argv, monkeypatch, capsys), key, text)
     assert not (tmp_path / "out").exists() and not (tmp_path / "tables" / "tables.md").exists()
@@ -223,8 +299,18 @@ def test_good_run_after_a_refused_one_in_the_same_run_directory(ws, monkeypatch,
     refused = train_args(ws, "run_name=again", "drafter.block_size=1024", "data.max_length=256")
     assert_one_error_line(*run_main("train", refused, monkeypatch, capsys), "drafter.block_size", "data.max_length=256")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    good = train_args(ws, "run_name=again", "data.max_length=256", "training.num_anchors=8", "trainer.max_steps=2", "trainer.val_check_interval=2", "data.num_workers=0")
-    result = subprocess.run([sys.executable, "-m", "dflash.train", *good], cwd=ws, env=env, capture_output=True, text=True, timeout=300)
+    good = train_args(
+        ws,
+        "run_name=again",
+        "data.max_length=256",
+        "training.num_anchors=8",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "data.num_workers=0",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "dflash.train", *good], cwd=ws, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert load_drafter(str(ws / "artifacts" / "runs" / "again" / "drafter")).config.block_size == 16
 

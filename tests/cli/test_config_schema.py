@@ -69,8 +69,17 @@ CASES = [case for case in _cases() if _bad_value(case[3]) is not None]
 def test_every_schema_field_is_covered():
     assert len(CASES) > 120  # every typed field of train, evaluate, regenerate and the method group
     untyped = [key for app, _, key, hint in _cases() if _bad_value(hint) is None]
-    assert set(untyped) <= {"method", "sweep", "train_anchors", "trainer.devices", "trainer.val_check_interval", "trainer.limit_val_batches",
-                            "training.loss_gamma", "data.data_files", "data.sources[0].data_files"}, untyped
+    assert set(untyped) <= {
+        "method",
+        "sweep",
+        "train_anchors",
+        "trainer.devices",
+        "trainer.val_check_interval",
+        "trainer.limit_val_batches",
+        "training.loss_gamma",
+        "data.data_files",
+        "data.sources[0].data_files",
+    }, untyped
 
 
 @pytest.mark.parametrize("app,select,key,hint", CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
@@ -105,7 +114,9 @@ def test_wrong_type_on_the_command_line_names_the_full_key(app, select, key, hin
 )
 def test_the_apps_print_one_line_and_exit_2(app, args, line, tmp_path):
     env = {**os.environ, "DFLASH_ARTIFACTS": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", f"dflash.{app}", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"dflash.{app}", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

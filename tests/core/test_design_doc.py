@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from helpers import REPO
+
 CITATION = re.compile(r"docs/design\.md,?\s+invariants?\s+(\d+(?:(?:,\s*|\s+and\s+|\s+to\s+)\d+)*)")
 
 

@@ -32,8 +32,8 @@ from dflash.fileio import atomic_write, write_text
 from dflash.locks import LOCK_FILE, DirectoryLock
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
-from dflash.training.config import TrainingConfig
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
+from dflash.training.config import TrainingConfig
 from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
 from helpers import REPO
 from helpers.apps import write_conversations
@@ -91,7 +91,9 @@ def test_a_locked_directory_names_its_holder_and_a_killed_holder_is_taken_over(t
         with pytest.raises(ConfigError) as err:
             DirectoryLock(str(tmp_path), "run_name", "pick another run_name=NAME").acquire()
         assert err.value.key == "run_name"
-        assert f"{tmp_path} is in use by {holder_named(holder)}" in str(err.value) and "pick another run_name=NAME" in str(err.value)
+        assert f"{tmp_path} is in use by {holder_named(holder)}" in str(err.value) and "pick another run_name=NAME" in str(
+            err.value
+        )
         holder.send_signal(signal.SIGKILL)  # a killed job leaves its lock file, not its lock
         holder.wait()
         assert (tmp_path / LOCK_FILE).is_file()
@@ -175,11 +177,21 @@ def test_output_files_get_the_users_umask_permissions(umask, mode, tmp_path, qwe
         write_results({"tau": 1.0}, str(tmp_path / "results.json"))
         save_drafter(build_drafter(DrafterSpec(num_layers=1, block_size=4), qwen3_target), str(tmp_path / "drafter"))
         KeepPreviousCheckpointIO().save_checkpoint({"global_step": 1}, str(tmp_path / "checkpoints" / "last.ckpt"))
-        regenerate(None, [{"messages": [{"role": "user", "content": "hi"}]}], str(tmp_path / "data"), generator=FakeGenerator(), progress=False)
+        regenerate(
+            None,
+            [{"messages": [{"role": "user", "content": "hi"}]}],
+            str(tmp_path / "data"),
+            generator=FakeGenerator(),
+            progress=False,
+        )
     finally:
         os.umask(saved)
     written = [tmp_path / "results.json", tmp_path / "drafter" / "config.json", tmp_path / "drafter" / "model.safetensors"]
-    written += [tmp_path / "checkpoints" / "last.ckpt", tmp_path / "data" / "manifest.json", Path(shard_paths(str(tmp_path / "data"))[0])]
+    written += [
+        tmp_path / "checkpoints" / "last.ckpt",
+        tmp_path / "data" / "manifest.json",
+        Path(shard_paths(str(tmp_path / "data"))[0]),
+    ]
     assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in written} == {path.name: mode for path in written}
 
 
@@ -215,7 +227,10 @@ def test_atomic_writes_keep_the_old_file_on_failure_and_never_share_a_temporary(
 
 
 def _write_shard(directory: Path, start: int, stop: int) -> None:
-    rows = [{"messages": [{"role": "user", "content": f"q{i}?"}, {"role": "assistant", "content": f"answer {i}!"}]} for i in range(start, stop)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}?"}, {"role": "assistant", "content": f"answer {i}!"}]}
+        for i in range(start, stop)
+    ]
     (directory / f"rows-{start:08d}-{stop:08d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -231,7 +246,9 @@ def test_unfinished_regenerated_data_is_refused_unless_allow_partial(tmp_path, c
     assert err.value.key == "data.path" and "4 of the 8 rows" in str(err.value) and "data.allow_partial=true" in str(err.value)
 
     with caplog.at_level(logging.WARNING, logger="dflash.data.datamodule"):
-        partial = DFlashDataModule.from_spec(DataSpec(path=str(data), val_fraction=0.0, num_workers=0, allow_partial=True), tokenizer)
+        partial = DFlashDataModule.from_spec(
+            DataSpec(path=str(data), val_fraction=0.0, num_workers=0, allow_partial=True), tokenizer
+        )
     partial.setup("fit")
     assert len(partial.train_set) == 4 and "4 of the 8 rows its manifest.json lists are missing" in caplog.text
 
@@ -257,13 +274,17 @@ def train_inputs(tmp_path_factory):
     return root
 
 
-def tiny_job(inputs: Path, run_dir: Path, max_steps: int, num_layers: int = 1, resume: str = "auto", data: Path | None = None) -> TrainJob:
+def tiny_job(
+    inputs: Path, run_dir: Path, max_steps: int, num_layers: int = 1, resume: str = "auto", data: Path | None = None
+) -> TrainJob:
     return TrainJob(
         target=TargetSpec(path=str(inputs / "target")),
         drafter=DrafterSpec(num_layers=num_layers, block_size=4, num_target_features=2),
         data=DataSpec(path=str(data or inputs / "chats.jsonl"), max_length=128, batch_size=2, val_fraction=0.0, num_workers=0),
         training=TrainingConfig(num_anchors=4),
-        trainer=TrainerSettings(max_epochs=None, max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0, enable_progress_bar=False),
+        trainer=TrainerSettings(
+            max_epochs=None, max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0, enable_progress_bar=False
+        ),
         output_dir=str(run_dir),
         checkpoint=CheckpointSettings(every_n_train_steps=2, resume=resume),
         logger=LoggerSettings(kind="none"),
@@ -361,15 +382,24 @@ def test_training_on_an_empty_file_names_data_path(train_inputs, tmp_path, monke
     empty = tmp_path / "empty.jsonl"
     empty.touch()
     argv = [
-        "experiment=tiny_cpu", f"paths.artifacts={tmp_path / 'artifacts'}", f"target.path={train_inputs / 'target'}",
-        f"data.path={empty}", "run_name=empty", "eval.after_train=false", "logger=none", "trainer.max_steps=2",
+        "experiment=tiny_cpu",
+        f"paths.artifacts={tmp_path / 'artifacts'}",
+        f"target.path={train_inputs / 'target'}",
+        f"data.path={empty}",
+        "run_name=empty",
+        "eval.after_train=false",
+        "logger=none",
+        "trainer.max_steps=2",
         "trainer.enable_progress_bar=false",
     ]
     monkeypatch.setattr(sys, "argv", ["dflash.train", *argv])
     with pytest.raises(SystemExit) as exit_info:
         train.main()
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: data.path: {str(empty)!r} is empty; point data.path at a file with rows"
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == f"error: data.path: {str(empty)!r} is empty; point data.path at a file with rows"
+    )
 
     write_conversations(empty, 8)  # the next run, with data, trains
     monkeypatch.setattr(sys, "argv", ["dflash.train", *argv])

@@ -15,7 +15,6 @@ import pytest
 
 import dflash.fileio
 from dflash.fileio import TEMPORARY_SUFFIX, atomic_write, remove_partial_writes, write_json, write_text
-
 from helpers import REPO
 
 # Writes half of the new content, says so, then waits to be killed.

@@ -22,8 +22,8 @@ import pytest
 import dflash.locks
 from dflash.errors import ConfigError
 from dflash.locks import LOCK_FILE, DirectoryLock, describe, read_holder
-
 from helpers import REPO
+
 OTHER = {"pid": 4242, "host": "node17", "since": "2026-01-01T10:00:00+00:00", "command": "python -m dflash.train"}
 
 

@@ -44,7 +44,9 @@ def test_no_test_file_imports_another_test_file():
         for line, module in imported_modules(path)
         if is_test_module(module)
     ]
-    assert not offenders, "tests import shared code from `helpers` (tests/helpers/), never from a test file:\n" + "\n".join(offenders)
+    assert not offenders, "tests import shared code from `helpers` (tests/helpers/), never from a test file:\n" + "\n".join(
+        offenders
+    )
 
 
 def test_the_checker_sees_each_way_of_importing_a_test_file(tmp_path):
@@ -59,8 +61,12 @@ def test_the_checker_sees_each_way_of_importing_a_test_file(tmp_path):
 
 def test_test_files_live_in_a_package_folder_or_e2e():
     assert {"cli", "data", "decoding", "drafter", "eagle3", "eval", "reports", "sweep", "target", "training"} <= set(PACKAGES)
-    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in {"helpers", "__pycache__"} and not p.name.startswith(".")}
-    assert folders <= TEST_FOLDERS, f"unknown test folders {sorted(folders - TEST_FOLDERS)}: name them after a dflash package, core or e2e"
+    folders = {
+        p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in {"helpers", "__pycache__"} and not p.name.startswith(".")
+    }
+    assert folders <= TEST_FOLDERS, (
+        f"unknown test folders {sorted(folders - TEST_FOLDERS)}: name them after a dflash package, core or e2e"
+    )
     loose = sorted(p.name for p in TESTS.glob("*.py") if p.name != "conftest.py")
     assert not loose, f"{loose} sit in tests/ itself: tests go in tests/<package>/ or tests/e2e/, shared code in tests/helpers/"
     nested = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py") if len(p.relative_to(TESTS).parts) != 2)

@@ -17,7 +17,12 @@ from dflash.target.tiny import byte_tokenizer
 
 def conversations(count: int) -> list[dict]:
     return [
-        {"messages": [{"role": "user", "content": f"question {i} " + "?" * (3 * (i % 7))}, {"role": "assistant", "content": f"answer {i} " + "!" * i}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i} " + "?" * (3 * (i % 7))},
+                {"role": "assistant", "content": f"answer {i} " + "!" * i},
+            ]
+        }
         for i in range(count)
     ]
 
@@ -69,7 +74,9 @@ def test_split_is_deterministic_disjoint_and_survives_max_length_changes():
     for max_length in (3072, 40):  # at 40 tokens the longest prompts leave no response token
         module = DFlashDataModule(conversations(30), tokenizer, TokenizeSettings(max_length=max_length), val_fraction=0.2, seed=1)
         module.setup("fit")
-        held_out_prompts.append({tokenizer.decode(module.val_set[i]["input_ids"]).split("\n")[1] for i in range(len(module.val_set))})
+        held_out_prompts.append(
+            {tokenizer.decode(module.val_set[i]["input_ids"]).split("\n")[1] for i in range(len(module.val_set))}
+        )
         if max_length == 40:
             assert module.num_dropped > 0
             assert len(module.train_set) + len(module.val_set) == 30 - module.num_dropped
@@ -95,7 +102,9 @@ def test_reads_regenerated_shards_and_caches_tokens(tmp_path, monkeypatch):
     monkeypatch.setattr(datamodule_module, "tokenize_conversations", no_tokenising)
     cached = DFlashDataModule.from_spec(spec, tokenizer)
     cached.setup("fit")
-    assert [cached.train_set[i] for i in range(len(cached.train_set))] == [module.train_set[i] for i in range(len(module.train_set))]
+    assert [cached.train_set[i] for i in range(len(cached.train_set))] == [
+        module.train_set[i] for i in range(len(module.train_set))
+    ]
 
     with pytest.raises(ConfigError) as err:
         DFlashDataModule.from_spec(DataSpec(path=str(shards), enable_thinking=True), tokenizer)
@@ -142,7 +151,9 @@ class ContractChecker(L.LightningModule):
 def test_runs_under_a_lightning_trainer():
     module = DFlashDataModule(conversations(8), byte_tokenizer(chat_template=True), batch_size=2, val_fraction=0.25)
     model = ContractChecker()
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     trainer.fit(model, datamodule=module)
     assert model.seen == 6
     # Plain shuffling loader: under DDP Lightning swaps in its DistributedSampler.

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, regenerate, shard_paths
-from dflash.structured import config_key
 from dflash.errors import ConfigError
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
 
@@ -251,5 +251,10 @@ def test_cli_regenerates_a_local_file_and_reports_bad_config_in_one_line(tmp_pat
         assert error.startswith("error: regenerate.output_dir: ") and "\n" not in error
 
         with pytest.raises(SystemExit):
-            _hydra_main(compose("regenerate", overrides=[f"paths.root={tmp_path}", f"data.path={tmp_path / 'none.jsonl'}", f"regenerate.output_dir={out}"]))
+            _hydra_main(
+                compose(
+                    "regenerate",
+                    overrides=[f"paths.root={tmp_path}", f"data.path={tmp_path / 'none.jsonl'}", f"regenerate.output_dir={out}"],
+                )
+            )
         assert capsys.readouterr().err.startswith("error: data.path: ")

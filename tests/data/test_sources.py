@@ -19,11 +19,25 @@ def write_jsonl(path, rows) -> str:
 def test_messages_layout(tmp_path):
     path = write_jsonl(
         tmp_path / "chat.jsonl",
-        [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}],
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"},
+                ]
+            }
+        ],
     )
     rows = load_conversations(SourceSpec(path=path))
     assert rows == [
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+            ]
+        }
     ]
 
 
@@ -58,9 +72,7 @@ def test_prompt_response_layout_with_alpaca_input_from_parquet(tmp_path):
     import pandas as pd
 
     path = tmp_path / "alpaca.parquet"
-    pd.DataFrame(
-        {"instruction": ["Sum a list", "Say hi"], "input": ["[1, 2]", ""], "output": ["3", "hi"]}
-    ).to_parquet(path)
+    pd.DataFrame({"instruction": ["Sum a list", "Say hi"], "input": ["[1, 2]", ""], "output": ["3", "hi"]}).to_parquet(path)
     spec = SourceSpec(path=str(path), prompt_column="instruction", input_column="input", response_column="output")
     rows = load_conversations(spec)
     assert rows[0]["messages"] == [{"role": "user", "content": "Sum a list\n\n[1, 2]"}, {"role": "assistant", "content": "3"}]
@@ -156,7 +168,9 @@ def test_data_schema_checks_keys_and_builds_sources():
     from dflash.structured import typed
 
     spec = typed(
-        DataSpec, {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]}, "data"
+        DataSpec,
+        {"path": "out", "sources": [{"path": "org/a", "split": "chat"}, {"path": "b.jsonl", "response_column": None}]},
+        "data",
     )
     assert [(s.path, s.split) for s in spec.sources] == [("org/a", "chat"), ("b.jsonl", "train")]
     assert [key for _, key in spec.prompt_sources()] == ["data.sources[0]", "data.sources[1]"]

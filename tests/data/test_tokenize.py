@@ -114,7 +114,9 @@ def test_truncation_and_dropped_rows_are_counted():
     settings = TokenizeSettings(max_length=40)
     row = tokenize_conversation(tokenizer, short, settings)
     assert len(row["input_ids"]) == 40 and row["loss_mask"][-1] == 1
-    rows = tokenize_conversations(tokenizer, [{"messages": m} for m in (short, long_prompt, prompt_only, short)], settings, progress=False)
+    rows = tokenize_conversations(
+        tokenizer, [{"messages": m} for m in (short, long_prompt, prompt_only, short)], settings, progress=False
+    )
     assert len(rows) == 2 and rows.num_conversations == 4
     assert rows.conversation_index.tolist() == [0, 3]
     assert rows.dropped == {"no_response_tokens": 2}

@@ -67,6 +67,11 @@ def test_threshold_outside_zero_one_is_a_config_error(qwen3_target, threshold):
     ids = qwen3_target.tokenizer("x", return_tensors="pt").input_ids
     with pytest.raises(ConfigError, match="decoding.draft_threshold"):
         generate_tree(
-            qwen3_target, ids, max_new_tokens=4, proposer=RunnerUpOracle(qwen3_target), block_size=4, tree_budget=4,
+            qwen3_target,
+            ids,
+            max_new_tokens=4,
+            proposer=RunnerUpOracle(qwen3_target),
+            block_size=4,
+            tree_budget=4,
             draft_threshold=threshold,
         )

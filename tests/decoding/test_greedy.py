@@ -58,7 +58,9 @@ def test_partial_acceptance_with_random_slots_and_a_stop_token(tiny_target):
     ids = tiny_target.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
     reference = hf_greedy(tiny_target, ids, 60)
     stop_index = next(i for i in range(10, 60) if reference[i] not in reference[:i])
-    result = check_partial_acceptance(tiny_target, ids, 8, 60, PartialOracleProposer(tiny_target, seed=1), stop=reference[stop_index])
+    result = check_partial_acceptance(
+        tiny_target, ids, 8, 60, PartialOracleProposer(tiny_target, seed=1), stop=reference[stop_index]
+    )
     assert len(result.output_ids) == stop_index + 1
     assert len(set(result.acceptance_lengths)) >= 4
 
@@ -97,7 +99,9 @@ def test_stop_token_inside_an_accepted_block_ends_output_there(tiny_target):
 def test_stop_token_from_prefill_ends_immediately(qwen3_target):
     ids = qwen3_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     first = hf_greedy(qwen3_target, ids, 1)[0]
-    result = generate(qwen3_target, ids, max_new_tokens=20, block_size=4, proposer=OracleProposer(qwen3_target), stop_token_ids=[first])
+    result = generate(
+        qwen3_target, ids, max_new_tokens=20, block_size=4, proposer=OracleProposer(qwen3_target), stop_token_ids=[first]
+    )
     assert result.output_ids == [first] and result.num_steps == 0
 
 

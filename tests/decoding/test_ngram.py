@@ -6,9 +6,9 @@ import torch
 
 from dflash.decoding import Drafts, SamplingConfig, generate
 from dflash.decoding.ngram import NgramProposer, lookup_continuation
-from dflash.methods.ngram import NgramSettings
 from dflash.decoding.verify import verify
 from dflash.errors import ConfigError
+from dflash.methods.ngram import NgramSettings
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
 from helpers.decoding import hf_greedy

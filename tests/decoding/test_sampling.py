@@ -45,7 +45,12 @@ def sampled_outputs(target: TargetModel, sampling: SamplingConfig) -> tuple[list
     outputs, lengths = [], []
     for seed in range(NUM_SAMPLES):
         result = generate(
-            target, ids, max_new_tokens=OUTPUT_LENGTH, block_size=BLOCK_SIZE, proposer=proposer, sampling=sampling,
+            target,
+            ids,
+            max_new_tokens=OUTPUT_LENGTH,
+            block_size=BLOCK_SIZE,
+            proposer=proposer,
+            sampling=sampling,
             generator=torch.Generator().manual_seed(seed),
         )
         outputs.append(tuple(result.output_ids))

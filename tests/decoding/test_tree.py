@@ -47,7 +47,12 @@ def check_equals_hf(target, prompt, max_new, proposer, budget, stop=None):
     ids = target.tokenizer(prompt, return_tensors="pt").input_ids
     expected = hf_greedy(target, ids, max_new, eos=stop)
     result = generate_tree(
-        target, ids, max_new_tokens=max_new, proposer=proposer, block_size=BLOCK_SIZE, tree_budget=budget,
+        target,
+        ids,
+        max_new_tokens=max_new,
+        proposer=proposer,
+        block_size=BLOCK_SIZE,
+        tree_budget=budget,
         stop_token_ids=[stop] if stop is not None else [],
     )
     assert result.output_ids == expected, f"tree output differs from HF greedy (budget {budget})"
@@ -106,7 +111,8 @@ def test_greedy_check_catches_a_cache_that_keeps_the_first_nodes(qwen3_target, m
     """Negative control: keeping the first len(path) nodes' cache entries (a chain's crop)
     instead of the path's is lossy once a branch is accepted."""
     monkeypatch.setattr(
-        dflash.decoding.tree, "keep_cache_positions",
+        dflash.decoding.tree,
+        "keep_cache_positions",
         lambda cache, start, sources: crop_cache(cache, start + len(sources)),
     )
     with pytest.raises(AssertionError, match="differs from HF greedy"):
@@ -171,10 +177,18 @@ def sample_tree_outputs(target: TargetModel, num_samples: int) -> list[tuple[int
     ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
     proposer = OracleProposer(target, greedy_oracle=False, sharpen=0.6)
     return [
-        tuple(generate_tree(
-            target, ids, max_new_tokens=OUTPUT_LENGTH, proposer=proposer, block_size=4, tree_budget=4, sampling=MATCH,
-            generator=torch.Generator().manual_seed(seed),
-        ).output_ids)
+        tuple(
+            generate_tree(
+                target,
+                ids,
+                max_new_tokens=OUTPUT_LENGTH,
+                proposer=proposer,
+                block_size=4,
+                tree_budget=4,
+                sampling=MATCH,
+                generator=torch.Generator().manual_seed(seed),
+            ).output_ids
+        )
         for seed in range(num_samples)
     ]
 

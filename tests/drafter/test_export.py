@@ -77,7 +77,9 @@ def exported(tmp_path_factory):
     request, ours = {"drafters": {}}, {}
     for name, (arch, rope) in ROPE_VARIANTS.items():
         torch.manual_seed(0)
-        drafter = DFlashDrafter(DrafterConfig.from_target(target_config(arch, rope), num_layers=2, block_size=BLOCK, mask_token_id=258))
+        drafter = DFlashDrafter(
+            DrafterConfig.from_target(target_config(arch, rope), num_layers=2, block_size=BLOCK, mask_token_id=258)
+        )
         save_drafter(drafter.eval(), str(root / name))
         ours[name] = _write_inputs_and_run(drafter, root / f"{name}.inputs.pt")
         request["drafters"][name] = {"dir": str(root / name), "inputs": str(root / f"{name}.inputs.pt")}
@@ -134,8 +136,19 @@ def under_transformers_4(exported):
             pytest.fail(message)
         pytest.skip(message)
     root = exported[0]
-    env = {**os.environ, "PYTHONPATH": str(TF4), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "hf_modules"), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(REPO / "tests" / "helpers" / "loader_probe.py"), str(root / "request.json"), str(root / "tf4.pt")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TF4),
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(root / "hf_modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        str(REPO / "tests" / "helpers" / "loader_probe.py"),
+        str(root / "request.json"),
+        str(root / "tf4.pt"),
+    ]
     result = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = torch.load(root / "tf4.pt")
@@ -196,10 +209,22 @@ def test_rope_keys_from_a_transformers_4_config():
 
     from dflash.target.rope_keys import rope_config_keys
 
-    scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    scaling = {
+        "type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
     v4_config = {"rope_theta": 5e5, "rope_scaling": scaling}
     keys = rope_config_keys(SimpleNamespace(to_dict=lambda: v4_config, max_position_embeddings=2048))
-    expected = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    expected = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
     assert keys["rope_parameters"] == {**expected, "rope_theta": 5e5} and keys["rope_scaling"] == expected
     assert (keys["rope_theta"], keys["max_position_embeddings"]) == (5e5, 2048)
     plain_config = {"rope_theta": 1e6, "rope_scaling": None}
@@ -237,7 +262,9 @@ def test_config_json_has_every_key_the_readme_table_lists(qwen3_target, tmp_path
     table = readme_key_table()
     loaders = {loader for readers in table.values() for loader in readers}
     assert {"reference", "SGLang", "vLLM", "speculators"} <= loaders
-    assert {"dflash_config.target_layer_ids", "dflash_config.mask_token_id", "rope_theta", "rope_parameters", "auto_map"} <= set(table)
+    assert {"dflash_config.target_layer_ids", "dflash_config.mask_token_id", "rope_theta", "rope_parameters", "auto_map"} <= set(
+        table
+    )
     save_drafter(build_drafter(DrafterSpec(num_layers=1, block_size=4), qwen3_target), str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
     missing = [key for key in table if not _has(config, key)]

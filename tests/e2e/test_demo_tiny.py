@@ -27,22 +27,39 @@ QUICK = [
     "prompts.num_prompts=8",
     "regenerate.max_new_tokens=24",
     "regenerate.batch_size=4",
-    "train_overrides=[" + ",".join(f"'{o}'" for o in [
-        "trainer.max_steps=3", "trainer.val_check_interval=3", "checkpoint.every_n_train_steps=3",
-        "drafter.block_size=4", "data.val_fraction=0.25", "cpu_threads=1",
-    ]) + "]",
-    "eval_overrides=[" + ",".join(f"'{o}'" for o in [
-        "benchmark=humaneval", "benchmark.prompt_format=raw", "benchmark.max_samples=2",
-        "decoding.max_new_tokens=12", "warmup_tokens=0", "hf_generate=false", "cpu_threads=1",
-    ]) + "]",
+    "train_overrides=["
+    + ",".join(
+        f"'{o}'"
+        for o in [
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+            "checkpoint.every_n_train_steps=3",
+            "drafter.block_size=4",
+            "data.val_fraction=0.25",
+            "cpu_threads=1",
+        ]
+    )
+    + "]",
+    "eval_overrides=["
+    + ",".join(
+        f"'{o}'"
+        for o in [
+            "benchmark=humaneval",
+            "benchmark.prompt_format=raw",
+            "benchmark.max_samples=2",
+            "decoding.max_new_tokens=12",
+            "warmup_tokens=0",
+            "hf_generate=false",
+            "cpu_threads=1",
+        ]
+    )
+    + "]",
 ]
 
 
 def run_demo(artifacts):
     env = dict(os.environ, DFLASH_ARTIFACTS=str(artifacts))
-    return subprocess.run(
-        [sys.executable, "-m", "dflash.demo_tiny", *QUICK], env=env, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run([sys.executable, "-m", "dflash.demo_tiny", *QUICK], env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow

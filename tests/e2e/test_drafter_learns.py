@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from dflash.decoding import DFlashProposer, generate
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import dflash_training_module, TrainingConfig
+from dflash.training import TrainingConfig, dflash_training_module
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features

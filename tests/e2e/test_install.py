@@ -34,8 +34,13 @@ def _ok(run: subprocess.CompletedProcess) -> str:
 
 def _copy_of_the_repository(dest: Path) -> Path:
     """The tracked and untracked-but-not-ignored files (no .venv, artifacts, build outputs)."""
-    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for name in filter(None, listing.split("\0")):
         source = REPO / name
         if source.is_file() and not source.is_symlink():
@@ -61,12 +66,31 @@ def test_a_non_editable_install_runs_outside_the_repository(tmp_path):
     assert _ok(_run([str(python), "-c", probe], cwd=outside)).split() == ["None", "None"]
 
     source = _copy_of_the_repository(tmp_path / "source")
-    _ok(_run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-build-isolation", str(source)],
-             cwd=outside))
+    _ok(
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                str(source),
+            ],
+            cwd=outside,
+        )
+    )
     shutil.rmtree(source)  # nothing may read the copy after the install
 
-    where = _ok(_run([str(python), "-c", "import dflash, hydra_plugins.dflash_launcher as p; print(dflash.__file__); print(p.__file__)"],
-                     cwd=outside)).split()
+    where = _ok(
+        _run(
+            [str(python), "-c", "import dflash, hydra_plugins.dflash_launcher as p; print(dflash.__file__); print(p.__file__)"],
+            cwd=outside,
+        )
+    ).split()
     assert all(Path(path).is_relative_to(venv) for path in where), where
     package = Path(where[0]).parent
     shipped = {p.relative_to(package).as_posix() for p in (package / "conf").rglob("*") if p.is_file()}
@@ -80,11 +104,30 @@ def test_a_non_editable_install_runs_outside_the_repository(tmp_path):
     # The sweeps' configs compose from the installed package, and the launcher plugin is found.
     dry = _ok(_run([str(python), "-m", "dflash.sweep", "block_size", "--scale", "cpu", "--dry-run"], cwd=outside))
     assert "+sweep=block_size_infer sweep/eval_scale=cpu" in dry
-    cfg = _ok(_run([str(python), "-m", "dflash.train", "+sweep=depth", "sweep/scale=cpu", "--cfg", "hydra", "-p", "hydra.launcher"], cwd=outside))
+    cfg = _ok(
+        _run(
+            [str(python), "-m", "dflash.train", "+sweep=depth", "sweep/scale=cpu", "--cfg", "hydra", "-p", "hydra.launcher"],
+            cwd=outside,
+        )
+    )
     assert "GpuPoolLauncher" in cfg
 
     run_dir, artifacts = tmp_path / "run", tmp_path / "artifacts"
-    _ok(_run([str(python), "-m", "dflash.evaluate", f"hydra.run.dir={run_dir}", f"paths.artifacts={artifacts}",
-              "benchmark.max_samples=1", "decoding.max_new_tokens=4", "warmup_tokens=0", "hf_generate=false"], cwd=outside))
+    _ok(
+        _run(
+            [
+                str(python),
+                "-m",
+                "dflash.evaluate",
+                f"hydra.run.dir={run_dir}",
+                f"paths.artifacts={artifacts}",
+                "benchmark.max_samples=1",
+                "decoding.max_new_tokens=4",
+                "warmup_tokens=0",
+                "hf_generate=false",
+            ],
+            cwd=outside,
+        )
+    )
     results = json.loads((run_dir / "results.json").read_text())
     assert results["tau"] >= 1 and results["config"]["benchmark"]["max_samples"] == 1

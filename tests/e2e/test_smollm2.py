@@ -144,8 +144,12 @@ def test_random_drafters_decode_exactly_the_targets_greedy_output(smollm2, promp
     drafter = build_drafter(DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=block_size), smollm2)
     expected = hf_greedy(smollm2, prompt, NEW_TOKENS, eos=_stops(smollm2))
     result = generate(
-        smollm2, prompt, max_new_tokens=NEW_TOKENS, block_size=block_size,
-        proposer=DFlashProposer(drafter, smollm2.embed, smollm2.logits), stop_token_ids=_stops(smollm2),
+        smollm2,
+        prompt,
+        max_new_tokens=NEW_TOKENS,
+        block_size=block_size,
+        proposer=DFlashProposer(drafter, smollm2.embed, smollm2.logits),
+        stop_token_ids=_stops(smollm2),
     )
     assert result.output_ids == expected
 
@@ -174,8 +178,12 @@ def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy
         optimizer.step()
     expected = hf_greedy(smollm2, prompt, 80, eos=_stops(smollm2))
     result = generate(
-        smollm2, prompt, max_new_tokens=80, block_size=block_size,
-        proposer=DFlashProposer(module.drafter.eval(), smollm2.embed, smollm2.logits), stop_token_ids=_stops(smollm2),
+        smollm2,
+        prompt,
+        max_new_tokens=80,
+        block_size=block_size,
+        proposer=DFlashProposer(module.drafter.eval(), smollm2.embed, smollm2.logits),
+        stop_token_ids=_stops(smollm2),
     )
     assert result.output_ids == expected
     lengths = result.acceptance_lengths
@@ -220,16 +228,32 @@ def test_a_smollm2_drafter_reads_the_same_under_transformers_4(smollm2, spec, pr
     }
     torch.save(inputs, tmp_path / "inputs.pt")
     with torch.no_grad():
-        ours = drafter(inputs["noise_embedding"], inputs["position_ids"][:, 6:], inputs["target_hidden"], inputs["position_ids"][:, :6])
+        ours = drafter(
+            inputs["noise_embedding"], inputs["position_ids"][:, 6:], inputs["target_hidden"], inputs["position_ids"][:, :6]
+        )
         ours_rope = [drafter.rotary_emb(torch.zeros(1), p) for p in inputs["rope_positions"]]
     prompt_ids = prompt[0, -24:].tolist()
     request = {
         "drafters": {"smollm2": {"dir": str(tmp_path / "drafter"), "inputs": str(tmp_path / "inputs.pt")}},
-        "target": spec.path, "spec_generate": ["smollm2"], "prompt": prompt_ids, "new_tokens": 12,
+        "target": spec.path,
+        "spec_generate": ["smollm2"],
+        "prompt": prompt_ids,
+        "new_tokens": 12,
     }
     (tmp_path / "request.json").write_text(json.dumps(request))
-    env = {**os.environ, "PYTHONPATH": str(TF4), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf_modules"), "OMP_NUM_THREADS": "2"}
-    command = [sys.executable, str(REPO / "tests" / "helpers" / "loader_probe.py"), str(tmp_path / "request.json"), str(tmp_path / "tf4.pt")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TF4),
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "hf_modules"),
+        "OMP_NUM_THREADS": "2",
+    }
+    command = [
+        sys.executable,
+        str(REPO / "tests" / "helpers" / "loader_probe.py"),
+        str(tmp_path / "request.json"),
+        str(tmp_path / "tf4.pt"),
+    ]
     run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     tf4 = torch.load(tmp_path / "tf4.pt")

@@ -35,11 +35,25 @@ def test_ddp_jobs_in_a_multirun_create_exactly_their_own_job_dirs(tmp_path):
     data = tmp_path / "chats.jsonl"
     _write_conversations(data, 24)
     command = [
-        sys.executable, "-m", "dflash.train", "-m", "+sweep=anchors", "sweep/scale=cpu",
-        "target=tiny_qwen3", f"data.path={data}", "data.max_length=256", "training.num_anchors=8",
-        "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-        "trainer.max_steps=2", "trainer.val_check_interval=2", "checkpoint.every_n_train_steps=2",
-        "eval.benchmark.max_samples=1", "eval.decoding.max_new_tokens=8",
+        sys.executable,
+        "-m",
+        "dflash.train",
+        "-m",
+        "+sweep=anchors",
+        "sweep/scale=cpu",
+        "target=tiny_qwen3",
+        f"data.path={data}",
+        "data.max_length=256",
+        "training.num_anchors=8",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "checkpoint.every_n_train_steps=2",
+        "eval.benchmark.max_samples=1",
+        "eval.decoding.max_new_tokens=8",
         "hydra.launcher.cpu_jobs=1",
     ]
     env = dict(os.environ, DFLASH_ARTIFACTS=str(artifacts))

@@ -106,7 +106,12 @@ def workspace(tmp_path_factory):
 
 
 def _base(workspace: Path) -> list[str]:
-    return ["dflash.train", "experiment=tiny_cpu", f"paths.artifacts={workspace / 'artifacts'}", f"data.path={workspace / 'chats.jsonl'}"]
+    return [
+        "dflash.train",
+        "experiment=tiny_cpu",
+        f"paths.artifacts={workspace / 'artifacts'}",
+        f"data.path={workspace / 'chats.jsonl'}",
+    ]
 
 
 def _metrics_rows(run_dir: Path, version: int) -> list[dict]:
@@ -131,7 +136,9 @@ def resumed_run(workspace):
         "eval.warmup_tokens=0",
     ]
     runs = workspace / "artifacts" / "runs"
-    process = subprocess.Popen([sys.executable, "-m", *args], cwd=workspace, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=workspace, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 180
     while not list(runs.glob("*/checkpoints/last.ckpt")):
         assert process.poll() is None, process.stderr.read().decode()[-3000:]
@@ -178,7 +185,13 @@ def test_export_takes_the_best_checkpoint_by_validation_tau_sim(resumed_run):
     assert [step for _, step in validations] == [30, 60]
     best_score, best_step = max(validations, key=lambda v: (v[0], -v[1]))  # ties: the first stays best
     info = json.loads((run_dir / "drafter" / "checkpoint.json").read_text())
-    assert info == {"checkpoint": "best.ckpt", "global_step": best_step, "final_step": 60, "monitor": "val/tau_sim", "score": pytest.approx(best_score)}
+    assert info == {
+        "checkpoint": "best.ckpt",
+        "global_step": best_step,
+        "final_step": 60,
+        "monitor": "val/tau_sim",
+        "score": pytest.approx(best_score),
+    }
     assert f"exporting the best checkpoint by val/tau_sim = {best_score:.4f}" in stdout
     best = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=False)
     assert best["global_step"] == best_step
@@ -319,8 +332,17 @@ def test_wandb_offline_run_holds_the_config_and_per_position_metrics(workspace):
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     records = read_wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert (run.display_name, run.run_group, run.run_id) == ("wandb_offline", "tiny_cpu", (run_dir / "wandb_run_id.txt").read_text())
-    config = {item.key: json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "config" for item in r.config.update}
+    assert (run.display_name, run.run_group, run.run_id) == (
+        "wandb_offline",
+        "tiny_cpu",
+        (run_dir / "wandb_run_id.txt").read_text(),
+    )
+    config = {
+        item.key: json.loads(item.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "config"
+        for item in r.config.update
+    }
     assert config["training"]["learning_rate"] == 3e-3 and config["trainer"]["max_steps"] == 4
     history = [item for r in records if r.WhichOneof("record_type") == "history" for item in r.history.item]
     logged = {item.key or "/".join(item.nested_key) for item in history}

@@ -30,7 +30,9 @@ def test_training_steps_equal_the_decoding_chain(qwen3_target):
     drafter = random_drafter(target)
     proposer = Eagle3Proposer(drafter, target.embed)
     prompt = target.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
-    features = target.forward(prompt[:, :-1], torch.arange(prompt.shape[1] - 1).unsqueeze(0), None, proposer.target_layer_ids).features
+    features = target.forward(
+        prompt[:, :-1], torch.arange(prompt.shape[1] - 1).unsqueeze(0), None, proposer.target_layer_ids
+    ).features
     sampling = SamplingConfig(temperature=1.0)
     drafts = proposer.draft(prompt, features, k, sampling, torch.Generator().manual_seed(0))
     sequence = torch.cat([prompt, drafts.tokens.unsqueeze(0)], dim=1)
@@ -61,7 +63,9 @@ def test_random_drafter_output_equals_hf_greedy(tiny_target, num_drafts):
     stop = tiny_target.tokenizer.encode("\n")[-1]
     for prompt, max_new, stops in [(PROMPTS[0], 40, []), (PROMPTS[3], 30, [stop]), (PROMPTS[2], 9, [])]:
         ids = tiny_target.tokenizer(prompt, return_tensors="pt").input_ids
-        result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=num_drafts + 1, proposer=proposer, stop_token_ids=stops)
+        result = generate(
+            tiny_target, ids, max_new_tokens=max_new, block_size=num_drafts + 1, proposer=proposer, stop_token_ids=stops
+        )
         assert result.output_ids == expected_greedy(tiny_target, prompt, max_new, *stops), (prompt, num_drafts, stops)
 
 
@@ -134,7 +138,9 @@ def test_sampling_keeps_the_target_distribution(two_layer_target, rule):
     outputs, lengths = [], []
     for seed in range(NUM_SAMPLES):
         generator = torch.Generator().manual_seed(seed)
-        result = generate(target, ids, max_new_tokens=OUTPUT_LENGTH, block_size=3, proposer=proposer, sampling=sampling, generator=generator)
+        result = generate(
+            target, ids, max_new_tokens=OUTPUT_LENGTH, block_size=3, proposer=proposer, sampling=sampling, generator=generator
+        )
         outputs.append(tuple(result.output_ids))
         lengths += result.acceptance_lengths
     assert max(lengths) > 1, "no draft was ever accepted: the test would not exercise verification"
@@ -181,6 +187,8 @@ def test_step_j_at_t_is_scored_against_token_t_plus_2_plus_j(qwen3_target):
         steps = list(ttt_steps(drafter, qwen3_target.embed, feats, ids, 3))
     for j, hidden in enumerate(steps):
         rows = [t for t in range(12) if t + 2 + j < 12 and mask[0, t + 2 + j]]
-        expected = torch.nn.functional.cross_entropy(drafter.draft_logits(hidden[0, rows]), ids[0, [t + 2 + j for t in rows]], reduction="none")
+        expected = torch.nn.functional.cross_entropy(
+            drafter.draft_logits(hidden[0, rows]), ids[0, [t + 2 + j for t in rows]], reduction="none"
+        )
         torch.testing.assert_close(result.cross_entropy[result.slots == j + 1], expected)
         assert result.weights[result.slots == j + 1].unique().tolist() == [pytest.approx(0.8**j)]

@@ -12,18 +12,24 @@ import torch
 from safetensors import safe_open
 
 from dflash.cli.train import job_from_config
-from dflash.target.rope_keys import full_attention_rope
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
 from dflash.eagle3.objective import eagle3_training_module
 from dflash.errors import ConfigError
-from dflash.specs import TargetSpec
-from dflash.training.checkpoints import check_checkpoint_fits
-from dflash.training.config import TrainingConfig
 from dflash.methods.dflash import DFlashTrainSettings
 from dflash.methods.eagle3 import Eagle3TrainSettings
+from dflash.specs import TargetSpec
+from dflash.target.rope_keys import full_attention_rope
+from dflash.training.checkpoints import check_checkpoint_fits
+from dflash.training.config import TrainingConfig
 from helpers.apps import compose_train
 
-STACKED = [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"), (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]
+STACKED = [
+    (".qkv_proj", ".q_proj"),
+    (".qkv_proj", ".k_proj"),
+    (".qkv_proj", ".v_proj"),
+    (".gate_up_proj", ".gate_proj"),
+    (".gate_up_proj", ".up_proj"),
+]
 
 
 def engine_parameters(config: dict, layer_prefix: str) -> dict[str, tuple]:
@@ -148,7 +154,11 @@ def test_training_module_loss_and_export_of_its_checkpoint_by_the_export_app(tmp
     spec = TargetSpec(path=str(tmp_path / "target"), dtype="float32", build={"arch": "llama", "seed": 0})
     module = eagle3_training_module(spec, Eagle3TrainSettings(ttt_length=3), TrainingConfig())
     ids = torch.randint(0, 200, (2, 24))
-    batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids, dtype=torch.bool), "attention_mask": torch.ones_like(ids, dtype=torch.bool)}
+    batch = {
+        "input_ids": ids,
+        "loss_mask": torch.ones_like(ids, dtype=torch.bool),
+        "attention_mask": torch.ones_like(ids, dtype=torch.bool),
+    }
     batch["attention_mask"][1, 20:] = False
     result = module.compute_loss(batch)
     assert torch.isfinite(result.loss) and set(result.slots.tolist()) == {1, 2, 3}

@@ -158,7 +158,10 @@ def test_livecodebench_reads_the_public_jsonl_files_with_the_harness_wording(mon
 
     def fake_load_dataset(builder, data_files=None, split=None):
         calls.append((builder, data_files, split))
-        return [{"question_content": "Sum two ints.", "starter_code": "class Solution:\n    pass"}, {"question_content": "Q2", "starter_code": ""}]
+        return [
+            {"question_content": "Sum two ints.", "starter_code": "class Solution:\n    pass"},
+            {"question_content": "Q2", "starter_code": ""},
+        ]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     samples = load_benchmark(BenchmarkSpec("livecodebench"))

@@ -24,10 +24,16 @@ from dflash.decoding.tree import accepted_path as exact_walk
 from dflash.decoding.tree import generate_tree
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
-    BUG, NUMERICAL, TIE_ULPS, diagnose, hf_generate_logits, replay_logits, tie_tolerance,
+    BUG,
+    NUMERICAL,
+    TIE_ULPS,
+    diagnose,
+    hf_generate_logits,
+    replay_logits,
+    tie_tolerance,
 )  # fmt: skip
-from dflash.methods.dflash_tree import TreeSettings
 from dflash.eval.results import GenerationRecord, divergences
+from dflash.methods.dflash_tree import TreeSettings
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
@@ -102,8 +108,9 @@ def test_replay_issues_the_runs_forwards_and_reproduces_its_logits_bit_for_bit(b
     runs = {
         "autoregressive": lambda: generate(bf16_target, input_ids, max_new_tokens=14),
         "chain": lambda: generate(bf16_target, input_ids, max_new_tokens=14, block_size=4, proposer=proposer),
-        "tree": lambda: generate_tree(bf16_target, input_ids, max_new_tokens=14, proposer=proposer, block_size=4,
-                                      tree_budget=6),  # fmt: skip
+        "tree": lambda: generate_tree(
+            bf16_target, input_ids, max_new_tokens=14, proposer=proposer, block_size=4, tree_budget=6
+        ),  # fmt: skip
     }
     run, issued, replayed_calls = run_and_replay(bf16_target, monkeypatch, runs[method])
     assert len(issued) == 1 + len(run.steps) and run.steps[0].verifier == ("tree" if method == "tree" else "chain")

@@ -13,11 +13,11 @@ import pytest
 
 from dflash.decoding import SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
-from dflash.structured import config_key
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, PromptBuilder, Sample, evaluate, format_results, write_results
 from dflash.eval.results import GenerationRecord, build_results, first_mismatch, speedup
 from dflash.specs import DrafterSpec, build_drafter
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target, tiny_config
 from helpers.apps import run_cli
@@ -191,12 +191,16 @@ def test_override_check_names_unknown_keys_options_and_sweeps():
 
 
 def test_schema_checks_types_and_unknown_keys():
-    from dflash.structured import typed
     from dflash.eval import BenchmarkSpec
+    from dflash.structured import typed
 
     spec = typed(DecodingSettings, {"block_size": None, "temperature": 1, "stop_tokens": ["<|pad|>"]}, "decoding")
     assert (spec.block_size, spec.temperature, spec.stop_tokens) == (None, 1, ["<|pad|>"])
-    for bad, key in [({"block_size": "four"}, "decoding.block_size"), ({"top_k": 2.5}, "decoding.top_k"), ({"speed": 1}, "decoding.speed")]:
+    for bad, key in [
+        ({"block_size": "four"}, "decoding.block_size"),
+        ({"top_k": 2.5}, "decoding.top_k"),
+        ({"speed": 1}, "decoding.speed"),
+    ]:
         with pytest.raises(ConfigError) as info:
             typed(DecodingSettings, bad, "decoding")
         assert info.value.key == key

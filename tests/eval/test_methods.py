@@ -53,7 +53,13 @@ calls: list = []
 @pytest.fixture
 def with_fake_method(monkeypatch):
     """Registers method "fake" and logs every generation: (method, generator seed, stop ids)."""
-    monkeypatch.setitem(METHODS, "fake", Method(name="fake", label="Fake", build=lambda target, settings, context: build_fake(target, settings), settings=FakeSettings))
+    monkeypatch.setitem(
+        METHODS,
+        "fake",
+        Method(
+            name="fake", label="Fake", build=lambda target, settings, context: build_fake(target, settings), settings=FakeSettings
+        ),
+    )
     calls.clear()
 
     def logged_generate(target, input_ids, *, block_size=1, proposer=None, generator=None, stop_token_ids=(), **kwargs):
@@ -206,8 +212,8 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
     """The divergence replay issues a run's own target forwards when the proposer drafted
     fewer than B - 1 tokens (recorded in `steps`), in bf16 where other shapes round differently."""
     from dflash.decoding.ngram import NgramProposer
-    from dflash.methods.ngram import NgramSettings
     from dflash.eval.divergence import replay_logits
+    from dflash.methods.ngram import NgramSettings
     from dflash.target import TargetModel
     from dflash.target.tiny import build_tiny_target
 

@@ -38,4 +38,7 @@ def write_conversations(path: Path, count: int) -> None:
     with open(path, "w") as f:
         for i in range(count):
             answer = f"answer {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(30))
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]}) + "\n")
+            f.write(
+                json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]})
+                + "\n"
+            )

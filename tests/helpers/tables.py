@@ -14,8 +14,17 @@ BLOCK_AXES = [
 LOSS_AXES = [{"label": "loss weights", "key": "config.training.loss_gamma", "names": {"auto": "decay", "None": "uniform"}}]
 
 
-def train_config(sweep: str, ablation: str, axes: list, *, seed: int = 0, benchmark: str = "humaneval",
-                 temperature: float = 0.0, target: str = "/art/targets/tiny_code", **groups) -> dict:
+def train_config(
+    sweep: str,
+    ablation: str,
+    axes: list,
+    *,
+    seed: int = 0,
+    benchmark: str = "humaneval",
+    temperature: float = 0.0,
+    target: str = "/art/targets/tiny_code",
+    **groups,
+) -> dict:
     """A resolved train-app config with a `sweep` node (as results.json's `config` holds it)."""
     config = {
         "sweep": {"name": sweep, "ablation": ablation, "axes": axes, "app": "train"},
@@ -30,8 +39,15 @@ def train_config(sweep: str, ablation: str, axes: list, *, seed: int = 0, benchm
     return config
 
 
-def results_for(config: dict, tau: float, speedup: float, *, block_size: int | None = None,
-                drafter_block_size: int | None = None, timestamp: str = "2026-11-21T10:00:00+00:00") -> dict:
+def results_for(
+    config: dict,
+    tau: float,
+    speedup: float,
+    *,
+    block_size: int | None = None,
+    drafter_block_size: int | None = None,
+    timestamp: str = "2026-11-21T10:00:00+00:00",
+) -> dict:
     """results.json content (the fields the tables read) for a run of `config`."""
     evaluation = config.get("eval", config)
     trained = drafter_block_size or config["drafter"]["block_size"]
@@ -39,17 +55,25 @@ def results_for(config: dict, tau: float, speedup: float, *, block_size: int | N
     accepted = [0] * block
     accepted[0], accepted[min(block - 1, 2)] = 10, 20  # some steps of 1 token, more of 3
     return {
-        "benchmark": evaluation["benchmark"]["name"], "method": "dflash", "target": config["target"]["path"],
-        "drafter": "somewhere", "block_size": block, "drafter_block_size": trained,
-        "temperature": evaluation["decoding"]["temperature"], "tau": tau, "acceptance_histogram": accepted,
+        "benchmark": evaluation["benchmark"]["name"],
+        "method": "dflash",
+        "target": config["target"]["path"],
+        "drafter": "somewhere",
+        "block_size": block,
+        "drafter_block_size": trained,
+        "temperature": evaluation["decoding"]["temperature"],
+        "tau": tau,
+        "acceptance_histogram": accepted,
         "speedup": {"vs_autoregressive": speedup, "vs_hf_generate": None},
         "tokens_per_s": {"dflash": 100.0 * speedup, "autoregressive": 100.0, "hf_generate": None},
-        "timestamp": timestamp, "config": config,
+        "timestamp": timestamp,
+        "config": config,
     }
 
 
-def write_run(run_dir: str, config: dict, results: dict | None = None, error: str | None = None,
-              accuracies: list[float] | None = None) -> str:
+def write_run(
+    run_dir: str, config: dict, results: dict | None = None, error: str | None = None, accuracies: list[float] | None = None
+) -> str:
     """A run directory: .hydra/config.yaml always; results.json, error.json, metrics.csv if given."""
     import yaml
 
@@ -95,7 +119,9 @@ def make_depth_sweep(root: str) -> None:
                 write_run(run_dir, config, error="torch.OutOfMemoryError: CUDA out of memory")
                 continue
             accuracies = [0.9 - 0.1 * k + 0.01 * layers for k in range(7)]
-            write_run(run_dir, config, results_for(config, depth_tau(layers, seed), depth_speedup(layers, seed)), accuracies=accuracies)
+            write_run(
+                run_dir, config, results_for(config, depth_tau(layers, seed), depth_speedup(layers, seed)), accuracies=accuracies
+            )
         if layers <= 3:
             config = train_config("depth_gsm8k", "depth", DEPTH_AXES, benchmark="gsm8k", drafter={"num_layers": layers})
             run_dir = os.path.join(root, "depth_gsm8k", f"drafter.num_layers={layers},seed=0")
@@ -108,16 +134,25 @@ def make_block_size_sweep(root: str) -> None:
     for train_b in (8, 10, 16):
         config = train_config("block_size_cpu", "block_size", BLOCK_AXES, drafter={"block_size": train_b})
         run_dir = os.path.join(root, "block_size_cpu", f"drafter.block_size={train_b},seed=0")
-        write_run(run_dir, config, results_for(config, 9.0, 9.0, timestamp="2026-11-21T09:00:00+00:00"),
-                  accuracies=[0.8 - 0.04 * k for k in range(train_b - 1)])
+        write_run(
+            run_dir,
+            config,
+            results_for(config, 9.0, 9.0, timestamp="2026-11-21T09:00:00+00:00"),
+            accuracies=[0.8 - 0.04 * k for k in range(train_b - 1)],
+        )
         for infer_b in (8, 10, 16):
             eval_config = {
                 "sweep": {"name": "block_size_infer_cpu", "ablation": "block_size", "axes": BLOCK_AXES, "app": "evaluate"},
-                "train_seed": 0, "train_block_size": train_b, "target": {"path": "/art/targets/tiny_code"},
+                "train_seed": 0,
+                "train_block_size": train_b,
+                "target": {"path": "/art/targets/tiny_code"},
                 "drafter": {"path": f"/art/sweeps/block_size_cpu/drafter.block_size={train_b},seed=0/drafter"},
-                "benchmark": {"name": "humaneval"}, "decoding": {"block_size": infer_b, "temperature": 0.0},
+                "benchmark": {"name": "humaneval"},
+                "decoding": {"block_size": infer_b, "temperature": 0.0},
             }
-            run_dir = os.path.join(root, "block_size_infer_cpu", f"decoding.block_size={infer_b},train_block_size={train_b},train_seed=0")
+            run_dir = os.path.join(
+                root, "block_size_infer_cpu", f"decoding.block_size={infer_b},train_block_size={train_b},train_seed=0"
+            )
             if (train_b, infer_b) == (16, 8):  # still running: config only
                 write_run(run_dir, eval_config)
                 continue
@@ -207,7 +242,7 @@ class FakeWandbRun:
         self.files: dict[str, dict] = {}
         self.finished = False
 
-    def started(self, **init_kwargs) -> "FakeWandbRun":
+    def started(self, **init_kwargs) -> FakeWandbRun:
         self.init_kwargs = init_kwargs
         return self
 
@@ -230,5 +265,11 @@ class FakeWandbRun:
     def as_api_run(self) -> FakeRun:
         files = [FakeFile(name, content) for name, content in self.files.items()]
         state = "finished" if self.finished else "running"
-        return FakeRun(self.init_kwargs.get("id"), wandb_config(dict(self.config)), dict(self.summary), state,
-                       group=self.init_kwargs.get("group"), files=files)
+        return FakeRun(
+            self.init_kwargs.get("id"),
+            wandb_config(dict(self.config)),
+            dict(self.summary),
+            state,
+            group=self.init_kwargs.get("group"),
+            files=files,
+        )

@@ -10,6 +10,7 @@ import pytest
 
 from dflash.reports import build_tables, collect_runs, collect_wandb_runs, write_report
 from dflash.reports.render import to_latex, to_markdown
+from helpers import REPO
 from helpers.tables import (
     FakeApi,
     FakeFile,
@@ -22,7 +23,6 @@ from helpers.tables import (
     make_main_sweep,
     wandb_config,
 )
-from helpers import REPO
 
 
 @pytest.fixture
@@ -98,8 +98,10 @@ def test_main_table_has_a_section_per_temperature_and_a_row_per_target_and_metho
     main = _tables(sweeps)["main"]
     assert main.key_headers == ["Target", "Method"]
     assert [(r.section, r.keys) for r in main.rows] == [
-        ("T = 0", ("Qwen3-8B", "DFlash (B=8)")), ("T = 0", ("tiny_code", "DFlash (B=8)")),
-        ("T = 1", ("Qwen3-8B", "DFlash (B=8)")), ("T = 1", ("tiny_code", "DFlash (B=8)")),
+        ("T = 0", ("Qwen3-8B", "DFlash (B=8)")),
+        ("T = 0", ("tiny_code", "DFlash (B=8)")),
+        ("T = 1", ("Qwen3-8B", "DFlash (B=8)")),
+        ("T = 1", ("tiny_code", "DFlash (B=8)")),
     ]
     assert main.cell(main.rows[0], "humaneval", "speedup").mean == pytest.approx(6.5 * 0.75)
     markdown = to_markdown(main)
@@ -120,8 +122,12 @@ def test_report_writes_markdown_latex_and_the_figures(sweeps, tmp_path):
     report = write_report(collect_runs(sweeps), str(out))
     names = sorted(os.path.basename(p) for p in report.files)
     assert "tables.md" in names and "tables.tex" in names
-    for figure in ("tau_vs_block_size_block_size_tiny_code.png", "speedup_vs_depth_depth_tiny_code.png",
-                   "acceptance_main.png", "position_accuracy_depth_tiny_code.png"):
+    for figure in (
+        "tau_vs_block_size_block_size_tiny_code.png",
+        "speedup_vs_depth_depth_tiny_code.png",
+        "acceptance_main.png",
+        "position_accuracy_depth_tiny_code.png",
+    ):
         assert figure in names and (out / "plots" / figure).stat().st_size > 10_000
     # The main runs logged no training metrics: no accuracy figure for them, and no error.
     assert "position_accuracy_main.png" not in names
@@ -150,8 +156,16 @@ def _fake_wandb_project(root: str) -> FakeApi:
             summary |= {"eval/tau": record.tau, "eval/speedup_vs_autoregressive": record.speedup}
         files = [FakeFile("results.json", record.results)] if record.status == "finished" else []
         state = {"finished": "finished", "failed": "crashed"}[record.status]
-        runs.append(FakeRun(os.path.basename(record.source), wandb_config(record.config), summary, state,
-                            group=record.sweep["name"], files=files))
+        runs.append(
+            FakeRun(
+                os.path.basename(record.source),
+                wandb_config(record.config),
+                summary,
+                state,
+                group=record.sweep["name"],
+                files=files,
+            )
+        )
     return FakeApi(runs)
 
 
@@ -186,13 +200,23 @@ def test_wandb_runs_without_uploaded_results_use_the_summary():
 @pytest.mark.slow
 def test_cli_writes_the_report_and_rejects_a_missing_root(sweeps, tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, "-m", "dflash.tables", f"root={sweeps}", f"out_dir={out}", "plots=false"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "dflash.tables", f"root={sweeps}", f"out_dir={out}", "plots=false"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "### Drafter depth: tiny_code, T = 0" in run.stdout
     assert (out / "tables.md").is_file() and (out / "tables.tex").is_file() and not (out / "plots").exists()
-    bad = subprocess.run([sys.executable, "-m", "dflash.tables", f"root={tmp_path / 'nope'}", f"out_dir={out}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "dflash.tables", f"root={tmp_path / 'nope'}", f"out_dir={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: root: no such directory")
 
 
@@ -213,7 +237,9 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
     run_dir = tmp_path / "drafter.target_layer_ids=[1,3],seed=0"
     loggers = build_loggers(LoggerSettings(kind="wandb", group="depth_cpu"), str(run_dir), config)
     loggers[0].log_metrics({"val/acc_01": 0.7, "val/acc_02": 0.4, "val/acc_03": 0.2}, step=9)
-    records = [GenerationRecord(0, 0, 5, {"autoregressive": [1] * 9, "dflash": [1] * 9}, {"autoregressive": 2.0, "dflash": 1.0}, [4, 1, 3])]
+    records = [
+        GenerationRecord(0, 0, 5, {"autoregressive": [1] * 9, "dflash": [1] * 9}, {"autoregressive": 2.0, "dflash": 1.0}, [4, 1, 3])
+    ]
     results = build_results(
         records, benchmark="humaneval", target="/art/targets/tiny_code", drafter=str(run_dir / "drafter"), block_size=4,
         drafter_block_size=4, sampling=SamplingConfig(), max_new_tokens=9, stop_token_ids=[0], device="cpu", config=config,

@@ -20,13 +20,16 @@ def depth_table(one, three, five) -> Table:
     return table("depth", {Row(None, ("1",)): one, Row(None, ("3",)): three, Row(None, ("5",)): five})
 
 
-@pytest.mark.parametrize("one, three, five, verdict", [
-    ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [3.0, 3.1, 3.05], MATCHES),
-    ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.2, 2.25, 2.3], DOES_NOT),          # 5 layers reversed beyond the spread
-    ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.4, 2.9, 2.7], INCONCLUSIVE),       # 3 -> 5 within twice its error
-    ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.0, 2.8, 2.1], INCONCLUSIVE),       # 5 lower on average, but noisy
-    ([2.0], [2.5], [3.0], INCONCLUSIVE),                                       # one seed: no spread to decide by
-])
+@pytest.mark.parametrize(
+    "one, three, five, verdict",
+    [
+        ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [3.0, 3.1, 3.05], MATCHES),
+        ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.2, 2.25, 2.3], DOES_NOT),  # 5 layers reversed beyond the spread
+        ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.4, 2.9, 2.7], INCONCLUSIVE),  # 3 -> 5 within twice its error
+        ([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.0, 2.8, 2.1], INCONCLUSIVE),  # 5 lower on average, but noisy
+        ([2.0], [2.5], [3.0], INCONCLUSIVE),  # one seed: no spread to decide by
+    ],
+)
 def test_verdict_follows_the_spread_across_seeds(one, three, five, verdict):
     assert judge(DEPTH, depth_table(one, three, five), "humaneval").verdict == verdict
 

@@ -97,23 +97,59 @@ def test_block_size_sweep_lets_gamma_follow_the_training_block():
     assert _compose("block_size", ["drafter.block_size=8"]).training.loss_gamma == "auto"
 
 
-@pytest.mark.parametrize("scale, train_sweep, eval_sweep, train_point, eval_point, job_dir", [
-    ("cpu", "block_size", "block_size_infer", ["drafter.block_size=10", "seed=1"],
-     ["train_block_size=10", "train_seed=1", "decoding.block_size=16"], "block_size_cpu/drafter.block_size=10,seed=1"),
-    ("cpu", "block_size_controlled", "block_size_controlled_infer",
-     ["drafter.block_size=16", "seed=2", "training.num_anchors=64"],
-     ["train_block_size=16", "train_seed=2", "decoding.block_size=8"],
-     "block_size_controlled_cpu/drafter.block_size=16,seed=2,training.num_anchors=64"),
-    ("cpu", "block_size_controlled", "block_size_controlled_infer",
-     ["drafter.block_size=8", "seed=1", "training.num_anchors=164"],
-     ["train_block_size=8", "train_seed=1", "decoding.block_size=16"],
-     "block_size_controlled_cpu/drafter.block_size=8,seed=1,training.num_anchors=164"),
-    ("full", "block_size", "block_size_infer", ["drafter.block_size=8", "seed=0"],
-     ["train_block_size=8", "train_seed=0", "decoding.block_size=10"], "block_size/drafter.block_size=8,seed=0"),
-    ("cpu", "main", "main_eval", ["method=dflash", "seed=2"], ["train_seed=2", "decoding=sampling"], "main_cpu/method=dflash,seed=2"),
-    ("full", "main", "main_eval", ["experiment=llama31_8b", "seed=0"],
-     ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"], "main/experiment=llama31_8b,seed=0"),
-])
+@pytest.mark.parametrize(
+    "scale, train_sweep, eval_sweep, train_point, eval_point, job_dir",
+    [
+        (
+            "cpu",
+            "block_size",
+            "block_size_infer",
+            ["drafter.block_size=10", "seed=1"],
+            ["train_block_size=10", "train_seed=1", "decoding.block_size=16"],
+            "block_size_cpu/drafter.block_size=10,seed=1",
+        ),
+        (
+            "cpu",
+            "block_size_controlled",
+            "block_size_controlled_infer",
+            ["drafter.block_size=16", "seed=2", "training.num_anchors=64"],
+            ["train_block_size=16", "train_seed=2", "decoding.block_size=8"],
+            "block_size_controlled_cpu/drafter.block_size=16,seed=2,training.num_anchors=64",
+        ),
+        (
+            "cpu",
+            "block_size_controlled",
+            "block_size_controlled_infer",
+            ["drafter.block_size=8", "seed=1", "training.num_anchors=164"],
+            ["train_block_size=8", "train_seed=1", "decoding.block_size=16"],
+            "block_size_controlled_cpu/drafter.block_size=8,seed=1,training.num_anchors=164",
+        ),
+        (
+            "full",
+            "block_size",
+            "block_size_infer",
+            ["drafter.block_size=8", "seed=0"],
+            ["train_block_size=8", "train_seed=0", "decoding.block_size=10"],
+            "block_size/drafter.block_size=8,seed=0",
+        ),
+        (
+            "cpu",
+            "main",
+            "main_eval",
+            ["method=dflash", "seed=2"],
+            ["train_seed=2", "decoding=sampling"],
+            "main_cpu/method=dflash,seed=2",
+        ),
+        (
+            "full",
+            "main",
+            "main_eval",
+            ["experiment=llama31_8b", "seed=0"],
+            ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"],
+            "main/experiment=llama31_8b,seed=0",
+        ),
+    ],
+)
 def test_the_evaluation_stage_reads_the_drafter_the_training_stage_writes(
     tmp_path, monkeypatch, scale, train_sweep, eval_sweep, train_point, eval_point, job_dir
 ):
@@ -127,11 +163,20 @@ def test_the_evaluation_stage_reads_the_drafter_the_training_stage_writes(
     assert sweep_plan(train_sweep, scale).next == eval_sweep
 
 
-@pytest.mark.parametrize("scale, train_point, eval_point", [
-    ("cpu", ["method=eagle3", "seed=2"], ["train_seed=2", "decoding=greedy"]),
-    ("full", ["experiment=eagle3_llama31_8b", "seed=0"], ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"]),
-])
-def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(tmp_path, monkeypatch, scale, train_point, eval_point):
+@pytest.mark.parametrize(
+    "scale, train_point, eval_point",
+    [
+        ("cpu", ["method=eagle3", "seed=2"], ["train_seed=2", "decoding=greedy"]),
+        (
+            "full",
+            ["experiment=eagle3_llama31_8b", "seed=0"],
+            ["target=llama31_8b", "train_seed=0", "benchmark=gsm8k", "decoding=greedy"],
+        ),
+    ],
+)
+def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(
+    tmp_path, monkeypatch, scale, train_point, eval_point
+):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
     trained = _compose("main", train_point, scale)
     assert trained.method.name == "eagle3"
@@ -160,7 +205,13 @@ def test_driver_runs_prepare_then_each_stage_at_one_scale():
     assert "data.path=${paths.artifacts}/data/tiny_code_prompts.jsonl" in prepare[1]  # resolved by that command
     assert multirun[2:] == ["dflash.train", "-m", "+sweep=block_size", "sweep/scale=cpu", "seed=0,1", "hydra.launcher.cpu_jobs=1"]
     assert eval_stage[-1][2:] == [
-        "dflash.evaluate", "-m", "+sweep=block_size_infer", "sweep/eval_scale=cpu", "train_seed=0,1", "hydra.launcher.cpu_jobs=1"]
+        "dflash.evaluate",
+        "-m",
+        "+sweep=block_size_infer",
+        "sweep/eval_scale=cpu",
+        "train_seed=0,1",
+        "hydra.launcher.cpu_jobs=1",
+    ]
     assert scale_override("evaluate", "cpu") == "sweep/eval_scale=cpu"
     assert sweep_commands("block_size_cpu", []) == sweep_commands("block_size", [], scale="cpu")  # the former file name
     (only,) = sweep_commands("depth", ["trainer.max_steps=10"], gpus="0,3")
@@ -196,11 +247,14 @@ def test_cpu_sweeps_prepare_their_prompts_once(tmp_path):
     assert write_tiny_code_prompts(path, 4) is True and len(open(path).readlines()) == 4
 
 
-@pytest.mark.parametrize("argv", [
-    ["depth", "--scale", "cpu", "--seeds", "0,1", "hydra.launcher.cpu_jobs=4", "--dry-run"],
-    ["depth", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1", "--scale", "cpu"],
-    ["depth_cpu", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["depth", "--scale", "cpu", "--seeds", "0,1", "hydra.launcher.cpu_jobs=4", "--dry-run"],
+        ["depth", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1", "--scale", "cpu"],
+        ["depth_cpu", "hydra.launcher.cpu_jobs=4", "--dry-run", "--seeds", "0,1"],
+    ],
+)
 def test_sweep_cli_takes_overrides_before_or_after_its_options(argv, capsys):
     from dflash.sweep.cli import main
 

@@ -15,7 +15,6 @@ import pytest
 
 from helpers import REPO
 
-
 TOY_APP = textwrap.dedent(
     """
     import json, os, time
@@ -119,8 +118,9 @@ def test_a_failed_job_leaves_error_json_the_others_finish_and_a_rerun_skips_fini
 
 @pytest.mark.slow
 def test_killing_the_sweep_stops_its_running_jobs(toy_app):
-    sweep = subprocess.Popen(**_command(toy_app, "duration=60,61,62", "hydra.launcher.gpus=2"),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = subprocess.Popen(
+        **_command(toy_app, "duration=60,61,62", "hydra.launcher.gpus=2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     pid_files = [toy_app / "sweep" / f"duration={d}" / "pid" for d in (60, 61)]
     deadline = time.monotonic() + 60
     while not all(p.exists() and p.read_text() for p in pid_files):

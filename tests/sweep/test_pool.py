@@ -99,15 +99,17 @@ def test_gpu_ids_from_config_values(monkeypatch):
 
 
 def test_error_record_names_the_exception_and_keeps_the_traceback():
-    log = "\n".join([
-        "[2026-01-01][dflash][INFO] - training",
-        "Traceback (most recent call last):",
-        '  File "x.py", line 3, in <module>',
-        "    main()",
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
-        "[rank1] other output",
-    ])
+    log = "\n".join(
+        [
+            "[2026-01-01][dflash][INFO] - training",
+            "Traceback (most recent call last):",
+            '  File "x.py", line 3, in <module>',
+            "    main()",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+            "[rank1] other output",
+        ]
+    )
     job = SweepJob(3, ["drafter.num_layers=8"], "/tmp/x", ["python", "-m", "dflash.train"])
     record = error_record(job, Slot(0, ("2",)), 1, log, "/tmp/x/job.log", 12.5)
     assert record["exception"] == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -118,7 +120,9 @@ def test_error_record_names_the_exception_and_keeps_the_traceback():
 def test_error_record_without_traceback():
     job = SweepJob(0, [], "/tmp/x", [])
     assert last_exception("...\nerror: drafter.num_layers: must be >= 1, got 0\n") == (
-        "error: drafter.num_layers: must be >= 1, got 0", None)
+        "error: drafter.num_layers: must be >= 1, got 0",
+        None,
+    )
     killed = error_record(job, None, -9, "loading\n", "/tmp/x/job.log", 1.0)
     assert killed["exception"].startswith("killed by SIGKILL")
     assert error_record(job, None, 3, "", "/tmp/x/job.log", 1.0)["exception"] == "exited with status 3"

@@ -22,10 +22,16 @@ from helpers import REPO  # noqa: E402
 CONF = REPO / "dflash" / "conf"
 
 
-@pytest.mark.parametrize("app, sweep", [
-    ("train", ["+sweep=depth"]), ("train", ["+sweep=main"]), ("train", ["+sweep=main", "sweep/scale=cpu"]),
-    ("train", ["+sweep=depth", "sweep/scale=cpu"]), ("evaluate", ["+sweep=block_size_infer", "sweep/eval_scale=cpu"]),
-])
+@pytest.mark.parametrize(
+    "app, sweep",
+    [
+        ("train", ["+sweep=depth"]),
+        ("train", ["+sweep=main"]),
+        ("train", ["+sweep=main", "sweep/scale=cpu"]),
+        ("train", ["+sweep=depth", "sweep/scale=cpu"]),
+        ("evaluate", ["+sweep=block_size_infer", "sweep/eval_scale=cpu"]),
+    ],
+)
 def test_every_kind_of_sweep_can_switch_to_slurm(app, sweep):
     # Sweeps pick gpu_pool variants as whole launcher options, never gpu_pool-only keys,
     # so replacing the launcher on the command line leaves no key submitit lacks.

@@ -14,7 +14,7 @@ import torch
 from dflash.data.datamodule import DFlashDataModule
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.training import dflash_training_module, TrainingConfig
+from dflash.training import TrainingConfig, dflash_training_module
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.forward import target_features
 from dflash.training.module import open_disk_cache
@@ -32,7 +32,12 @@ def target(target_spec):
 
 def _conversations(count: int) -> list[dict]:
     return [
-        {"messages": [{"role": "user", "content": f"question {i} " + "?" * (3 * (i % 5))}, {"role": "assistant", "content": f"answer {i} " + "!" * (2 * i + 9)}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i} " + "?" * (3 * (i % 5))},
+                {"role": "assistant", "content": f"answer {i} " + "!" * (2 * i + 9)},
+            ]
+        }
         for i in range(count)
     ]
 
@@ -93,7 +98,9 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
         calls = _counting(module.target)
         if cache_dir is not None:
             rows = datamodule.rows
-            module.disk_cache = open_disk_cache(module.training_config, module.target, rows, datamodule.fingerprint(), module.objective.taps())
+            module.disk_cache = open_disk_cache(
+                module.training_config, module.target, rows, datamodule.fingerprint(), module.objective.taps()
+            )
             calls.clear()  # the fill ran the target; training must not
         batch = next(iter(datamodule.train_dataloader()))
         result = module.compute_loss(batch, torch.Generator().manual_seed(3))
@@ -119,8 +126,13 @@ def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_ta
         calls = _counting(module.target)
         datamodule = DFlashDataModule(_conversations(10), module.target.tokenizer, batch_size=3, val_fraction=0.2, num_workers=0)
         trainer = L.Trainer(
-            accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            accelerator="cpu",
+            max_steps=4,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
         )
         trainer.fit(module, datamodule=datamodule)
         return module, len(calls)
@@ -198,12 +210,16 @@ def test_eagle3_trains_from_the_same_cache_without_the_target(tmp_path, target_s
     losses = []
     for cache_dir in (None, str(tmp_path)):
         module = eagle3_training_module(
-            target_spec, Eagle3TrainSettings(ttt_length=2, seed=0), TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32")
+            target_spec,
+            Eagle3TrainSettings(ttt_length=2, seed=0),
+            TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32"),
         )
         datamodule = _datamodule(module.target.tokenizer)
         calls = _counting(module.target)
         if cache_dir is not None:
-            module.disk_cache = open_disk_cache(module.training_config, module.target, datamodule.rows, datamodule.fingerprint(), module.objective.taps())
+            module.disk_cache = open_disk_cache(
+                module.training_config, module.target, datamodule.rows, datamodule.fingerprint(), module.objective.taps()
+            )
             stored = sorted(name for name in os.listdir(module.disk_cache.directory) if name.startswith("layer-"))
             assert stored == [f"layer-{i:02d}" for i in sorted(set(module.objective.taps()))]  # a repeated tap is one file
             calls.clear()

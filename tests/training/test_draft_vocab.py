@@ -9,7 +9,7 @@ import torch
 
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.loss import LossSettings, block_loss
-from helpers.training import B, BATCH, BLOCKS, D, V, batch, module_for, random_blocks, softcapped_head
+from helpers.training import BATCH, BLOCKS, B, D, V, batch, module_for, random_blocks, softcapped_head
 
 
 def test_the_vocabulary_counts_response_tokens_of_training_rows_only():

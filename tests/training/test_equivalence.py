@@ -103,7 +103,12 @@ def _assert_engine_drafts_equal_training(target, drafter, prompt, result, record
     sequence = torch.cat([prompt, torch.tensor([result.output_ids])], dim=1)
     positions = torch.tensor([[anchor for anchor, _ in recorder.records]])
     training = _training_logits(
-        target, drafter, sequence, torch.ones_like(sequence, dtype=torch.bool), positions, torch.ones_like(positions, dtype=torch.bool)
+        target,
+        drafter,
+        sequence,
+        torch.ones_like(sequence, dtype=torch.bool),
+        positions,
+        torch.ones_like(positions, dtype=torch.bool),
     )
     for j, (_, decoding) in enumerate(recorder.records):
         # Cached (engine) and full-sequence target features differ only by float rounding.

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import dflash_training_module, TrainingConfig
+from dflash.training import TrainingConfig, dflash_training_module
 from dflash.training.feature_cache import TargetStateCache
 
 
@@ -47,8 +47,13 @@ def _fit(target_spec, batches, epochs, **training):
     forward = module.target.forward
     module.target.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
     trainer = L.Trainer(
-        accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator="cpu",
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     torch.manual_seed(1)  # the same anchors in both runs
     trainer.fit(module, DataLoader(batches, batch_size=None))

@@ -15,7 +15,7 @@ from dflash.training.blocks import Blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.forward import target_features
 from dflash.training.loss import OBJECTIVES, LossSettings, block_loss, dpace_weights
-from helpers.training import B, BATCH, BLOCKS, D, S, batch, module_for, random_blocks, softcapped_head
+from helpers.training import BATCH, BLOCKS, B, D, S, batch, module_for, random_blocks, softcapped_head
 
 
 def run(settings: LossSettings, to_logits, blocks: Blocks, seed=1):

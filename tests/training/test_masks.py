@@ -4,7 +4,7 @@ import warnings
 
 import torch
 
-from dflash.drafter import DrafterConfig, DFlashDrafter
+from dflash.drafter import DFlashDrafter, DrafterConfig
 from dflash.drafter.attention import attend
 from dflash.target.tiny import tiny_config
 from dflash.training.anchors import Anchors

@@ -11,7 +11,7 @@ from dflash.decoding import DFlashProposer, generate
 from dflash.drafter import load_drafter, save_drafter
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.training import dflash_training_module, TrainingConfig, export_checkpoint, export_drafter
+from dflash.training import TrainingConfig, dflash_training_module, export_checkpoint, export_drafter
 from dflash.training.module import warmup_cosine_schedule
 
 
@@ -108,7 +108,9 @@ def test_fit_logs_metrics_and_exports_a_drafter_that_decodes(target_spec, tmp_pa
     before = trainer.validate(module, _loader(val), verbose=False)[0]
     trainer.fit(module, _loader(train), _loader(val))
     metrics = trainer.callback_metrics
-    expected = {"train/loss", "train/tau_sim", "val/loss", "val/tau_sim"} | {f"{p}/acc_0{k}" for p in ("train", "val") for k in (1, 2, 3)}
+    expected = {"train/loss", "train/tau_sim", "val/loss", "val/tau_sim"} | {
+        f"{p}/acc_0{k}" for p in ("train", "val") for k in (1, 2, 3)
+    }
     assert expected <= set(metrics)
     assert 1.0 <= float(metrics["val/tau_sim"]) <= 4.0
     assert float(metrics["val/loss"]) < before["val/loss"]

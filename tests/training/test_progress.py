@@ -22,8 +22,12 @@ class FakeClock:
 
 def fake_trainer(max_steps=100, step=0):
     return SimpleNamespace(
-        global_step=step, max_steps=max_steps, is_global_zero=True, callback_metrics={},
-        sanity_checking=False, state=SimpleNamespace(fn=TrainerFn.FITTING),
+        global_step=step,
+        max_steps=max_steps,
+        is_global_zero=True,
+        callback_metrics={},
+        sanity_checking=False,
+        state=SimpleNamespace(fn=TrainerFn.FITTING),
     )
 
 

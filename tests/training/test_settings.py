@@ -112,7 +112,13 @@ def trained_start(artifacts, monkeypatch, *overrides: str) -> tuple[torch.Tensor
     """A drafter weight and the training anchors of the first step, seeded as `run_training` does."""
     import lightning as L
 
-    base = [f"paths.artifacts={artifacts}", "data.path=unused.jsonl", "drafter.num_layers=1", "drafter.block_size=8", "training.num_anchors=5"]
+    base = [
+        f"paths.artifacts={artifacts}",
+        "data.path=unused.jsonl",
+        "drafter.num_layers=1",
+        "drafter.block_size=8",
+        "training.num_anchors=5",
+    ]
     job = job_from_config(compose_train([*base, *overrides]))
     L.seed_everything(job.seed, workers=True, verbose=False)  # dflash.training.run._train, then the module
     module = dflash_training_module(job.target, job.drafter, job.training)

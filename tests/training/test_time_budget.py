@@ -59,7 +59,9 @@ def test_a_time_budget_ends_training_and_the_schedule(tmp_path):
 
 def test_a_resumed_run_spends_only_the_rest_of_the_budget(tmp_path):
     budget_s = 3.0
-    job = training_job(tmp_path, "budget_killed", 4, *BUDGET, f"trainer.max_minutes={budget_s / 60}", "checkpoint.every_n_train_steps=3")
+    job = training_job(
+        tmp_path, "budget_killed", 4, *BUDGET, f"trainer.max_minutes={budget_s / 60}", "checkpoint.every_n_train_steps=3"
+    )
     with pytest.raises(Killed):
         run_training(job, callbacks=[SlowSteps(), KillAtStep(4)])
     spent_before = checkpoint(job)["callbacks"]
