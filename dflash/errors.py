@@ -8,7 +8,7 @@ Invariants:
 - A ConfigError means "the user can fix this by changing `key`"; its message says how.
   Anything else (a bug) keeps its traceback: nothing here catches broad exception types
   except around the one call that reads a user's file (`reading`).
-- Config dataclasses are the apps' schemas (dflash/cli/schema.py): composition rejects
+- Config dataclasses are the apps' schemas (dflash/schema.py): composition rejects
   unknown keys and wrong types, so a wrong type never reaches library code as a TypeError.
   Their `__post_init__` range checks name the field only; the entry point adds the group.
 - Checks that need no model (types, paths to read, directories to write) run before any

@@ -1,7 +1,7 @@
 """Typed specs for the target and the drafter, and the functions that build them.
 
 Entry points turn Hydra config groups `target` and `drafter` into these dataclasses
-(their schemas: dflash/cli/schema.py, which rejects unknown keys and wrong types) and call
+(their schemas: dflash/schema.py, which rejects unknown keys and wrong types) and call
 `load_target` / `build_drafter`; library code never reads Hydra objects.
 """
 

@@ -3,7 +3,7 @@ schema checks, with every error one `ConfigError` naming the full key.
 
 The one adapter between library checks and user keys: a dataclass's `__post_init__`
 names the field (`require(..., "num_layers", ...)`), and `build` / `config_key` put the
-group in front (`drafter.num_layers`). Used by the entry points (`dflash.cli.schema`)
+group in front (`drafter.num_layers`). Used by the entry points (`dflash.schema`)
 and by library code that takes a free-form block of a config (e.g. `target.build`).
 """
 

@@ -1,8 +1,9 @@
 """Hydra entry points: turn config groups into dataclasses and call library functions.
 
 Importing the package registers the apps' config schemas in Hydra's ConfigStore
-(`dflash.cli.schema`), which dflash/conf/train.yaml, evaluate.yaml and regenerate.yaml
-start from: anything composing them (apps, tests, scripts) imports `dflash.cli` first.
+(`dflash.schema`), which every group option and dflash/conf/train.yaml, evaluate.yaml and
+regenerate.yaml start from: anything else composing them (the sweep driver, tests,
+scripts) imports `dflash.schema` first.
 """
 
-from dflash.cli import schema as _schema  # noqa: F401 - registers the schemas
+from dflash import schema as _schema  # noqa: F401 - registers the schemas

@@ -71,7 +71,7 @@ def run_app(
     check: the app's own check of the composed config, for what needs Hydra's compose API
         (which cannot run inside a Hydra app), e.g. the demo's overrides for the train app.
     """
-    import dflash.cli.schema  # noqa: F401 - registers the apps' schemas, which their configs start from
+    import dflash.schema  # noqa: F401 - registers the apps' schemas, which their configs start from
 
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -227,7 +227,7 @@ def _check_group_option(group: str, group_dir: Path, option) -> None:
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
-    import dflash.cli.schema  # noqa: F401 - registers the apps' schemas in Hydra's ConfigStore
+    import dflash.schema  # noqa: F401 - registers the apps' schemas in Hydra's ConfigStore
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=config_name):
         return compose(config_name, overrides=overrides, return_hydra_config=True)

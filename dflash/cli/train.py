@@ -7,7 +7,7 @@ the clock: running the same command again finds `checkpoints/last.ckpt` there an
 resumes (`checkpoint.resume=auto`). Set `run_name=NAME` to pin the directory yourself
 (for instance to continue a run with a larger `trainer.max_steps`).
 
-Every group is a dataclass of the config schema (dflash/cli/schema.py: unknown keys and
+Every group is a dataclass of the config schema (dflash/schema.py: unknown keys and
 wrong types fail at composition, naming the key) and is built as one before any model loads; then `dflash.training.run.run_training` does the work.
 """
 

@@ -6,7 +6,7 @@ The group describes, in one place:
 - `sources`: where regeneration takes its prompts (a mix of hub datasets); empty means
   "the conversations at `path` themselves";
 - how conversations are tokenised, and how the DataModule batches and splits them.
-Its fields and defaults are the group's schema (dflash/cli/schema.py); entry points build
+Its fields and defaults are the group's schema (dflash/schema.py); entry points build
 it from the composed group with `dflash.structured.build`.
 """
 

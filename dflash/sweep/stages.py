@@ -104,6 +104,8 @@ def _compose(app: str, overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    import dflash.schema  # noqa: F401 - registers the config schemas the apps' configs start from
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=app):
         cfg = compose(app, overrides=overrides)
     # Unresolved: prepare commands keep their ${paths.artifacts}, which the commands resolve themselves.

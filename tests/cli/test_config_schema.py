@@ -1,4 +1,4 @@
-"""The config schema (dflash/cli/schema.py): every field of every registered schema refuses
+"""The config schema (dflash/schema.py): every field of every registered schema refuses
 a value of the wrong type on the command line with `error: <full key>: ...` and exit 2,
 naming a key of the composed config; the Python API and the command line share defaults."""
 
@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from dflash.cli.common import _compose, run_app
-from dflash.cli.schema import APP_SCHEMAS, METHOD_SCHEMAS
+from dflash.schema import APP_SCHEMAS, METHOD_SCHEMAS
 from dflash.structured import build
 
 # the override that selects the schema of the `method` group (TrainConfig.method is Any)

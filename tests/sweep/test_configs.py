@@ -270,3 +270,14 @@ def test_sweep_cli_answers_a_bad_scale_with_one_line(capsys):
     assert capsys.readouterr().err.strip() == "error: scale: unknown scale 'tiny'; choose one of ['cpu', 'full']"
     assert main(["block_size_controlled", "--scale", "full", "--dry-run"]) == 2
     assert "runs at scale cpu only" in capsys.readouterr().err
+
+
+def test_the_sweep_driver_composes_in_a_fresh_process():
+    """`python -m dflash.sweep` imports no entry point: the plan must register the config
+    schemas itself (the group options start from them), not rely on an earlier import."""
+    import subprocess
+    import sys
+
+    code = "from dflash.sweep.stages import sweep_plan; print(sweep_plan('depth', 'cpu').app)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "train", proc.stderr[-2000:]
