@@ -174,7 +174,9 @@ def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
     base = [values[0] for values in choices]
     try:
         cfg = _compose(config_name, base)
-    except Exception:  # noqa: BLE001 - the first override that breaks composition is named below
+    except Exception as failed:  # noqa: BLE001 - the first override that breaks composition is named below
+        if len(base) == 1:  # that one override (composing it again would fail the same way)
+            raise _override_error(config_name, [], base[0], failed) from None
         for count in range(1, len(base) + 1):
             err = _compose_error(config_name, base[:count])
             if err is not None:
