@@ -37,7 +37,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     require(isinstance(options["out"], str) and options["out"] != "", "out", "must be a directory path")
     path = checkpoint_path(str(options["ckpt"]))
     dtype = weight_dtype(options["dtype"], "dtype")
-    drafter_config = read_checkpoint(path)[DRAFTER_CONFIG_KEY]
+    checkpoint = read_checkpoint(path)  # read once: a large drafter's checkpoint takes a while
+    drafter_config = checkpoint[DRAFTER_CONFIG_KEY]
     method = method_of_checkpoint(drafter_config)
     require(
         method is not None,
@@ -45,7 +46,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         f"{path!r} holds a drafter of architectures {drafter_config.get('architectures')}, which no trained method "
         f"({', '.join(sorted(trained_methods()))}) exports",
     )
-    out = method.training().export(path, os.path.abspath(os.path.expanduser(options["out"])), dtype)
+    out = method.training().export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
     print(f"drafter: {out}")
 
 

@@ -104,7 +104,13 @@ def _method(cfg: DictConfig):
     require(name in choices, "method", f"unknown method {name!r}; choose one of {choices}")
     method = METHODS[name]
     method.check_installed()
-    return method, (method.train_settings() if node is None else build(node, "method"))
+    settings = method.train_settings() if node is None else build(node, "method")
+    require(
+        isinstance(settings, method.train_settings),
+        "method.name",
+        f"{name!r} is not the method this group option configures; pick the method with method={name}",
+    )
+    return method, settings
 
 
 def _evaluation(node: DictConfig, trained, train_settings):

@@ -94,9 +94,7 @@ def eagle3_from_checkpoint(checkpoint: dict) -> Eagle3Drafter:
     return drafter.eval()
 
 
-def export_eagle3_checkpoint(ckpt_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
-    """Write the drafter of an EAGLE-3 training checkpoint as an EAGLE-3 directory; returns out_dir."""
-    from dflash.training.export import read_checkpoint
-
-    save_eagle3(eagle3_from_checkpoint(read_checkpoint(ckpt_path)), out_dir, dtype=dtype)
+def export_eagle3_checkpoint(checkpoint: dict, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Write the drafter of a loaded EAGLE-3 training checkpoint as an EAGLE-3 directory; returns out_dir."""
+    save_eagle3(eagle3_from_checkpoint(checkpoint), out_dir, dtype=dtype)
     return out_dir

@@ -41,7 +41,7 @@ def training():
     """DFlash's `dflash.training.objective.TrainedMethod`."""
     from dflash.training.objective import dflash_trained_method
 
-    return dflash_trained_method(DFlashTrainSettings)
+    return dflash_trained_method()
 
 
 METHOD = Method(

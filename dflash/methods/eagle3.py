@@ -72,7 +72,6 @@ def training():
     from dflash.training.objective import TrainedMethod
 
     return TrainedMethod(
-        settings=Eagle3TrainSettings,
         check=lambda settings, drafter, data, training: None,
         module=lambda target, settings, drafter, training: eagle3_training_module(target, settings, training),
         export=export_eagle3_checkpoint,

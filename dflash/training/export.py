@@ -50,8 +50,12 @@ def drafter_state(checkpoint: dict) -> dict:
 
 
 def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
-    """Rebuild the DFlash drafter stored in a training checkpoint (CPU, eval mode)."""
-    checkpoint = read_checkpoint(ckpt_path)
+    """Rebuild the DFlash drafter stored in a training checkpoint file (CPU, eval mode)."""
+    return drafter_from_state(read_checkpoint(ckpt_path))
+
+
+def drafter_from_state(checkpoint: dict) -> DFlashDrafter:
+    """Rebuild the DFlash drafter of a loaded training checkpoint (`read_checkpoint`)."""
     config = DrafterConfig.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY])
     state = drafter_state(checkpoint)
     drafter = DFlashDrafter(config)
@@ -60,6 +64,11 @@ def drafter_from_checkpoint(ckpt_path: str) -> DFlashDrafter:
 
 
 def export_checkpoint(ckpt_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
-    """Write the drafter of a Lightning checkpoint into `out_dir`; returns out_dir."""
-    save_drafter(drafter_from_checkpoint(ckpt_path), out_dir, dtype=dtype)
+    """Write the drafter of a Lightning checkpoint file into `out_dir`; returns out_dir."""
+    return export_state(read_checkpoint(ckpt_path), out_dir, dtype)
+
+
+def export_state(checkpoint: dict, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Write the DFlash drafter of a loaded training checkpoint into `out_dir`; returns out_dir."""
+    save_drafter(drafter_from_state(checkpoint), out_dir, dtype=dtype)
     return out_dir

@@ -63,7 +63,6 @@ class DrafterTrainingModule(L.LightningModule):
 
     def __init__(self, target: TargetSpec, objective: Callable[[TargetModel], Objective], training: TrainingConfig, hparams: dict):
         super().__init__()
-        require(training.num_anchors >= 1, "training.num_anchors", f"must be >= 1, got {training.num_anchors}")
         self.save_hyperparameters(hparams)
         self.training_config = training
         self.target = load_target(target)

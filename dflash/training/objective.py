@@ -38,27 +38,24 @@ BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least 
 class TrainedMethod:
     """What training needs from a trained method (`dflash.methods` entries carry one).
 
-    settings: schema of the train app's `method` group (`method=NAME`; its `name` field
-        names the method).
     check(settings, drafter, data, training): checks before any model loads
         (`DrafterSpec`, `DataSpec`, `TrainingConfig`); ConfigError naming the key.
     module(target, settings, drafter, training): the `DrafterTrainingModule` to fit.
-    export(checkpoint_path, out_dir, dtype): write the drafter directory of a checkpoint
-        this method's module saved, without the target; returns out_dir.
+    export(checkpoint, out_dir, dtype): write the drafter directory of a checkpoint this
+        method's module saved (the dict `dflash.training.export.read_checkpoint` returns;
+        read once by the caller), without the target; returns out_dir.
     architectures: the `architectures` its checkpoints' drafter config carries (how
         `python -m dflash.export` tells which method wrote a checkpoint).
     evaluation(drafter_dir, settings): (method name, its evaluation settings or None) that
         evaluates the exported drafter after training.
-    uses_drafter_group: whether the `drafter` group configures it.
+    The schema of its `method` group is the registry's `Method.train_settings`.
     """
 
-    settings: type | None
     check: Callable[[Any, DrafterSpec, Any, TrainingConfig], None]
     module: Callable[[TargetSpec, Any, DrafterSpec, TrainingConfig], Any]
-    export: Callable[[str, str, Any], str]
+    export: Callable[[dict, str, Any], str]
     architectures: tuple[str, ...]
     evaluation: Callable[[str, Any], tuple[str, Any]]
-    uses_drafter_group: bool = False
 
 
 class Objective:
@@ -205,21 +202,19 @@ def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingCon
     check_block_fits(block_size, data.max_length, training.num_anchors)
 
 
-def export_dflash_checkpoint(checkpoint_path: str, out_dir: str, dtype=None) -> str:
-    from dflash.training.export import export_checkpoint
+def export_dflash_checkpoint(checkpoint: dict, out_dir: str, dtype=None) -> str:
+    from dflash.training.export import export_state
 
-    return export_checkpoint(checkpoint_path, out_dir, dtype=dtype)
+    return export_state(checkpoint, out_dir, dtype=dtype)
 
 
-def dflash_trained_method(settings: type | None = None) -> TrainedMethod:
-    """DFlash's training parts; settings: the schema of its `method` group
-    (`dflash.methods.dflash.DFlashTrainSettings`; DFlash reads nothing from it)."""
+def dflash_trained_method() -> TrainedMethod:
+    """DFlash's training parts (its `method` group, `dflash.methods.dflash.DFlashTrainSettings`,
+    holds nothing DFlash reads: the `drafter` and `training` groups configure it)."""
     return TrainedMethod(
-        settings=settings,
         check=check_dflash_job,
         module=lambda target, settings, drafter, training: dflash_training_module(target, drafter, training),
         export=export_dflash_checkpoint,
         architectures=("DFlashDraftModel",),
         evaluation=lambda drafter_dir, settings: ("dflash", None),
-        uses_drafter_group=True,
     )

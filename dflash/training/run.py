@@ -210,13 +210,11 @@ class TrainJob:
     seed: int = 0
     config: dict = field(default_factory=dict)
     method: TrainedMethod | None = None  # the trained method's parts (`dflash.methods`); None: DFlash's
-    method_settings: object | None = None  # its `method` group (None: the schema's defaults)
+    method_settings: object | None = None  # its `method` group (`Method.train_settings`; DFlash reads none)
 
     def __post_init__(self):
         if self.method is None:
             self.method = dflash_trained_method()
-        if self.method_settings is None and self.method.settings is not None:
-            self.method_settings = self.method.settings()
 
 
 @dataclass
@@ -416,7 +414,9 @@ def weight_dtype(name: str | None, key: str) -> torch.dtype | None:
 
 def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, dtype: str | None) -> str:
     """Write the drafter of `checkpoint` as the method's drafter directory (`TrainedMethod.export`)."""
-    out_dir = method.export(checkpoint, out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
+    from dflash.training.export import read_checkpoint
+
+    out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
     log.info("drafter exported to %s", out_dir)
     return out_dir
 

@@ -148,6 +148,10 @@ def test_method_group_selects_eagle3():
     assert isinstance(default.method_settings, DFlashTrainSettings) and default.method.architectures == ("DFlashDraftModel",)
     with pytest.raises(ConfigError, match="method"):
         job_from_config(compose_train(["method=eagle3", "method.ttt_length=0", "data.path=chats.jsonl"]))
+    # the name contradicting the chosen option would hand DFlash's settings to EAGLE-3
+    with pytest.raises(ConfigError, match="pick the method with method=eagle3") as info:
+        job_from_config(compose_train(["method.name=eagle3", "data.path=chats.jsonl"]))
+    assert info.value.key == "method.name"
 
 
 def test_training_module_loss_and_export_of_its_checkpoint_by_the_export_app(tmp_path, monkeypatch, capsys):
