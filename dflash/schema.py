@@ -130,6 +130,12 @@ class _EvaluateKeys:
     train_seed: int | None = None
     train_block_size: int | None = None
     train_anchors: Any = None
+    # the main table's evaluation at scale smollm2 (dflash/conf/sweep/eval_scale/main_eval/smollm2.yaml):
+    # the drafter's training block, and the drafter path, tree budget and methods that block selects
+    main_block: int | None = None
+    main_drafters: Any = None
+    main_tree_budget: Any = None
+    main_methods: Any = None
 
 
 EvaluateConfig = dataclasses.make_dataclass(

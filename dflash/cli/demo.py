@@ -129,23 +129,11 @@ def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
     return data_dir
 
 
-def training_prompts(data_dir: str) -> list[str]:
-    """The user prompts of the regenerated training rows."""
-    prompts = []
-    for name in sorted(os.listdir(data_dir)):
-        if name.startswith("rows-") and name.endswith(".jsonl"):
-            with open(os.path.join(data_dir, name)) as f:
-                for line in f:
-                    messages = json.loads(line).get("messages") or []
-                    prompts += [m["content"] for m in messages if m.get("role") == "user"]
-    return prompts
-
-
 def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
     """Held-out math and chat prompts as JSONL benchmark files; returns family -> path."""
-    from dflash.data.builtin_prompts import heldout_prompts
+    from dflash.data.builtin_prompts import heldout_prompts, regenerated_prompts
 
-    training = training_prompts(data_dir)
+    training = regenerated_prompts(data_dir)
     paths = {}
     for family in ("math", "chat"):
         path = os.path.join(data_dir + "-demo", f"heldout_{family}.jsonl")

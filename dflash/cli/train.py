@@ -173,6 +173,20 @@ def single_job_for_ddp_ranks():
                 os.environ[name] = value
 
 
+def _reused_cell(cfg: DictConfig, job) -> str | None:
+    """In a sweep with `sweep.reuse`: the finished job under the sweeps root whose outputs
+    this job copied instead of training (`dflash.training.reuse`), or None."""
+    sweep = cfg.get("sweep")
+    if not sweep or not sweep.get("reuse", False):
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    from dflash.training.reuse import reuse_finished_cell
+
+    root = os.path.dirname(os.path.abspath(HydraConfig.get().sweep.dir))
+    return reuse_finished_cell(root, job.output_dir, job.config)
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
@@ -187,6 +201,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     if job.evaluation is not None:
         load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training
     log.info("run directory: %s", job.output_dir)
+    twin = _reused_cell(cfg, job)
+    if twin is not None:
+        print(f"reused the finished job {twin} (the same training and evaluation config)")
+        print(f"results: {os.path.join(job.output_dir, 'results.json')}")
+        return
     with single_job_for_ddp_ranks():
         outcome = run_training(job)
     if outcome.drafter_dir is not None:

@@ -22,6 +22,8 @@ prompts), hence the generated families.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 from dflash.errors import ConfigError, require
@@ -83,6 +85,18 @@ def builtin_rows(path: str, limit: int | None, key: str, seed: int = 0) -> list[
 
 
 HELDOUT_SEED = 1_000_003  # the evaluation's draw; training sources use their own seed (0 by default)
+
+
+def regenerated_prompts(data_dir: str) -> list[str]:
+    """The user prompts of the regenerated rows in `data_dir` (its rows-*.jsonl shards)."""
+    prompts = []
+    for name in sorted(os.listdir(data_dir)):
+        if name.startswith("rows-") and name.endswith(".jsonl"):
+            with open(os.path.join(data_dir, name)) as f:
+                for line in f:
+                    messages = json.loads(line).get("messages") or []
+                    prompts += [m["content"] for m in messages if m.get("role") == "user"]
+    return prompts
 
 
 def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:

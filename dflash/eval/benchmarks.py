@@ -47,10 +47,15 @@ LIVECODEBENCH_FILES = tuple(f"test{i if i > 1 else ''}.jsonl" for i in range(1, 
 
 @dataclass
 class Sample:
-    """One conversation to generate: each user turn is answered before the next is asked."""
+    """One conversation to generate: each user turn is answered before the next is asked.
+
+    family: the prompt family of a mixed benchmark (a local row's `family` field, e.g.
+    "code", "math", "chat"); results.json then reports every figure per family too.
+    """
 
     turns: list[str]
     index: int
+    family: str | None = None
 
 
 @dataclass
@@ -172,8 +177,10 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
     benchmark = BENCHMARKS.get(spec.name)
     if spec.path is not None:
         template = benchmark.template if benchmark is not None else "{text}"
-        rows = [_local_turns(row, i, spec, template) for i, row in enumerate(read_jsonl(spec.path))]
-        require(rows, "benchmark.path", f"{spec.path!r} has no rows")
+        local = read_jsonl(spec.path)
+        require(local, "benchmark.path", f"{spec.path!r} has no rows")
+        rows = [_local_turns(row, i, spec, template) for i, row in enumerate(local)]
+        families = [_family(row, i, spec) for i, row in enumerate(local)]
     else:
         require(
             benchmark is not None,
@@ -182,7 +189,8 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
             "or read a local file with benchmark.path=local.jsonl",
         )
         rows = [benchmark.turns(row, spec.prompt_format) for row in _hub_rows(benchmark)]
-    samples = [Sample(turns=turns, index=i) for i, turns in enumerate(rows)]
+        families = [None] * len(rows)
+    samples = [Sample(turns=turns, index=i, family=family) for i, (turns, family) in enumerate(zip(rows, families))]
     samples = subsample(samples, spec.max_samples, spec.seed)
     require(samples, "benchmark.max_samples", f"no prompts selected (max_samples={spec.max_samples})")
     return samples
@@ -235,6 +243,16 @@ def _local_turns(row: dict, line: int, spec: BenchmarkSpec, template: str) -> li
         f"row {line} of {spec.path!r} has none of the fields `turns`, {', '.join(f'`{k}`' for k in TEXT_FIELDS)}",
     )
     return [text if spec.prompt_format == "raw" else template.format(text=text)]
+
+
+def _family(row: dict, line: int, spec: BenchmarkSpec) -> str | None:
+    family = row.get("family")
+    require(
+        family is None or (isinstance(family, str) and family),
+        "benchmark.path",
+        f"row {line} of {spec.path!r}: `family` must be a non-empty string, got {family!r}",
+    )
+    return family
 
 
 def _hub_rows(benchmark: Benchmark) -> list[dict]:

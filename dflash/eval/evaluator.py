@@ -151,7 +151,9 @@ def evaluate(
         for turn, user_text in enumerate(sample.turns):
             conversation.append(user_text)
             input_ids = prompts.encode(conversation)
-            record = GenerationRecord(prompt_index=sample.index, turn=turn, num_prompt_tokens=input_ids.shape[1])
+            record = GenerationRecord(
+                prompt_index=sample.index, turn=turn, num_prompt_tokens=input_ids.shape[1], family=sample.family
+            )
             methods.run(input_ids, decoding.max_new_tokens, decoding.seed + 1009 * sample.index + turn, record)
             records.append(record)
             conversation.append(target.tokenizer.decode(record.outputs[primary], skip_special_tokens=True))

@@ -53,8 +53,13 @@ results.json schema (`build_results`):
   label, block_size, drafter_block_size, tau, tau_per_prompt_mean, acceptance_histogram,
   tokens_per_s, speedup {vs_autoregressive, vs_hf_generate}, speedup_decode_only
   {vs_autoregressive}, lossless, first_mismatch, lossless_up_to_ties, divergences (all as
-  above, for that method), settings (the method's own settings)}, stop_token_ids,
-  per_prompt (one entry per generation: prompt_index, turn, num_prompt_tokens, tau (the
+  above, for that method), settings (the method's own settings)}, families (null unless
+  the benchmark's rows name a `family`, e.g. a mixed code/math/chat set: {family:
+  {num_prompts, num_generations, tau, tau_per_prompt_mean, acceptance_histogram, speedup,
+  speedup_decode_only, lossless, first_mismatch, lossless_up_to_ties (the primary
+  method's, over that family's generations), methods {name: as under methods}}}),
+  stop_token_ids, per_prompt (one entry per generation: prompt_index, turn, family (null
+  outside a mixed benchmark), num_prompt_tokens, tau (the
   primary's), taus {method: tau}, num_tokens {method: n}, time_s {method: seconds,
   prefill included}, prefill_time_s and decode_time_s {method: seconds, for the methods
   timed in two parts: every method but hf_generate}), device, versions {dflash, torch,
@@ -90,6 +95,7 @@ class GenerationRecord:
         parts (all but HF generate, which is timed whole).
     divergences: method -> diagnosis of where its output first parts from the
         autoregressive one (`dflash.eval.divergence.diagnose`), for greedy runs.
+    family: the prompt's family in a mixed benchmark (`Sample.family`), else None.
     """
 
     prompt_index: int
@@ -102,6 +108,7 @@ class GenerationRecord:
     decode_times_s: dict[str, float] = field(default_factory=dict)
     divergences: dict[str, dict] = field(default_factory=dict)
     acceptance: dict[str, list[int]] = field(default_factory=dict)
+    family: str | None = None
 
     def lengths(self, method: str | None = None) -> list[int]:
         """Acceptance lengths of `method` (None: the primary method's)."""
@@ -212,6 +219,13 @@ class MethodInfo:
     settings: dict = field(default_factory=dict)
 
 
+# The primary method's figures each family repeats at its top level (as results.json does).
+FAMILY_FIELDS = (
+    "tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "speedup_decode_only",
+    "lossless", "first_mismatch", "lossless_up_to_ties",
+)  # fmt: skip
+
+
 def method_record(records: list[GenerationRecord], method: str, info: MethodInfo, greedy: bool) -> dict:
     """One method's figures over `records` (keys in the module docstring, under `methods`)."""
     mismatch = first_mismatch(records, BASELINE, method) if greedy else None
@@ -293,6 +307,7 @@ def build_results(
         "hf_generate_first_mismatch": hf_mismatch,
         "hf_generate_divergences": divergences(records, "hf_generate") if greedy and ran_hf else None,
         "methods": per_method,
+        "families": family_records(records, methods, greedy),
         "stop_token_ids": list(stop_token_ids),
         "per_prompt": [_per_prompt(r, list(methods)) for r in records],
         "device": describe_device(device),
@@ -300,6 +315,27 @@ def build_results(
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config,
     }
+
+
+def family_records(records: list[GenerationRecord], methods: dict[str, MethodInfo], greedy: bool) -> dict | None:
+    """Per prompt family of a mixed benchmark: {family: {num_prompts, num_generations, the
+    primary method's figures (as at the top level), methods: {name: method record}}}, in
+    the order the families first appear; None when no record has a family."""
+    families = list(dict.fromkeys(r.family for r in records if r.family is not None))
+    if not families:
+        return None
+    primary = next(iter(methods))
+    out = {}
+    for family in families:
+        mine = [r for r in records if r.family == family]
+        per_method = {name: method_record(mine, name, info, greedy) for name, info in methods.items()}
+        out[family] = {
+            "num_prompts": len({r.prompt_index for r in mine}),
+            "num_generations": len(mine),
+            **{key: per_method[primary][key] for key in FAMILY_FIELDS},
+            "methods": per_method,
+        }
+    return out
 
 
 def _tau(lengths: list[int]) -> float:
@@ -310,6 +346,7 @@ def _per_prompt(record: GenerationRecord, methods: list[str]) -> dict:
     return {
         "prompt_index": record.prompt_index,
         "turn": record.turn,
+        "family": record.family,
         "num_prompt_tokens": record.num_prompt_tokens,
         "tau": _tau(record.acceptance_lengths),
         "taus": {name: _tau(record.lengths(name)) for name in methods},

@@ -118,6 +118,19 @@ class RunRecord:
                     for name in names]  # fmt: skip
         return [self]
 
+    def family_views(self) -> list[RunRecord]:
+        """[self], then one record per prompt family of a mixed benchmark (results.json
+        `families`), each reading that family's figures as its own under the family's name
+        as benchmark; [self] for a run without families."""
+        families = self.results.get("families")
+        if self.status != FINISHED or not isinstance(families, dict):
+            return [self]
+        views = [self]
+        for family, figures in families.items():
+            if isinstance(figures, dict):
+                views.append(replace(self, results={**self.results, **figures, "benchmark": family, "families": None}))
+        return views
+
     def _configured_width(self, method: str) -> int | None:
         known = METHODS.get(method)
         if known is not None and known.uses_dflash_drafter:

@@ -54,6 +54,10 @@ BENCHMARK_NAMES = {
     "swe_bench_lite": "SWE-Bench",
     "mt_bench": "MT-Bench",
     "alpaca": "Alpaca",
+    # the prompt families of a mixed benchmark (dflash.sweep.prompts smollm2_eval), then the mix itself
+    "math": "Math (held out)",
+    "chat": "Chat (held out)",
+    "smollm2_mix": "All three",
 }
 ABLATION_TITLES = {
     "main": "Main results",
@@ -144,6 +148,7 @@ def build_tables(records: list[RunRecord], metric: str = "pooled") -> list[Table
     """
     check_metric(metric)
     tables = []
+    records = [view for r in records for view in r.family_views()]  # a mixed benchmark: a column per family too
     main = [view for r in records if _in_main_table(r) for view in r.method_views()]
     if main:
         tables.append(_build(main, "main", "all targets", ["Target", "Method"], _main_row, "main", metric))

@@ -10,7 +10,11 @@ seed). Each neighbouring pair (a, b) of the order is decided on its own:
 The trend *matches* when every pair is as the paper, *does not match* when any pair is
 against it, and is *inconclusive* otherwise, or when a cell has fewer than two seeds
 (no spread to decide by), seeds with identical values (the same run repeated, not a
-spread) or is missing. Twice the standard error is a loose test: with
+spread) or is missing (its row exists: the job failed or has not finished). A row the
+table does not have at all was not in the sweep's grid at that scale (e.g. B = 10 at
+scale smollm2): it is left out of the order and named, and the trend is judged on the
+rows that remain (at least two). A selector that matches several rows (the main table's
+DFlash at B = 16 and at B = 3) is judged once per row it matches. Twice the standard error is a loose test: with
 three seeds a side it is about a 90% one (Welch, 4 degrees of freedom), and a true
 difference smaller than the seed spread will read as inconclusive.
 """
@@ -89,29 +93,63 @@ class TrendResult:
     cells: list[Cell | None]  # one per selector of `trend.order`; None: no such row
     verdict: str
     reason: str
+    rows: tuple | None = None  # the row each selector was read from (None: not in the table)
 
 
-def judge(trend: Trend, table: Table, benchmark: str) -> TrendResult:
-    """The verdict of `trend` on one benchmark of `table` (module docstring)."""
-    cells = [_cell(table, selector, benchmark, trend.metric) for selector in trend.order]
-    if any(c is None or c.mean is None for c in cells):
-        return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "a row has no result")
+def judge(trend: Trend, table: Table, benchmark: str, rows: tuple | None = None) -> TrendResult:
+    """The verdict of `trend` on one benchmark of `table` (module docstring).
+
+    rows: the table row (or None: not in the table) of each selector of `trend.order`;
+    default: the first choice of `row_choices`.
+    """
+    rows = rows if rows is not None else row_choices(trend, table)[0]
+    cells = [table.cells.get((row, benchmark, trend.metric)) if row is not None else None for row in rows]
+    result = _verdict(trend, table, benchmark, cells)
+    absent = [_label(selector) for selector, row in zip(trend.order, rows) if row is None]
+    if absent:
+        result.reason += f"; not in this grid: {', '.join(absent)}"
+    result.rows = rows
+    return result
+
+
+def row_choices(trend: Trend, table: Table) -> list[tuple]:
+    """Every assignment of table rows to the selectors of `trend.order` (one row per
+    selector, None for a selector no row matches): one tuple unless a selector matches
+    several rows."""
+    choices = [()]
+    for selector in trend.order:
+        matches = [row for row in table.rows if (selector(row) if callable(selector) else row.keys == tuple(selector))]
+        choices = [(*choice, row) for choice in choices for row in (matches or [None])]
+    return choices
+
+
+def _verdict(trend: Trend, table: Table, benchmark: str, all_cells: list) -> TrendResult:
+    cells = [c for c in all_cells if c is not None]  # rows of this grid
+    if len(cells) < 2:
+        return TrendResult(trend, table.target, benchmark, all_cells, INCONCLUSIVE, "fewer than two of the rows in this grid")
+    if any(c.mean is None for c in cells):
+        return TrendResult(trend, table.target, benchmark, all_cells, INCONCLUSIVE, "a row has no result")
     if any(len(c.values) < 2 for c in cells):
-        return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "fewer than two seeds in a row")
+        return TrendResult(trend, table.target, benchmark, all_cells, INCONCLUSIVE, "fewer than two seeds in a row")
     if any(c.std == 0 for c in cells):  # trained seeds never agree to the last digit; identical runs do
-        return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "a row's seeds gave identical values")
+        return TrendResult(trend, table.target, benchmark, all_cells, INCONCLUSIVE, "a row's seeds gave identical values")
     pairs = [_pair(a, b) for a, b in zip(cells, cells[1:])]
     if all(p > 0 for p in pairs):
-        return TrendResult(trend, table.target, benchmark, cells, MATCHES, "every step beyond twice its standard error")
+        return TrendResult(trend, table.target, benchmark, all_cells, MATCHES, "every step beyond twice its standard error")
     if any(p < 0 for p in pairs):
-        return TrendResult(trend, table.target, benchmark, cells, DOES_NOT, "a step reversed beyond twice its standard error")
-    return TrendResult(trend, table.target, benchmark, cells, INCONCLUSIVE, "a step within twice its standard error")
+        return TrendResult(trend, table.target, benchmark, all_cells, DOES_NOT, "a step reversed beyond twice its standard error")
+    return TrendResult(trend, table.target, benchmark, all_cells, INCONCLUSIVE, "a step within twice its standard error")
 
 
 def judge_all(tables: list[Table], trends=PAPER_TRENDS) -> list[TrendResult]:
     """Every trend on every benchmark of every table of its ablation."""
     return [
-        judge(trend, table, b) for trend in trends for table in tables if table.ablation == trend.ablation for b in table.benchmarks
+        judge(trend, table, b, rows)
+        for trend in trends
+        for table in tables
+        if table.ablation == trend.ablation
+        for rows in row_choices(trend, table)
+        for b in table.benchmarks
     ]
 
 
@@ -124,7 +162,8 @@ def to_markdown(results: list[TrendResult]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in results:
-        ours = " → ".join(_describe(selector, cell) for selector, cell in zip(r.trend.order, r.cells))
+        rows = r.rows or (None,) * len(r.cells)
+        ours = " → ".join(_describe(selector, row, cell) for selector, row, cell in zip(r.trend.order, rows, r.cells))
         lines.append(
             f"| {r.trend.ablation} ({r.target}) | {r.trend.claim} | {r.trend.metric} | {ours} | **{r.verdict}** ({r.reason}) |"
         )
@@ -147,13 +186,14 @@ def _pair(a: Cell, b: Cell) -> int:
     return 0
 
 
-def _cell(table: Table, selector, benchmark: str, metric: str) -> Cell | None:
-    rows = [row for row in table.rows if (selector(row) if callable(selector) else row.keys == tuple(selector))]
-    return table.cells.get((rows[0], benchmark, metric)) if len(rows) == 1 else None
+def _label(selector) -> str:
+    return getattr(selector, "label", None) or " / ".join(selector)
 
 
-def _describe(selector, cell: Cell | None) -> str:
-    label = getattr(selector, "label", None) or " / ".join(selector)
+def _describe(selector, row: Row | None, cell: Cell | None) -> str:
+    label = _label(selector)
+    if callable(selector) and row is not None:
+        label = f"{row.keys[-1]}, {row.section}" if row.section else row.keys[-1]  # which of the matching rows
     if cell is None or cell.mean is None:
         return f"{label}: –"
     spread = f" ± {cell.std:.2f}" if cell.std is not None else ""

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dflash.cli import demo
-from dflash.data.builtin_prompts import FAMILIES, heldout_prompts
+from dflash.data.builtin_prompts import FAMILIES, heldout_prompts, regenerated_prompts
 from dflash.errors import ConfigError
 from dflash.specs import TargetSpec, load_target
 from helpers import REPO
@@ -115,7 +115,7 @@ def test_shortened_demo_runs_every_stage_reports_each_family_and_resumes(tmp_pat
     assert times["install"] >= 4  # DFLASH_DEMO_STARTED was 5 s before the demo started
     # the held-out files hold no training prompt
     (meta_dir,) = (tmp_path / "demo").glob("smollm2-data-*-demo")
-    training = demo.training_prompts(str(meta_dir)[: -len("-demo")])
+    training = regenerated_prompts(str(meta_dir)[: -len("-demo")])
     for family in ("math", "chat"):
         rows = [json.loads(line) for line in (meta_dir / f"heldout_{family}.jsonl").read_text().splitlines()]
         assert len(rows) == 1 and rows[0]["turns"][0] not in training

@@ -61,6 +61,19 @@ def test_local_jsonl_rows_with_turns_prompt_question_problem(tmp_path):
     assert [s.turns for s in samples] == [["Hi", "And then?"], ["P"], ["Q"], ["R"]]
 
 
+def test_local_rows_may_name_their_family(tmp_path):
+    path = write_jsonl(
+        tmp_path / "p.jsonl", [{"turns": ["A"], "family": "code"}, {"prompt": "B"}, {"turns": ["C"], "family": "chat"}]
+    )
+    samples = load_benchmark(BenchmarkSpec("mix", path=path, max_samples=2, seed=1))
+    everything = load_benchmark(BenchmarkSpec("mix", path=path))
+    assert [(s.index, s.family) for s in everything] == [(0, "code"), (1, None), (2, "chat")]
+    assert all(s.family == everything[s.index].family for s in samples)  # subsampling keeps each row's family
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"turns": ["A"], "family": 3}])
+    with pytest.raises(ConfigError, match="`family` must be a non-empty string"):
+        load_benchmark(BenchmarkSpec("mix", path=bad))
+
+
 def test_local_copy_of_a_named_benchmark_gets_its_paper_wording(tmp_path):
     path = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "1+1?"}, {"turns": ["already worded"]}])
     paper = load_benchmark(BenchmarkSpec("gsm8k", path=path))

@@ -27,7 +27,7 @@ SCHEMA_KEYS = {
     "top_p", "top_k", "verify_rule", "max_new_tokens", "num_prompts", "num_generations", "tau", "tau_per_prompt_mean",
     "acceptance_histogram", "tokens_per_s", "speedup", "speedup_decode_only", "lossless", "first_mismatch",
     "lossless_up_to_ties", "divergences", "hf_generate_matches", "hf_generate_first_mismatch",
-    "hf_generate_divergences", "methods", "stop_token_ids", "per_prompt", "device", "versions", "timestamp", "config",
+    "hf_generate_divergences", "methods", "families", "stop_token_ids", "per_prompt", "device", "versions", "timestamp", "config",
 }  # fmt: skip
 SAMPLES = [Sample(turns=["def add(a, b):"], index=0), Sample(turns=["Hello", "Tell me more."], index=5)]
 
@@ -72,7 +72,35 @@ def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
     assert results["stop_token_ids"] == [qwen3_target.tokenizer.eos_token_id]
     assert set(results["versions"]) == {"dflash", "torch", "transformers", "python"}
     assert results["timestamp"].endswith("+00:00")
+    assert results["families"] is None and all(p["family"] is None for p in results["per_prompt"])
     check_acceptance_accounting(results)
+
+
+def test_a_mixed_benchmark_reports_every_figure_per_family(qwen3_target, drafter):
+    samples = [
+        Sample(turns=["def add(a, b):"], index=0, family="code"),
+        Sample(turns=["Hello", "Tell me more."], index=1, family="chat"),
+        Sample(turns=["def sub(a, b):"], index=2, family="code"),
+    ]
+    results = evaluate(qwen3_target, drafter, samples, settings(hf_generate=False), progress=False)
+    families = results["families"]
+    assert list(families) == ["code", "chat"]  # in the order they first appear
+    assert [p["family"] for p in results["per_prompt"]] == ["code", "chat", "chat", "code"]
+    for family, figures in families.items():
+        mine = [p for p in results["per_prompt"] if p["family"] == family]
+        assert figures["num_generations"] == len(mine) and figures["num_prompts"] == len({p["prompt_index"] for p in mine})
+        # each family's figures are the run's own aggregation over its generations only
+        steps = sum(figures["acceptance_histogram"])
+        emitted = sum(k * n for k, n in enumerate(figures["acceptance_histogram"], start=1))
+        assert figures["tau"] == pytest.approx(emitted / steps)
+        assert sum(p["num_tokens"]["dflash"] for p in mine) == emitted + len(mine)
+        dflash_s = sum(p["time_s"]["dflash"] for p in mine)
+        ar_s = sum(p["time_s"]["autoregressive"] for p in mine)
+        tokens = sum(p["num_tokens"]["dflash"] for p in mine)
+        assert figures["speedup"]["vs_autoregressive"] == pytest.approx((tokens / dflash_s) / (tokens / ar_s))
+        assert figures["methods"]["dflash"]["tau"] == figures["tau"] and figures["lossless"] is True
+    pooled = sum(sum(f["acceptance_histogram"]) for f in families.values())
+    assert pooled == sum(results["acceptance_histogram"])
 
 
 def test_second_turn_is_asked_after_the_first_answer(qwen3_target, drafter):

@@ -12,6 +12,7 @@ from dflash.reports import build_tables, collect_runs, collect_wandb_runs, write
 from dflash.reports.render import to_latex, to_markdown
 from helpers import REPO
 from helpers.tables import (
+    DEPTH_AXES,
     FakeApi,
     FakeFile,
     FakeRun,
@@ -21,7 +22,10 @@ from helpers.tables import (
     make_depth_sweep,
     make_loss_sweep,
     make_main_sweep,
+    results_for,
+    train_config,
     wandb_config,
+    write_run,
 )
 
 
@@ -254,3 +258,25 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
     assert record.accuracies == {"val": [0.7, 0.4, 0.2]}
     (table,) = build_tables([record])
     assert table.cell(table.rows[0], "humaneval", "tau").mean == pytest.approx(8 / 3)
+
+
+def test_a_mixed_benchmark_gets_a_column_per_family_beside_the_pooled_one(tmp_path):
+    root = str(tmp_path / "sweeps")
+    for layers in (1, 3):
+        for seed in (0, 1):
+            config = train_config("depth_smollm2", "depth", DEPTH_AXES, seed=seed, benchmark="smollm2_mix",
+                                  drafter={"num_layers": layers})  # fmt: skip
+            results = results_for(config, 1.5 + 0.1 * layers, 1.0)
+            # per family: HumanEval slower to accept than math
+            results["families"] = {
+                family: {**results_for(config, tau + 0.1 * layers + 0.01 * seed, speed), "num_prompts": 6}
+                for family, tau, speed in (("humaneval", 1.2, 0.9), ("math", 1.8, 1.3))
+            }
+            write_run(os.path.join(root, "depth_smollm2", f"drafter.num_layers={layers},seed={seed}"), config, results)
+    (table,) = build_tables(collect_runs(root))
+    assert table.benchmarks == ["humaneval", "math", "smollm2_mix"]
+    assert table.cell(_row(table, "3"), "math", "tau").values == pytest.approx([2.1, 2.11])
+    assert table.cell(_row(table, "1"), "humaneval", "speedup").values == [0.9, 0.9]
+    assert table.cell(_row(table, "1"), "smollm2_mix", "tau").values == [1.6, 1.6]
+    markdown = to_markdown(table)
+    assert "Math (held out)" in markdown and "All three" in markdown and "HumanEval" in markdown

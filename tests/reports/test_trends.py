@@ -42,9 +42,32 @@ def test_the_spread_decides_not_the_difference_alone():
     assert judge(DEPTH, wide, "humaneval").verdict == INCONCLUSIVE
 
 
-def test_a_missing_row_is_inconclusive_and_named():
-    result = judge(DEPTH, table("depth", {Row(None, ("1",)): [2.0, 2.1], Row(None, ("5",)): [3.0, 3.1]}), "humaneval")
-    assert result.verdict == INCONCLUSIVE and "3: –" in to_markdown([result])
+def test_a_row_without_a_result_is_inconclusive_and_named():
+    rows = {Row(None, ("1",)): [2.0, 2.1], Row(None, ("3",)): [], Row(None, ("5",)): [3.0, 3.1]}
+    result = judge(DEPTH, table("depth", rows), "humaneval")
+    assert result.verdict == INCONCLUSIVE and "3: –" in to_markdown([result]) and result.reason == "a row has no result"
+
+
+def test_a_row_not_in_the_grid_is_left_out_and_named():
+    # scale smollm2 trains B = 16 and 8, not 10: the trend 8 -> 10 -> 16 is judged on 8 -> 16
+    result = judge(DEPTH, table("depth", {Row(None, ("1",)): [2.0, 2.1, 2.05], Row(None, ("5",)): [3.0, 3.1, 3.05]}), "humaneval")
+    assert result.verdict == MATCHES and result.reason.endswith("; not in this grid: 3")
+    assert "3: –" in to_markdown([result])
+    alone = judge(DEPTH, table("depth", {Row(None, ("5",)): [3.0, 3.1]}), "humaneval")
+    assert alone.verdict == INCONCLUSIVE and alone.reason.startswith("fewer than two of the rows in this grid")
+
+
+def test_the_main_trend_is_judged_for_each_dflash_block_size():
+    rows = {
+        Row("T = 0", ("smollm2_135m", "DFlash (B=16)")): [1.2, 1.22, 1.24],
+        Row("T = 0", ("smollm2_135m", "DFlash (B=3)")): [1.7, 1.72, 1.74],
+        Row("T = 0", ("smollm2_135m", "EAGLE-3 (k=6)")): [1.5, 1.52, 1.54],
+    }
+    results = [r for r in judge_all([table("main", rows, "speedup")]) if r.trend.metric == "speedup"]
+    assert [r.verdict for r in results] == [DOES_NOT, MATCHES]
+    text = to_markdown(results)
+    assert "EAGLE-3 (k=6), T = 0: 1.52 ± 0.02 (3) → DFlash (B=16), T = 0: 1.22 ± 0.02 (3)" in text
+    assert "→ DFlash (B=3), T = 0: 1.72 ± 0.02 (3)" in text
 
 
 def test_main_table_trend_compares_dflash_chain_with_eagle3_not_the_tree():
@@ -56,7 +79,7 @@ def test_main_table_trend_compares_dflash_chain_with_eagle3_not_the_tree():
     }
     results = [r for r in judge_all([table("main", rows, "speedup")]) if r.trend.metric == "speedup"]
     assert [r.verdict for r in results] == [DOES_NOT]
-    assert "EAGLE-3, T = 0: 1.82 ± 0.02 (3) → DFlash, T = 0: 1.52 ± 0.02 (3)" in to_markdown(results)
+    assert "EAGLE-3 (k=7), T = 0: 1.82 ± 0.02 (3) → DFlash (B=8), T = 0: 1.52 ± 0.02 (3)" in to_markdown(results)
 
 
 def test_identical_seeds_are_no_spread_to_decide_by():

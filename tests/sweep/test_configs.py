@@ -38,7 +38,7 @@ def _compose(name: str, overrides: list[str] = (), scale: str | None = None):
 
 def _first_point(name: str, scale: str | None = None) -> list[str]:
     """The overrides of the first grid point of sweep `name`."""
-    params = OmegaConf.to_container(_compose(name, scale=scale).hydra.sweeper.params)
+    params = OmegaConf.to_container(_compose(name, scale=scale).hydra.sweeper.params, resolve=True)
     parser = OverridesParser.create()
     points = []
     for key, value in params.items():
@@ -187,6 +187,55 @@ def test_the_main_table_evaluates_the_eagle3_drafter_its_training_stage_writes(
     assert Path(evaluated.eagle3.path) == job_dir / "drafter"
 
 
+def _grid(name: str, scale: str) -> dict:
+    """The resolved grid of sweep `name` at `scale`: key -> list of values."""
+    params = OmegaConf.to_container(_compose(name, scale=scale).hydra.sweeper.params, resolve=True)
+    parser = OverridesParser.create()
+    grid = {}
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        grid[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(value)]
+    return grid
+
+
+def test_the_smollm2_scale_narrows_the_grids_and_sweeps_three_seeds():
+    assert _grid("depth", "smollm2")["drafter.num_layers"] == ["5", "3", "1"]
+    assert _grid("depth", "full")["drafter.num_layers"] == ["8", "5", "3", "1"]  # the sweep file's own grid
+    assert _grid("block_size", "smollm2")["drafter.block_size"] == ["16", "8", "3"]
+    assert _grid("block_size_infer", "smollm2")["decoding.block_size"] == ["16", "8"]
+    assert _grid("loss", "smollm2")["training.loss"] == ["ce"]
+    assert _grid("loss", "cpu")["training.loss"] == ["ce", "kl", "ce_target_argmax"]
+    for name in ("block_size", "block_size_infer", "depth", "target_features", "loss", "anchors", "target_context", "main",
+                 "main_eval"):  # fmt: skip
+        seeds = _grid(name, "smollm2")["train_seed" if name.endswith(("_infer", "_eval")) else "seed"]
+        assert seeds == ["0", "1", "2"], name
+        assert _grid(name, "cpu")["train_seed" if name.endswith(("_infer", "_eval")) else "seed"] == ["0"], name
+    cfg = _compose("depth", ["drafter.num_layers=1", "seed=2"], "smollm2")
+    assert cfg.target.gguf_file.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and cfg.drafter.block_size == 8
+    assert cfg.drafter.init_from_target and cfg.training.target_cache_dir and cfg.sweep.reuse is True
+    assert cfg.eval.benchmark.name == "smollm2_mix" and cfg.cpu_threads == 1 and cfg.hydra.launcher.cpu_jobs == 2
+
+
+def test_the_smollm2_main_table_reads_the_b16_and_eagle3_drafters_of_main_and_the_b3_one_of_block_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
+    assert _grid("main", "smollm2")["experiment"] == ["smollm2", "eagle3_smollm2"]
+    dirs = {}
+    for point in (["experiment=smollm2", "seed=1"], ["experiment=eagle3_smollm2", "seed=1"]):
+        cfg = _compose("main", point, "smollm2")
+        dirs[point[0]] = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        assert cfg.method.name == point[0].removeprefix("experiment=").removesuffix("_smollm2").replace("smollm2", "dflash")
+    assert _compose("main", ["experiment=eagle3_smollm2", "seed=1"], "smollm2").method.draft_vocab_size == 8192
+    b3 = _compose("block_size", ["drafter.block_size=3", "seed=1"], "smollm2")
+    b3_dir = Path(str(b3.hydra.sweep.dir)) / str(b3.hydra.sweep.subdir)
+    for block, drafter_dir, budget in ((16, dirs["experiment=smollm2"], 15), (3, b3_dir, 2)):
+        evaluated = _compose("main_eval", [f"main_block={block}", "train_seed=1", "decoding=sampling"], "smollm2")
+        assert Path(evaluated.drafter.path) == drafter_dir / "drafter"
+        assert Path(evaluated.eagle3.path) == dirs["experiment=eagle3_smollm2"] / "drafter"
+        assert evaluated.dflash_tree.budget == budget
+        assert list(evaluated.methods) == ["dflash", "dflash_tree"] + (["eagle3", "ngram"] if block == 16 else [])
+    assert "dflash.sweep" in [cmd[0] for cmd in sweep_plan("main", "smollm2").prepare]  # it trains block_size first
+
+
 def test_job_directories_name_the_grid_and_hash_other_overrides():
     grid = ["drafter.num_layers", "seed"]
     assert grid_dirname(["+sweep=depth", "drafter.num_layers=3", "seed=0"], grid, ["sweep"]) == "drafter.num_layers=3,seed=0"
@@ -247,6 +296,32 @@ def test_cpu_sweeps_prepare_their_prompts_once(tmp_path):
     assert write_tiny_code_prompts(path, 4) is True and len(open(path).readlines()) == 4
 
 
+def test_smollm2_sweeps_prepare_three_families_of_held_out_prompts_once(tmp_path, monkeypatch, capsys):
+    import json
+
+    from dflash.data.builtin_prompts import FAMILIES
+    from dflash.eval.benchmarks import BenchmarkSpec, load_benchmark
+    from dflash.sweep.prompts import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    training = [FAMILIES["math"](3, 0)[0], FAMILIES["chat"](3, 0)[0]]
+    rows = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "a"}]} for p in training]
+    (data / "rows-00000000-00000002.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
+    argv = ["smollm2_eval", "--count", "2", "--data", "${paths.artifacts}/data", "--out", "${paths.artifacts}/mix.jsonl"]
+    assert main(argv) == 0 and capsys.readouterr().out.startswith("wrote")
+    samples = load_benchmark(BenchmarkSpec("smollm2_mix", path=str(tmp_path / "mix.jsonl"), prompt_format="raw"))
+    assert [s.family for s in samples] == ["humaneval"] * 2 + ["math"] * 2 + ["chat"] * 2
+    assert all(s.turns[0].startswith("Write a solution to the following problem") for s in samples[:2])  # harness wording
+    assert not {s.turns[0] for s in samples} & set(training)  # never a training prompt
+    assert main(argv) == 0 and capsys.readouterr().out.startswith("kept")
+    (data / "rows-00000002-00000003.jsonl").write_text(json.dumps(rows[0] | {"messages": [{"role": "user", "content": "x"}]}))
+    assert main(argv) == 0 and capsys.readouterr().out.startswith("wrote")  # other training prompts: written again
+    assert main(["smollm2_eval", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "m.jsonl")]) == 2
+    assert "regenerate first" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -267,7 +342,7 @@ def test_sweep_cli_answers_a_bad_scale_with_one_line(capsys):
     from dflash.sweep.cli import main
 
     assert main(["depth", "--scale", "tiny", "--dry-run"]) == 2
-    assert capsys.readouterr().err.strip() == "error: scale: unknown scale 'tiny'; choose one of ['cpu', 'full']"
+    assert capsys.readouterr().err.strip() == "error: scale: unknown scale 'tiny'; choose one of ['cpu', 'full', 'smollm2']"
     assert main(["block_size_controlled", "--scale", "full", "--dry-run"]) == 2
     assert "runs at scale cpu only" in capsys.readouterr().err
 
