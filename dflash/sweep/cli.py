@@ -5,6 +5,7 @@
     python -m dflash.sweep depth --gpus 0,1,2,3 --seeds 0,1,2
     python -m dflash.sweep depth hydra/launcher=slurm hydra.launcher.partition=gpu
     python -m dflash.sweep depth --scale cpu --dry-run    # print the commands only
+    python -m dflash.sweep block_size --no-next           # the training stage only, not block_size_infer
 
 `--scale` picks the recipe (dflash/conf/sweep/scale/NAME.yaml: full, cpu; default: the
 sweep's own, full for all but the cpu-only ones). Runs the sweep's `prepare` commands,
@@ -59,14 +60,20 @@ def sweep_and_scale(name: str, scale: str | None) -> tuple[str, str | None]:
 
 
 def sweep_commands(
-    name: str, overrides: list[str], gpus: str | None = None, seeds: str | None = None, scale: str | None = None
+    name: str,
+    overrides: list[str],
+    gpus: str | None = None,
+    seeds: str | None = None,
+    scale: str | None = None,
+    follow_next: bool = True,
 ) -> list[list[list[str]]]:
-    """The commands of every stage of sweep `name` at `scale` (one list of argv lists per stage)."""
+    """The commands of every stage of sweep `name` at `scale` (one list of argv lists per
+    stage); only its own stage when `follow_next` is false."""
     require(gpus is None or gpus == "auto" or _is_int_list(gpus), "--gpus", f"give a count (8), ids (0,2,5) or auto, not {gpus!r}")
     require(seeds is None or _is_int_list(seeds), "--seeds", f"give integer seeds like 0,1,2, not {seeds!r}")
     name, scale = sweep_and_scale(name, scale)
     plans = [sweep_plan(name, scale)]
-    while plans[-1].next is not None:
+    while follow_next and plans[-1].next is not None:
         plans.append(sweep_plan(plans[-1].next, scale))
         require(
             plans[-1].scale == plans[0].scale,
@@ -91,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", help=f"the recipe: {', '.join(available_scales())} (default: the sweep's own, usually full)")
     parser.add_argument("--gpus", help="GPU count N (ids 0..N-1) or ids 0,2,5 (default: the sweep's, usually all visible)")
     parser.add_argument("--seeds", help="training seeds to sweep, e.g. 0,1,2")
+    parser.add_argument("--no-next", action="store_true", help="run this sweep's own stage only, not the stages after it")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after --seeds/--gpus
     try:
-        stages = sweep_commands(args.name, args.overrides, args.gpus, args.seeds, args.scale)
+        stages = sweep_commands(args.name, args.overrides, args.gpus, args.seeds, args.scale, follow_next=not args.no_next)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -267,6 +267,9 @@ def test_driver_runs_prepare_then_each_stage_at_one_scale():
     assert only[-1][2:] == ["dflash.train", "-m", "+sweep=depth", "trainer.max_steps=10", "hydra.launcher.gpus=[0,3]"]
     with pytest.raises(ConfigError, match="block_size -> block_size_infer"):
         sweep_commands("block_size", ["trainer.max_steps=10"])
+    # --no-next: the training stage alone (main at scale smollm2 prepares the B = 3 drafter so)
+    (alone,) = sweep_commands("block_size", ["trainer.max_steps=10"], scale="cpu", follow_next=False)
+    assert alone[-1][2:] == ["dflash.train", "-m", "+sweep=block_size", "sweep/scale=cpu", "trainer.max_steps=10"]
     with pytest.raises(ConfigError, match="unknown sweep 'nope'"):
         sweep_commands("nope", [])
     with pytest.raises(ConfigError, match="'depth_cpu' is sweep 'depth' at scale 'cpu'"):
