@@ -8,7 +8,8 @@ bookkeeping aside (IGNORED_KEYS); when it finds one, it copies that job's drafte
 metrics and results instead of training (hard links where the file system allows),
 rewrites the copied results' `config` to its own, and records the source in
 `reused_from.json`. The tables then see the cell in every ablation that has it, trained
-once.
+once. A copied cell's figures are the finished job's measurements, timings included
+(`cpu_threads` is not compared: a scale gives all its jobs the same).
 
 Invariants: a job is reused only when it finished (its results.json exists, so training,
 export and the after-train evaluation all ended); every key that can change the drafter
@@ -37,10 +38,7 @@ REUSED_FILE = "reused_from.json"
 RESULTS_FILE = "results.json"
 # Top-level or dotted keys that name, place or log a job without changing what it trains
 # or how it is evaluated.
-IGNORED_KEYS = (
-    "sweep", "logger", "run_name", "paths", "cpu_threads", "checkpoint.resume", "trainer.enable_progress_bar",
-    "train_seed",
-)  # fmt: skip
+IGNORED_KEYS = ("sweep", "logger", "run_name", "paths", "cpu_threads", "checkpoint.resume", "trainer.enable_progress_bar")
 # What a reusing job copies from the finished one besides its results (the checkpoints stay behind).
 COPIED_DIRS = ("drafter", "csv")
 
