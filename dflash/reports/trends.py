@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dflash.reports.tables import Cell, Row, Table
+from dflash.reports.tables import Cell, Row, Table, benchmark_label
 
 MATCHES, DOES_NOT, INCONCLUSIVE = "matches", "does not match", "inconclusive"
 SPREAD_FACTOR = 2.0
@@ -158,14 +158,15 @@ def to_markdown(results: list[TrendResult]) -> str:
     lines = [
         "### Trends: the paper's against ours",
         "",
-        "| ablation | the paper says | metric | ours, worst to best by the paper (mean ± std, seeds) | verdict |",
-        "| --- | --- | --- | --- | --- |",
+        "| ablation | benchmark | the paper says | metric | ours, worst to best by the paper (mean ± std, seeds) | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         rows = r.rows or (None,) * len(r.cells)
         ours = " → ".join(_describe(selector, row, cell) for selector, row, cell in zip(r.trend.order, rows, r.cells))
         lines.append(
-            f"| {r.trend.ablation} ({r.target}) | {r.trend.claim} | {r.trend.metric} | {ours} | **{r.verdict}** ({r.reason}) |"
+            f"| {r.trend.ablation} ({r.target}) | {benchmark_label(r.benchmark)} | {r.trend.claim} | {r.trend.metric} | {ours} "
+            f"| **{r.verdict}** ({r.reason}) |"
         )
     lines += [
         "",

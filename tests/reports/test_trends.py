@@ -68,6 +68,7 @@ def test_the_main_trend_is_judged_for_each_dflash_block_size():
     text = to_markdown(results)
     assert "EAGLE-3 (k=6), T = 0: 1.52 ± 0.02 (3) → DFlash (B=16), T = 0: 1.22 ± 0.02 (3)" in text
     assert "→ DFlash (B=3), T = 0: 1.72 ± 0.02 (3)" in text
+    assert text.count("| main (tiny_code) | HumanEval |") == 2  # each verdict names its benchmark
 
 
 def test_main_table_trend_compares_dflash_chain_with_eagle3_not_the_tree():
