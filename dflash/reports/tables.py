@@ -14,6 +14,11 @@ end-to-end speedup, prefill included; "paper": the DFlash paper's harness, tau a
 mean of per-generation means and the decode-only speedup (time per output token
 without prefill). Runs whose results.json predates a field get a footnote naming it.
 
+Which data each column measured: a note under the table names every benchmark's source
+as its runs recorded it (results.json `benchmark_source`): the hub dataset and the
+revision read (or that none was pinned), a local file, or the bundled HumanEval. Tables
+of runs that predate the field have no such note.
+
 Aggregation: replicates of a cell are its finished runs with different training seeds
 (mean and sample std over them); several runs of one seed count once (the latest). A
 cell without a finished run is a dash with a numbered footnote saying why (not run,
@@ -215,11 +220,38 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
     notes = [METRIC_NOTES[metric]]
     if replicates - {1}:
         notes.append(f"Mean ± sample std over training seeds ({', '.join(str(n) for n in sorted(replicates))} per cell).")
+    sources = source_note([r for group in runs.values() for r in group], benchmarks)
+    if sources:
+        notes.append(sources)
     title = f"{ABLATION_TITLES.get(ablation, ablation)}: {target}"
     temperatures = sorted({t for t in (r.temperature for r in records) if t is not None})
     if ablation != "main" and len(temperatures) == 1:
         title += f", T = {temperatures[0]:g}"
     return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric)
+
+
+def source_note(records: list[RunRecord], benchmarks: list[str]) -> str | None:
+    """ "Data: GSM8K: openai/gsm8k@740312add88f; ..." from the runs' results.json `benchmark_source`
+    (a revision shortened to 12 characters); None when no run recorded one."""
+    if not any(isinstance(r.results.get("benchmark_source"), dict) for r in records):
+        return None
+    parts = []
+    for benchmark in benchmarks:
+        found = dict.fromkeys(_describe_source(r.results.get("benchmark_source")) for r in records if r.benchmark == benchmark)
+        if found:
+            parts.append(f"{benchmark_label(benchmark)}: {' and '.join(found)}")
+    return "Data: " + "; ".join(parts) + "."
+
+
+def _describe_source(source) -> str:
+    if not isinstance(source, dict):
+        return "source not recorded"
+    if source.get("kind") == "local":
+        return f"local file {source.get('dataset')}"
+    if source.get("kind") == "bundled":
+        return f"bundled with {source.get('dataset')}"
+    revision = source.get("revision")
+    return f"{source.get('dataset')}@{revision[:12]}" if revision else f"{source.get('dataset')} (no revision pinned)"
 
 
 def _in_main_table(record: RunRecord) -> bool:

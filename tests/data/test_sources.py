@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 
 import pytest
 
 from dflash.data import DataSpec, SourceSpec, iter_conversations, load_conversations, split_prompt
+from dflash.data.sources import describe_source
 from dflash.errors import ConfigError
 
 
@@ -218,3 +221,128 @@ def test_a_bad_builtin_source_is_one_config_error(path, limit, key, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         _prompts(path, limit, "data.sources[1]")
     assert err.value.key == key
+
+
+# Hub sources, served from local directories laid out as the real repos (tests/helpers/hub.py).
+NEMOTRON = "nvidia/Nemotron-Post-Training-Dataset-v2"
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    from helpers.hub import LocalHub
+
+    return LocalHub(monkeypatch, tmp_path / "hf-cache")
+
+
+def _nemotron(tmp_path, hub, chat_shards: int = 4, rows_per_shard: int = 50):
+    """A Nemotron v2 layout: `chat` in shards ordered by source (shard i holds source i only),
+    `code` readable, and `math` plus a multilingual split that fail if read at all."""
+    from helpers.hub import chat_row, write_parquet_shards, write_unreadable_split
+
+    root = tmp_path / "nemotron"
+    shards = [[chat_row(f"chat {i}-{j}", f"source{i}") for j in range(rows_per_shard)] for i in range(chat_shards)]
+    write_parquet_shards(root, "chat", shards)
+    write_parquet_shards(root, "code", [[chat_row(f"code 0-{j}", "code") for j in range(20)]] * 2)
+    write_unreadable_split(root, "math")
+    write_unreadable_split(root, "multilingual_ja")
+    hub.repos[NEMOTRON] = str(root)
+    return root
+
+
+def _source_of(row) -> int:
+    return int(row["messages"][0]["content"].split()[1].split("-")[0])
+
+
+def test_a_limited_hub_source_is_a_seeded_sample_not_the_first_rows(tmp_path, hub):
+    _nemotron(tmp_path, hub)
+    spec = SourceSpec(path=NEMOTRON, split="chat", data_files="data/chat-*.parquet", format="messages", limit=40)
+    rows = load_conversations(spec)
+    assert len(rows) == 40
+    # the first 40 rows in file order all come from shard 0 (source 0); a sample spans the shards
+    assert {_source_of(r) for r in rows} == {0, 1, 2, 3}
+    assert hub.calls[-1]["streaming"] is True
+    assert load_conversations(spec) == rows  # seeded: the same draw again
+    assert load_conversations(dataclasses.replace(spec, seed=1)) != rows
+    summary = describe_source(spec, len(rows))
+    assert "seed 0" in summary and "shuffle" in summary and "first 40 kept" in summary
+    assert f"{NEMOTRON}@main (no revision pinned)" in summary
+
+
+def test_a_small_shuffle_buffer_still_draws_the_shards_in_a_seeded_order(tmp_path, hub):
+    _nemotron(tmp_path, hub, chat_shards=8, rows_per_shard=10)
+    spec = SourceSpec(path=NEMOTRON, split="chat", data_files="data/chat-*.parquet", limit=5, shuffle_buffer=1)
+    first_shards = {_source_of(load_conversations(dataclasses.replace(spec, seed=seed))[0]) for seed in range(8)}
+    assert len(first_shards) > 1  # not always shard 0
+
+
+@pytest.mark.parametrize("limit", [None, 15])
+def test_a_hub_source_reads_only_the_files_of_its_split(tmp_path, hub, limit):
+    _nemotron(tmp_path, hub)
+    spec = SourceSpec(path=NEMOTRON, split="code", data_files="data/code-*.parquet", format="messages", limit=limit)
+    rows = load_conversations(spec)  # math and multilingual_ja are unreadable: reading them would fail
+    assert len(rows) == (limit or 40)
+    assert all(r["messages"][0]["content"].startswith("code ") for r in rows)
+    assert hub.calls[-1]["data_files"] == {"code": "data/code-*.parquet"}
+    # the control: without data_files, `datasets` prepares every split and trips on the unreadable ones
+    if limit is None:
+        with pytest.raises(ConfigError) as err:
+            load_conversations(SourceSpec(path=NEMOTRON, split="code", format="messages"), "data.sources[2]")
+        assert err.value.key == "data.sources[2].path" and "\n" not in str(err.value)
+
+
+def test_a_revision_reaches_the_hub_and_only_hub_sources_take_one(tmp_path, hub):
+    _nemotron(tmp_path, hub)
+    spec = SourceSpec(path=NEMOTRON, split="code", data_files="data/code-*.parquet", revision="0123abc", limit=3)
+    load_conversations(spec)
+    assert hub.calls[-1]["revision"] == "0123abc"
+    assert describe_source(spec).startswith(f"{NEMOTRON}@0123abc (split code, files data/code-*.parquet)")
+    local = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "p"}])
+    for path in (local, "builtin:math"):
+        with pytest.raises(ConfigError) as err:
+            load_conversations(SourceSpec(path=path, revision="0123abc", response_column=None), "data.sources[0]")
+        assert err.value.key == "data.sources[0].revision"
+
+
+def test_a_script_based_hub_dataset_is_one_config_error(tmp_path, hub):
+    scripted = tmp_path / "scripted"
+    scripted.mkdir()
+    (scripted / "scripted.py").write_text("import datasets\n")  # a loading script, as old hub datasets have
+    hub.repos["someone/scripted"] = str(scripted)
+    for limit in (None, 10):
+        with pytest.raises(ConfigError) as err:
+            load_conversations(SourceSpec(path="someone/scripted", limit=limit), "data.sources[1]")
+        message = str(err.value)
+        assert err.value.key == "data.sources[1].path" and "\n" not in message
+        assert "script-based dataset" in message and "refs/convert/parquet" in message
+
+
+@pytest.mark.slow
+def test_regenerate_exits_2_with_one_line_for_a_script_based_source(tmp_path):
+    import subprocess
+    import sys
+
+    scripted = tmp_path / "scripted"
+    scripted.mkdir()
+    (scripted / "scripted.py").write_text("import datasets\n")
+    program = (
+        "import sys, datasets\n"
+        "real = datasets.load_dataset\n"
+        f"datasets.load_dataset = lambda path, *a, revision=None, **k: real({str(scripted)!r} if path == 'someone/scripted' else path, *a, **k)\n"
+        "from dflash.cli.regenerate import main\n"
+        "main()\n"
+    )
+    args = [
+        "target=tiny_qwen3",
+        "data=local_jsonl",
+        f"data.path={tmp_path / 'out'}",
+        "data.sources=[{path: someone/scripted, response_column: null}]",
+        f"regenerate.output_dir={tmp_path / 'out'}",
+        f"paths.artifacts={tmp_path / 'artifacts'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: data.sources[0].path: cannot load dataset 'someone/scripted'")
+    assert "Traceback" not in done.stderr

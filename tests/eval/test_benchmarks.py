@@ -7,7 +7,16 @@ import json
 import pytest
 
 from dflash.errors import ConfigError
-from dflash.eval.benchmarks import BENCHMARKS, MATH_SUFFIX, BenchmarkSpec, Sample, load_benchmark, subsample
+from dflash.eval.benchmarks import (
+    BENCHMARKS,
+    LIVECODEBENCH_FILES,
+    MATH_SUFFIX,
+    BenchmarkSpec,
+    Sample,
+    benchmark_source,
+    load_benchmark,
+    subsample,
+)
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.target.tiny import byte_tokenizer
 
@@ -153,43 +162,122 @@ def test_hub_benchmarks_load_by_hub_name_with_paper_wording(monkeypatch, name):
 
     calls = []
     row, expected = HUB_ROWS[name]
+    row = {**row, "unused": "x" * 100}  # a column the wording does not read
 
-    def fake_load_dataset(*args, split=None, **kwargs):
+    def fake_load_dataset(*args, split=None, revision=None, **kwargs):
         calls.append((args, split))
-        return [row, row]
+        assert revision == "abc123"
+        return datasets.Dataset.from_list([row, row])
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    samples = load_benchmark(BenchmarkSpec(name))
+    samples = load_benchmark(BenchmarkSpec(name, revision="abc123"))
     assert calls == [HUB_SOURCES[name]]
     assert [s.turns for s in samples] == [expected, expected]
+    source = benchmark_source(BenchmarkSpec(name, revision="abc123"))
+    assert source == {
+        "kind": "hub",
+        "dataset": HUB_SOURCES[name][0][0],
+        "config": HUB_SOURCES[name][0][1],
+        "split": HUB_SOURCES[name][1],
+        "files": None,
+        "revision": "abc123",
+    }
 
 
-def test_livecodebench_reads_the_public_jsonl_files_with_the_harness_wording(monkeypatch):
+def test_only_the_columns_the_wording_reads_are_materialised(monkeypatch):
     import datasets
 
+    from dflash.eval.benchmarks import _hub_rows
+
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([{"question": "Q", "answer": "A" * 1000}])
+    )
+    assert _hub_rows(BENCHMARKS["gsm8k"]) == [{"question": "Q"}]
+
+
+def test_a_renamed_column_at_a_revision_is_one_config_error(monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([{"query": "Q"}]))
+    with pytest.raises(ConfigError) as info:
+        load_benchmark(BenchmarkSpec("gsm8k", revision="abc123"))
+    assert info.value.key == "benchmark.revision"
+    assert "has no column 'question'" in str(info.value) and "\n" not in str(info.value)
+
+
+def _livecodebench_row(i: int, private_bytes: int) -> dict:
+    """A row of livecodebench/code_generation_lite's test*.jsonl, with every column it has."""
+    return {
+        "question_title": f"T{i}",
+        "question_content": f"Problem {i}.",
+        "platform": "leetcode",
+        "question_id": str(i),
+        "contest_id": "weekly-1",
+        "contest_date": "2024-01-01T00:00:00",
+        "starter_code": "class Solution:\n    pass" if i % 2 else "",
+        "difficulty": "easy",
+        "public_test_cases": json.dumps([{"input": "1", "output": "1", "testtype": "stdin"}]),
+        "private_test_cases": "z" * private_bytes,  # base64 blobs on the hub: gigabytes in all
+        "metadata": "{}",
+    }
+
+
+def _livecodebench_hub(monkeypatch, tmp_path, rows_per_file: int, private_bytes: int) -> list:
+    """LiveCodeBench's six JSONL files under tmp_path; hf:// addresses of the repo read them."""
+    import datasets
+
+    for f, name in enumerate(LIVECODEBENCH_FILES):
+        with open(tmp_path / name, "w") as out:
+            for i in range(rows_per_file):
+                out.write(json.dumps(_livecodebench_row(f * rows_per_file + i, private_bytes)) + "\n")
     calls = []
+    real = datasets.load_dataset
 
-    def fake_load_dataset(builder, data_files=None, split=None):
-        calls.append((builder, data_files, split))
-        return [
-            {"question_content": "Sum two ints.", "starter_code": "class Solution:\n    pass"},
-            {"question_content": "Q2", "starter_code": ""},
-        ]
+    def load_dataset(builder, data_files=None, split=None, **kwargs):
+        calls.append((builder, list(data_files), split))
+        prefix = "hf://datasets/livecodebench/code_generation_lite@rev1/"
+        assert all(f.startswith(prefix) for f in data_files)
+        return real(builder, data_files=[str(tmp_path / f.removeprefix(prefix)) for f in data_files], split=split, **kwargs)
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    samples = load_benchmark(BenchmarkSpec("livecodebench"))
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    return calls
+
+
+def test_livecodebench_reads_the_public_jsonl_files_with_the_harness_wording(monkeypatch, tmp_path):
+    calls = _livecodebench_hub(monkeypatch, tmp_path, rows_per_file=1, private_bytes=10)
+    samples = load_benchmark(BenchmarkSpec("livecodebench", revision="rev1"))
     builder, files, _ = calls[0]
     assert builder == "json"
-    assert files[0] == "hf://datasets/livecodebench/code_generation_lite/test.jsonl" and len(files) == 6
+    assert files[0] == "hf://datasets/livecodebench/code_generation_lite@rev1/test.jsonl" and len(files) == 6
     assert files[-1].endswith("/test6.jsonl")
-    with_starter, without = samples[0].turns[0], samples[1].turns[0]
+    with_starter, without = samples[1].turns[0], samples[0].turns[0]
     assert with_starter.startswith("You are an expert Python programmer.")
-    assert "### Question:\nSum two ints." in with_starter
+    assert "### Question:\nProblem 1." in with_starter
     assert "### Format: Use the following code structure:\n```python\nclass Solution:\n    pass\n```" in with_starter
     assert "```python\n# YOUR CODE HERE\n```" in without
     assert without.endswith("### Answer: (use the provided format with backticks)")
-    raw = load_benchmark(BenchmarkSpec("livecodebench", prompt_format="raw"))
-    assert raw[0].turns == ["Sum two ints."]
+    raw = load_benchmark(BenchmarkSpec("livecodebench", prompt_format="raw", revision="rev1"))
+    assert raw[0].turns == ["Problem 0."]
+    assert benchmark_source(BenchmarkSpec("livecodebench", revision="rev1"))["files"] == list(LIVECODEBENCH_FILES)
+
+
+def test_livecodebench_memory_stays_bounded_when_the_private_test_cases_are_large(monkeypatch, tmp_path):
+    import tracemalloc
+
+    rows, private_bytes = 24, 1_000_000  # 6 files x 24 rows x 1 MB = 144 MB of private test cases
+    _livecodebench_hub(monkeypatch, tmp_path, rows_per_file=rows, private_bytes=private_bytes)
+    tracemalloc.start()
+    try:
+        samples = load_benchmark(BenchmarkSpec("livecodebench", revision="rev1"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(samples) == 6 * rows
+    unused = 6 * rows * private_bytes
+    # list(dataset) of every column held all 144 MB as Python strings at once; what remains is
+    # `datasets` reading each file in 10 MiB chunks while it prepares the Arrow cache
+    assert peak < unused / 2, f"peak {peak / 1e6:.0f} MB of Python objects for {unused / 1e6:.0f} MB of unused columns"
 
 
 def test_unreachable_hub_is_a_one_line_config_error_suggesting_a_local_file(monkeypatch):
@@ -205,6 +293,52 @@ def test_unreachable_hub_is_a_one_line_config_error_suggesting_a_local_file(monk
     assert info.value.key == "benchmark.path"
     assert "\n" not in message
     assert "unreachable" in message and "benchmark.path=local.jsonl" in message
+
+
+@pytest.mark.parametrize(
+    "error, key, expected",
+    [
+        (RuntimeError("Dataset scripts are no longer supported, but found gsm8k.py"), "benchmark.path", "script-based dataset"),
+        (ValueError("Unknown split \"test\". Should be one of ['train']."), "benchmark.path", "Unknown split"),
+        (FileNotFoundError("Revision 'abc123' doesn't exist for dataset 'openai/gsm8k'."), "benchmark.revision", "abc123"),
+    ],
+)
+def test_an_unloadable_hub_dataset_is_one_config_error(monkeypatch, error, key, expected):
+    import datasets
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(ConfigError) as info:
+        load_benchmark(BenchmarkSpec("gsm8k", revision="abc123"))
+    assert info.value.key == key
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_local_and_bundled_benchmarks_record_no_revision(tmp_path):
+    assert benchmark_source(BenchmarkSpec("humaneval", revision="abc"))["kind"] == "bundled"
+    local = benchmark_source(BenchmarkSpec("gsm8k", path="g.jsonl", revision="abc"))
+    assert local == {"kind": "local", "dataset": "g.jsonl", "config": None, "split": None, "files": None, "revision": None}
+
+
+def test_every_hub_benchmark_config_names_its_revision():
+    """The shipped configs pin a revision (a full commit) or say null on purpose; never a branch name."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    from dflash.cli.common import CONF_DIR
+
+    pinned = {}
+    for name, benchmark in BENCHMARKS.items():
+        if benchmark.hub_name is None:
+            continue
+        config = OmegaConf.load(CONF_DIR / "benchmark" / f"{name}.yaml")
+        assert "revision" in config, name
+        assert config.revision is None or re.fullmatch(r"[0-9a-f]{40}", config.revision), (name, config.revision)
+        pinned[name] = config.revision
+    assert {name for name, rev in pinned.items() if rev} >= {"gsm8k", "math500", "aime24", "mbpp", "swe_bench_lite"}
 
 
 def test_every_named_benchmark_has_a_config_file():

