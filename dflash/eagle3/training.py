@@ -90,8 +90,8 @@ def ttt_loss(
         weights = torch.full_like(cross_entropy, step_weight_decay**step) * (draft_labels >= 0)
         parts.append((slots, correct, cross_entropy, weights))
     slots, correct, cross_entropy, weights = (torch.cat(column) for column in zip(*parts))
-    loss = (weights * cross_entropy).sum() / weights.sum().clamp_min(1e-12)
-    return BlockLoss(loss=loss, slots=slots, correct=correct, cross_entropy=cross_entropy.detach(), weights=weights)
+    weighted_sum = (weights * cross_entropy).sum()
+    return BlockLoss(weighted_sum=weighted_sum, slots=slots, correct=correct, cross_entropy=cross_entropy.detach(), weights=weights)
 
 
 def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:

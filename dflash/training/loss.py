@@ -12,7 +12,11 @@ Invariants:
   the forward pass (as fused linear-cross-entropy kernels do) and kept, (M, D); backward
   scales it by the incoming per-row gradient. No logits are kept, none are recomputed,
   and the head gets no gradient.
-- loss = sum_r w_r l_r / sum_r w_r over the valid slots, w detached.
+- A batch's result carries the numerator sum_r w_r l_r (in the graph) and the weights w
+  (detached) separately; its `loss` is their ratio, sum_r w_r l_r / sum_r w_r over the
+  batch's valid slots. Training does not backpropagate that ratio: it divides the
+  numerator by the weight of the whole optimizer step over all ranks and micro-batches
+  (docs/design.md invariant 10, `dflash.training.normalisation`).
 - Metrics read the data tokens under every objective: `correct` is drafter argmax ==
   data token, `cross_entropy` the cross-entropy to the data token.
 """
@@ -119,16 +123,26 @@ class LossSettings:
 class BlockLoss:
     """Loss of one batch and what the metrics need, per valid slot (M of them).
 
-    loss: scalar, sum_k w_k * l_k / sum w_k over valid slots (0, still in the graph, if M = 0).
-    slots: (M,) slot index k; correct: (M,) bool argmax == data token; cross_entropy: (M,)
-    float cross-entropy to the data token; weights: (M,) float.
+    weighted_sum: scalar, sum_k w_k * l_k over valid slots, in the graph (0, still in the
+    graph, if M = 0). slots: (M,) slot index k; correct: (M,) bool argmax == data token;
+    cross_entropy: (M,) float cross-entropy to the data token; weights: (M,) float, detached.
     """
 
-    loss: torch.Tensor
+    weighted_sum: torch.Tensor
     slots: torch.Tensor
     correct: torch.Tensor
     cross_entropy: torch.Tensor
     weights: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """Scalar: this batch's own ratio sum w l / sum w (0 when no slot is weighted)."""
+        return self.weighted_sum / self.weights.sum().clamp_min(math.ulp(1.0))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Scalar float64: sum w of this batch, detached (the denominator of `loss`)."""
+        return self.weights.detach().double().sum()
 
 
 def _row_terms(rows, to_logits, labels, target_rows, objective):
@@ -234,5 +248,5 @@ def block_loss(
         weights = dpace_weights(slot_losses.detach(), flat_index, batch * queries // block_size, block_size, settings.dpace_alpha)
     else:
         weights = static.to(hidden.device)[slots]
-    loss = (weights * slot_losses).sum() / weights.sum().clamp_min(math.ulp(1.0))
-    return BlockLoss(loss=loss, slots=slots, correct=correct, cross_entropy=cross_entropy, weights=weights)
+    weighted_sum = (weights * slot_losses).sum()
+    return BlockLoss(weighted_sum=weighted_sum, slots=slots, correct=correct, cross_entropy=cross_entropy, weights=weights)

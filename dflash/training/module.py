@@ -16,12 +16,18 @@ Invariants:
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
   states up to float rounding (tests/training/test_disk_cache.py,
   tests/training/test_feature_cache.py).
+- An optimizer step's gradient is that of sum w l / W with W the weight of the step's
+  whole global batch, all ranks and accumulation micro-batches (docs/design.md invariant
+  10): `training_step` returns the micro-batch's sum w l scaled by
+  `dflash.training.normalisation.GlobalLossScale`, and `on_before_optimizer_step`
+  corrects the gradients when accumulating, before clipping.
 - Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
   (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
 
 Logged metrics (see `dflash.training.metrics`): `train/loss`, `train/acc_01`..,
 `train/tau_sim` every `trainer.log_every_n_steps` optimizer steps, computed from the
-sums over that window and all ranks; `val/...` the same over the whole validation set.
+sums over that window (all micro-batches of its optimizer steps) and all ranks;
+`val/...` the same over the whole validation set.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import target_features
 from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
+from dflash.training.normalisation import GlobalLossScale
 from dflash.training.objective import Objective
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
@@ -73,7 +80,7 @@ class DrafterTrainingModule(L.LightningModule):
         self.disk_cache: DiskStateCache | None = None  # opened and filled in `setup`
         self.train_metrics = BlockMetrics(self.objective.slots)
         self.val_metrics = BlockMetrics(self.objective.slots)
-        self._last_logged_step = -1
+        self.loss_scale = GlobalLossScale()
 
     def prepare_device(self) -> None:
         """Bring the target to the drafter's device (and let the objective adapt to it)."""
@@ -140,15 +147,23 @@ class DrafterTrainingModule(L.LightningModule):
         self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """The micro-batch's sum w l scaled for the global normalisation (module invariants):
+        on one rank without accumulation its value is the batch's loss sum w l / sum w."""
         result = self.compute_loss(batch)
         self.train_metrics.update(result)
-        # Lightning flushes step logs when (optimizer steps + 1) % log_every_n_steps == 0;
-        # log the window's sums at exactly those steps, once per optimizer step.
-        step = self.trainer.global_step
-        if (step + 1) % self.trainer.log_every_n_steps == 0 and step != self._last_logged_step:
-            self._last_logged_step = step
+        return self.loss_scale.backward_value(result, self.trainer.world_size, self._sum_over_ranks)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # After the step's last backward, before clipping: every micro-batch of the step is in.
+        gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.loss_scale.finish_step(gradients, self.trainer.accumulate_grad_batches, self._sum_over_ranks)
+        # Lightning flushes step logs when (optimizer steps + 1) % log_every_n_steps == 0,
+        # at the end of the batch that steps: log the window's sums at exactly those steps.
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self._log_metrics(self.train_metrics, "train")
-        return result.loss
+
+    def _sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(value, reduce_op="sum")
 
     def on_train_epoch_end(self) -> None:
         self.train_metrics.reset()

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,8 +29,8 @@ from dflash.errors import ConfigError
 from dflash.target.tiny import save_tiny_target, tiny_config
 from helpers import REPO
 from helpers.loader_probe import probe
+from helpers.tf4 import probe_under_transformers_4
 
-TF4 = REPO / ".tf4"
 CONTEXT, BLOCK = 6, 4
 
 # The rope settings of the targets tried: (architecture, rope_parameters or None for the
@@ -130,30 +128,8 @@ def under_transformers_5(exported):
 @pytest.fixture(scope="module")
 def under_transformers_4(exported):
     """The probe run in a subprocess whose transformers is 4.57 (from .tf4)."""
-    if not (TF4 / "transformers").is_dir():
-        message = f"{TF4} (transformers 4.57 side environment) is missing; `make test` builds it"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     root = exported[0]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(TF4),
-        "HF_HUB_OFFLINE": "1",
-        "HF_MODULES_CACHE": str(root / "hf_modules"),
-        "OMP_NUM_THREADS": "1",
-    }
-    command = [
-        sys.executable,
-        str(REPO / "tests" / "helpers" / "loader_probe.py"),
-        str(root / "request.json"),
-        str(root / "tf4.pt"),
-    ]
-    result = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = torch.load(root / "tf4.pt")
-    assert results["transformers"].startswith("4.57"), results["transformers"]
-    return results
+    return probe_under_transformers_4(root / "request.json", root / "tf4.pt")
 
 
 @pytest.fixture(params=["transformers_4", "transformers_5"])

@@ -1,5 +1,6 @@
 """Data-parallel training with 2 CPU processes (DDP over gloo): ranks see different
-data, metrics are summed over ranks before dividing, and Hydra launches stay in one run
+data, metrics are summed over ranks before dividing, the loss is normalised over the
+global batch of ranks and accumulation steps, and Hydra launches stay in one run
 directory per job (plain runs and multiruns)."""
 
 import json
@@ -13,15 +14,25 @@ import pytest
 import torch
 
 from dflash.drafter import load_drafter
+from dflash.specs import DrafterSpec, TargetSpec
 from dflash.target.tiny import save_tiny_target
+from dflash.training import TrainingConfig, dflash_training_module
 from helpers import REPO
 from helpers.apps import write_conversations
+from helpers.training import (
+    UNEVEN_ANCHORS,
+    concatenated,
+    max_relative_difference,
+    mean_of_means_gradients,
+    uneven_rank_batches,
+    whole_batch_gradients,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -108,6 +119,90 @@ def test_two_ranks_see_different_data_and_metrics_are_summed_over_ranks(tmp_path
     assert ranks[0]["logged"]["val/loss"] == pytest.approx(loss, rel=1e-5)
     assert ranks[0]["logged"] == ranks[1]["logged"]
     assert load_drafter(str(out_dir / "drafter")).config.block_size == 4
+
+
+GLOBAL_BATCH_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader, Dataset
+    from dflash.specs import DrafterSpec, TargetSpec
+    from dflash.training import TrainingConfig, dflash_training_module
+    from helpers.training import UNEVEN_ANCHORS, uneven_rank_batches
+
+    torch.set_num_threads(1)
+    target_dir, out_dir = sys.argv[1:3]
+
+
+    class ThisRanksBatches(Dataset):
+        '''This rank's micro-batches of `uneven_rank_batches` (read once fit has made the process group).'''
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return uneven_rank_batches()[torch.distributed.get_rank()][index]
+
+
+    class Recorder(Callback):
+        '''Writes, per rank, the gradients of the first optimizer step and the logged metrics.'''
+
+        gradients = None
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 1 and self.gradients is None:
+                self.gradients = {n: p.grad.clone() for n, p in module.drafter.named_parameters() if p.grad is not None}
+
+        def on_train_end(self, trainer, module):
+            logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            record = {"world": trainer.world_size, "gradients": self.gradients, "logged": logged}
+            torch.save(record, f"{out_dir}/rank{trainer.global_rank}.pt")
+
+
+    module = dflash_training_module(
+        TargetSpec(path=target_dir),
+        DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
+        TrainingConfig(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=1, accumulate_grad_batches=2, log_every_n_steps=1,
+        use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[Recorder()],
+    )
+    trainer.fit(module, DataLoader(ThisRanksBatches(), batch_size=None))
+    """
+)
+
+
+def test_two_ranks_with_accumulation_train_on_the_global_batch_mean(tmp_path):
+    # Rank 0's micro-batches hold a few valid anchors, rank 1's many (docs/design.md invariant 10).
+    target_dir = tmp_path / "target"
+    save_tiny_target(str(target_dir), arch="qwen3", seed=0)
+    script = tmp_path / "global_batch.py"
+    script.write_text(GLOBAL_BATCH_SCRIPT)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    _run([sys.executable, str(script), str(target_dir), str(out_dir)], cwd=tmp_path)
+    ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+
+    # The same drafter (seed 0, as on both ranks) in one process, on the whole global batch.
+    module = dflash_training_module(
+        TargetSpec(path=str(target_dir)),
+        DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
+        TrainingConfig(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
+    )
+    micro_batches = [b for rank in uneven_rank_batches() for b in rank]
+    expected = whole_batch_gradients(module, micro_batches)
+    assert max_relative_difference(mean_of_means_gradients(module, micro_batches), expected) > 0.2  # the test can fail
+    for rank in ranks:
+        assert max_relative_difference(rank["gradients"], expected) < 1e-5
+    # The logged training loss is the same global ratio, on every rank.
+    whole_loss = float(module.compute_loss(concatenated(micro_batches)).loss.detach())
+    assert ranks[0]["logged"]["train/loss"] == pytest.approx(whole_loss, rel=1e-5)
+    assert ranks[0]["logged"] == ranks[1]["logged"]
 
 
 def _hydra_ddp_args(tmp_path: Path, data: Path) -> list[str]:

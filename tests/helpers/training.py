@@ -104,3 +104,57 @@ def training_job(tmp_path, run_name: str, conversations: int, *overrides: str):
 
 def checkpoint(job) -> dict:
     return torch.load(f"{job.output_dir}/{CHECKPOINT_DIR}/{LAST_CHECKPOINT}", map_location="cpu", weights_only=False)
+
+
+# global normalisation: micro-batches with very different numbers of valid anchors
+UNEVEN_SEQ_LEN = 24
+UNEVEN_ANCHORS = UNEVEN_SEQ_LEN  # >= every row's valid anchors: all of them are taken, in order
+
+
+def micro_batch(response: tuple[int, int], seed: int, rows: int = 2) -> dict:
+    """`rows` full-length sequences of `UNEVEN_SEQ_LEN` random tokens, the loss mask on
+    positions [response[0], response[1]) of each: (20, 22) opens one block per row with one
+    valid slot (B = 4), (4, 24) 19 blocks and 54 valid slots per row."""
+    input_ids = torch.randint(0, 256, (rows, UNEVEN_SEQ_LEN), generator=torch.Generator().manual_seed(seed))
+    loss_mask = torch.zeros(rows, UNEVEN_SEQ_LEN, dtype=torch.bool)
+    loss_mask[:, response[0] : response[1]] = True
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(loss_mask), "loss_mask": loss_mask}
+
+
+def concatenated(batches: list[dict]) -> dict:
+    """The micro-batches as one batch (rows stacked in order)."""
+    return {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
+
+
+def drafter_gradients(module, loss_of) -> dict[str, torch.Tensor]:
+    """{name: grad} of the drafter's parameters after `loss_of(module).backward()`; grads cleared after."""
+    module.drafter.zero_grad(set_to_none=True)
+    loss_of(module).backward()
+    gradients = {name: p.grad.clone() for name, p in module.drafter.named_parameters() if p.grad is not None}
+    module.drafter.zero_grad(set_to_none=True)
+    return gradients
+
+
+def whole_batch_gradients(module, batches: list[dict]) -> dict[str, torch.Tensor]:
+    """The single-process gradient of the loss of all `batches` as one batch: sum w l / sum w over them all."""
+    return drafter_gradients(module, lambda m: m.compute_loss(concatenated(batches)).loss)
+
+
+def mean_of_means_gradients(module, batches: list[dict]) -> dict[str, torch.Tensor]:
+    """The gradient of the mean over `batches` of each one's own ratio (per-batch normalisation)."""
+    return drafter_gradients(module, lambda m: sum(m.compute_loss(b).loss for b in batches) / len(batches))
+
+
+def max_relative_difference(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> float:
+    """max over parameters of |left - right| / max |right| (the same names on both sides)."""
+    assert left.keys() == right.keys() and left
+    return max(float((left[n] - right[n]).abs().max() / right[n].abs().max().clamp_min(1e-30)) for n in right)
+
+
+def uneven_rank_batches() -> list[list[dict]]:
+    """Two micro-batches for each of two ranks: rank 0's hold 2 and 6 valid slots in all,
+    rank 1's 108 and 120."""
+    return [
+        [micro_batch((20, 22), seed=1), micro_batch((17, 20), seed=2)],
+        [micro_batch((4, 24), seed=3), micro_batch((2, 24), seed=4)],
+    ]

@@ -79,7 +79,7 @@ def _result(slots, correct, cross_entropy=None):
     slots = torch.tensor(slots)
     cross_entropy = torch.ones(len(slots)) if cross_entropy is None else torch.tensor(cross_entropy)
     return BlockLoss(
-        loss=torch.tensor(0.0),
+        weighted_sum=torch.tensor(0.0),
         slots=slots,
         correct=torch.tensor(correct),
         cross_entropy=cross_entropy,
