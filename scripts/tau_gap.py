@@ -9,7 +9,8 @@ drafter trained on), the position (tau_sim averages anchors over whole answers o
 tokens, the evaluation decodes the first 64), and the metric itself (it multiplies
 per-slot accuracies as if errors were independent). `--decode-val JOB` separates them for a
 drafter: it decodes the held-out training conversations' own prompts with the real loop at
-64 and at 192 new tokens (`python -m dflash.evaluate`, results under <job>/tau_gap/).
+64 and at 192 new tokens (`python -m dflash.evaluate`, results under --work/<sweep>/<job>/,
+outside the sweeps root, so the tables never read them as runs).
 
     python scripts/tau_gap.py --root artifacts/sweeps --sweeps depth_smollm2 block_size_smollm2 --out gap.md
     python scripts/tau_gap.py --root artifacts/sweeps --sweeps block_size_smollm2 \
@@ -128,11 +129,10 @@ def validation_prompts(config: dict, out: str) -> str:
     return out
 
 
-def decode_validation(job: str, python: str, tokens: tuple[int, ...]) -> dict[int, dict]:
-    """Decode the job's held-out training prompts with its drafter; {max_new_tokens: results}."""
+def decode_validation(job: str, out_dir: str, python: str, tokens: tuple[int, ...]) -> dict[int, dict]:
+    """Decode the job's held-out training prompts with its drafter into `out_dir`; {max_new_tokens: results}."""
     with open(os.path.join(job, "results.json")) as f:
         config = json.load(f)["config"]
-    out_dir = os.path.join(job, "tau_gap")
     os.makedirs(out_dir, exist_ok=True)
     prompts = validation_prompts(config, os.path.join(out_dir, "val_prompts.jsonl"))
     found = {}
@@ -141,9 +141,9 @@ def decode_validation(job: str, python: str, tokens: tuple[int, ...]) -> dict[in
         results_path = os.path.join(run_dir, "results.json")
         if not os.path.isfile(results_path):
             command = [
-                python, "-m", "dflash.evaluate", "target=smollm2_135m", f"drafter.path={os.path.join(job, 'drafter')}",
-                "benchmark=jsonl", f"benchmark.path={prompts}", "benchmark.name=smollm2_val", "benchmark.prompt_format=raw",
-                f"decoding.max_new_tokens={n}", "hf_generate=false", "cpu_threads=1", f"hydra.run.dir={run_dir}",
+                python, "-m", "dflash.evaluate", "target=smollm2_135m", f"drafter.path='{os.path.join(job, 'drafter')}'",
+                "benchmark=jsonl", f"benchmark.path='{prompts}'", "benchmark.name=smollm2_val", "benchmark.prompt_format=raw",
+                f"decoding.max_new_tokens={n}", "hf_generate=false", "cpu_threads=1", f"hydra.run.dir='{run_dir}'",
             ]  # fmt: skip
             print("$ " + " ".join(command[1:]), flush=True)
             subprocess.run(command, check=True)
@@ -175,13 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweeps", nargs="+", required=True, help="sweep directories under --root")
     parser.add_argument("--decode-val", nargs="*", default=[], help="jobs (<sweep>/<job>) whose held-out prompts to decode")
     parser.add_argument("--tokens", default="64,192", help="new tokens per decode of --decode-val")
+    parser.add_argument("--work", default="artifacts/tau_gap", help="where --decode-val writes its evaluations")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     rows = job_rows(args.root, args.sweeps)
     text = ["## tau_sim against measured tau, per drafter", "", gap_table(rows), "## Mean gap per sweep", "", family_summary(rows)]
     for job in args.decode_val:
         row = next(r for r in rows if f"{r['sweep']}/{r['job']}" == job)
-        decoded = decode_validation(os.path.join(args.root, job), sys.executable, tuple(int(n) for n in args.tokens.split(",")))
+        tokens = tuple(int(n) for n in args.tokens.split(","))
+        decoded = decode_validation(os.path.join(args.root, job), os.path.join(args.work, job), sys.executable, tokens)
         text += ["## Decoding the held-out training prompts", "", decode_table(job, row, decoded)]
     with open(args.out, "w") as f:
         f.write("\n".join(text))

@@ -232,7 +232,10 @@ def test_the_smollm2_main_table_reads_the_b16_and_eagle3_drafters_of_main_and_th
         assert Path(evaluated.drafter.path) == drafter_dir / "drafter"
         assert Path(evaluated.eagle3.path) == dirs["experiment=eagle3_smollm2"] / "drafter"
         assert evaluated.dflash_tree.budget == budget
-        assert list(evaluated.methods) == ["dflash", "dflash_tree"] + (["eagle3", "ngram"] if block == 3 else [])
+        # T = 1 (sampling, the rejection rule): no tree, which samples with the match rule only
+        assert list(evaluated.methods) == ["dflash"] + (["eagle3", "ngram"] if block == 3 else [])
+        greedy = _compose("main_eval", [f"main_block={block}", "train_seed=1", "decoding=greedy"], "smollm2")
+        assert list(greedy.methods) == ["dflash", "dflash_tree"] + (["eagle3", "ngram"] if block == 3 else [])
     assert "dflash.sweep" in [cmd[0] for cmd in sweep_plan("main", "smollm2").prepare]  # it trains block_size first
 
 
