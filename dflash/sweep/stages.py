@@ -12,6 +12,7 @@ defaults lists of the sweep files are merged by Hydra alone.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from dflash import CONF_DIR
@@ -88,6 +89,13 @@ def _plan(name: str, app: str, node: dict, overrides: list[str]) -> SweepPlan:
         "scale",
         f"sweep {name!r} runs at scale {' or '.join(map(str, scales or []))} only, not {scale!r}",
     )
+    unread = sorted(set(node.get("grids") or {}) - grid_names())
+    require(
+        not unread,
+        f"sweep.grids.{unread[0] if unread else ''}",
+        f"no sweep file reads this grid (a misspelt name would silently keep the sweep's own grid); "
+        f"the names they read: {sorted(grid_names())}",
+    )
     prepare = node.get("prepare") or []
     require(
         all(isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd) for cmd in prepare),
@@ -97,6 +105,11 @@ def _plan(name: str, app: str, node: dict, overrides: list[str]) -> SweepPlan:
     return SweepPlan(
         name=name, app=app, scale=scale, prepare=[list(cmd) for cmd in prepare], next=node.get("next"), overrides=overrides
     )
+
+
+def grid_names() -> set[str]:
+    """The `sweep.grids.<name>` a sweep file reads (`${oc.select:sweep.grids.<name>,...}`)."""
+    return {m for p in SWEEPS_DIR.glob("*.yaml") for m in re.findall(r"sweep\.grids\.(\w+)", p.read_text())}
 
 
 def _compose(app: str, overrides: list[str]) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
+from helpers.apps import SHRUNK_CPU_SWEEP
 
 
 def _write_conversations(path: Path, count: int) -> None:
@@ -41,20 +42,11 @@ def test_ddp_jobs_in_a_multirun_create_exactly_their_own_job_dirs(tmp_path):
         "-m",
         "+sweep=anchors",
         "sweep/scale=cpu",
-        "target=tiny_qwen3",
         f"data.path={data}",
-        "data.max_length=256",
-        "training.num_anchors=8",
         "trainer=ddp",
         "trainer.accelerator=cpu",
         "trainer.devices=2",
-        "trainer.precision=32-true",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "checkpoint.every_n_train_steps=2",
-        "eval.benchmark.max_samples=1",
-        "eval.decoding.max_new_tokens=8",
-        "hydra.launcher.cpu_jobs=1",
+        *SHRUNK_CPU_SWEEP,
     ]
     env = dict(os.environ, DFLASH_ARTIFACTS=str(artifacts))
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

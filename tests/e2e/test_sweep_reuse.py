@@ -17,20 +17,7 @@ import pytest
 
 from dflash.reports import build_tables, collect_runs
 from helpers import REPO
-from helpers.apps import write_conversations
-
-SHRUNK = [
-    "target=tiny_qwen3",
-    "data.max_length=256",
-    "training.num_anchors=8",
-    "trainer.precision=32-true",
-    "trainer.max_steps=2",
-    "trainer.val_check_interval=2",
-    "checkpoint.every_n_train_steps=2",
-    "eval.benchmark.max_samples=1",
-    "eval.decoding.max_new_tokens=8",
-    "hydra.launcher.cpu_jobs=1",
-]
+from helpers.apps import SHRUNK_CPU_SWEEP, write_conversations
 
 
 @pytest.mark.slow
@@ -45,7 +32,7 @@ def test_a_cell_two_sweeps_share_is_trained_once_and_shows_in_both_tables(tmp_pa
 
     def sweep(name: str, point: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "dflash.train", "-m", f"+sweep={name}", "sweep/scale=cpu", f"data.path={data}", point]
-        run = subprocess.run([*command, *SHRUNK], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        run = subprocess.run([*command, *SHRUNK_CPU_SWEEP], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         return run
 

@@ -33,6 +33,21 @@ def run_cli(args, cwd, artifacts):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+# A training sweep at scale cpu shrunk to seconds: the tiny random Qwen3 target, 2 steps, a one-prompt evaluation.
+SHRUNK_CPU_SWEEP = [
+    "target=tiny_qwen3",
+    "data.max_length=256",
+    "training.num_anchors=8",
+    "trainer.precision=32-true",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "checkpoint.every_n_train_steps=2",
+    "eval.benchmark.max_samples=1",
+    "eval.decoding.max_new_tokens=8",
+    "hydra.launcher.cpu_jobs=1",
+]
+
+
 def write_conversations(path: Path, count: int) -> None:
     """`count` distinct user/assistant conversations as JSONL (each row identifiable)."""
     with open(path, "w") as f:

@@ -216,6 +216,16 @@ def test_the_smollm2_scale_narrows_the_grids_and_sweeps_three_seeds():
     assert cfg.eval.benchmark.name == "smollm2_mix" and cfg.cpu_threads == 1 and cfg.hydra.launcher.cpu_jobs == 2
 
 
+def test_a_scale_grid_no_sweep_file_reads_is_one_config_error():
+    from dflash.sweep.stages import _plan, grid_names
+
+    assert grid_names() == {"num_layers", "block_sizes", "infer_train_block_sizes", "infer_block_sizes", "losses"}
+    assert _plan("depth", "train", {"scale": "s", "grids": {"num_layers": "5,1"}}, []).scale == "s"
+    with pytest.raises(ConfigError, match=r"no sweep file reads this grid.*'num_layers'") as err:
+        _plan("depth", "train", {"scale": "s", "grids": {"num_layer": "5,1"}}, [])  # misspelt in a scale file
+    assert err.value.key == "sweep.grids.num_layer"
+
+
 def test_the_smollm2_main_table_reads_the_b16_and_eagle3_drafters_of_main_and_the_b3_one_of_block_size(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
     assert _grid("main", "smollm2")["experiment"] == ["smollm2", "eagle3_smollm2"]
