@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,23 @@ def is_interactive(stream=None) -> bool:
     stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
+
+
+def bar_interval(terminal_s: float = 0.1) -> float:
+    """Seconds a tqdm bar waits between redraws: `terminal_s` on a terminal, `PROGRESS_INTERVAL_S`
+    in a log or a pipe; `TQDM_MININTERVAL` wins when it is set.
+
+    Our own bars pass this as `mininterval=`: tqdm reads `TQDM_MININTERVAL` only once, when
+    tqdm is first imported, which in an app that imports our packages is before its `main`
+    could set the variable (a log got a redraw per batch).
+    """
+    value = os.environ.get("TQDM_MININTERVAL", "").strip()
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            pass  # tqdm ignores a malformed value too
+    return terminal_s if is_interactive() else PROGRESS_INTERVAL_S
 
 
 def training_progress(enabled: bool, label: str = "train", interval_s: float = PROGRESS_INTERVAL_S) -> tuple[bool, list[Callback]]:

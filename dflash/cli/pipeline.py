@@ -95,6 +95,8 @@ def check_stage_overrides(cfg, stages) -> None:
 
 def quiet_progress_bars() -> None:
     """In a log that is not a terminal, progress bars cannot redraw: let them write at most
-    every 30 s (read by tqdm at import, here and in the apps each stage runs)."""
+    every 30 s. tqdm reads the variable when it is imported: the apps each stage runs as a
+    subprocess see it; in this process tqdm is already imported, and our own bars take the
+    interval from `dflash.progress.bar_interval` instead."""
     if not sys.stdout.isatty():
         os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_S))

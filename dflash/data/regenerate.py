@@ -157,7 +157,11 @@ def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSetti
     done_rows = len(prompts) - sum(stop - start for start, stop in todo)
     if done_rows:
         log.info("regenerate: %d of %d rows already done in %s", done_rows, len(prompts), out_dir)
-    bar = tqdm(total=len(prompts), initial=done_rows, desc="regenerate", unit="row", disable=not progress)
+    from dflash.progress import bar_interval  # lazily: it imports Lightning
+
+    bar = tqdm(
+        total=len(prompts), initial=done_rows, desc="regenerate", unit="row", disable=not progress, mininterval=bar_interval()
+    )
     tokens, unfinished, began = 0, 0, time.perf_counter()
     for start, stop in todo:
         torch.manual_seed(settings.seed + start)

@@ -180,7 +180,9 @@ def tokenize_conversations(tokenizer, rows: Iterable[dict], settings: TokenizeSe
     dropped = {"no_response_tokens": 0, "unlocatable_response": 0}
     counts = dict.fromkeys(_COUNT_NAMES, 0)
     num_conversations = 0
-    bar = tqdm(rows, desc="tokenise", unit="row", disable=not progress, mininterval=2.0)
+    from dflash.progress import bar_interval  # lazily: it imports Lightning
+
+    bar = tqdm(rows, desc="tokenise", unit="row", disable=not progress, mininterval=bar_interval(terminal_s=2.0))
     for index, row in enumerate(bar):
         num_conversations += 1
         record = row.get(TOKEN_IDS)

@@ -148,8 +148,10 @@ def evaluate(
         warmup = GenerationRecord(prompt_index=samples[0].index, turn=0, num_prompt_tokens=warmup_ids.shape[1])
         methods.run(warmup_ids, min(settings.warmup_tokens, decoding.max_new_tokens), decoding.seed, warmup)
 
+    from dflash.progress import bar_interval  # lazily: it imports Lightning
+
     records = []
-    for sample in tqdm(samples, desc=f"evaluate {benchmark}", unit="prompt", disable=not progress):
+    for sample in tqdm(samples, desc=f"evaluate {benchmark}", unit="prompt", disable=not progress, mininterval=bar_interval()):
         conversation: list[str] = []
         for turn, user_text in enumerate(sample.turns):
             conversation.append(user_text)

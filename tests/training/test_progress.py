@@ -9,7 +9,7 @@ import pytest
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.cli.common import quiet_third_party_logs
-from dflash.progress import LineProgress, format_duration, training_progress
+from dflash.progress import PROGRESS_INTERVAL_S, LineProgress, bar_interval, format_duration, training_progress
 
 
 class FakeClock:
@@ -88,6 +88,22 @@ def test_bar_on_a_terminal_lines_elsewhere(monkeypatch):
     show_bar, callbacks = training_progress(True)
     assert not show_bar and [type(c) for c in callbacks] == [LineProgress]
     assert training_progress(False) == (False, [])
+
+
+def test_bars_redraw_rarely_in_a_log_and_tqdm_mininterval_wins(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    monkeypatch.setattr("sys.stdout", Terminal())
+    assert bar_interval(terminal_s=2.0) == 2.0
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert bar_interval(terminal_s=2.0) == PROGRESS_INTERVAL_S
+    monkeypatch.setenv("TQDM_MININTERVAL", "7")
+    assert bar_interval() == 7.0
+    monkeypatch.setenv("TQDM_MININTERVAL", "often")
+    assert bar_interval() == PROGRESS_INTERVAL_S
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (59.6, "0:01:00"), (3725, "1:02:05"), (-4, "0:00:00")])
