@@ -22,7 +22,10 @@ Invariants:
   `dflash.training.normalisation.GlobalLossScale`, and `on_before_optimizer_step`
   corrects the gradients when accumulating, before clipping.
 - Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
-  (`gradient_clip_val=1.0`, `precision="bf16-mixed"`).
+  (`gradient_clip_val=1.0`, `precision="bf16-mixed"`); under FSDP the clipping norm is
+  the whole gradient's, over all ranks' shards (`configure_gradient_clipping`).
+- AdamW decays the drafter's matrices only; which parameters those are is recorded in
+  `setup`, before a strategy wraps the drafter (FSDP shows every parameter as 1-D).
 
 Logged metrics (see `dflash.training.metrics`): `train/loss`, `train/acc_01`..,
 `train/tau_sim` every `trainer.log_every_n_steps` optimizer steps, computed from the
@@ -81,6 +84,8 @@ class DrafterTrainingModule(L.LightningModule):
         self.train_metrics = BlockMetrics(self.objective.slots)
         self.val_metrics = BlockMetrics(self.objective.slots)
         self.loss_scale = GlobalLossScale()
+        self._matrices: set[int] | None = None  # ids of the drafter's matrices (weight decay), recorded in `setup`
+        self._parameters_at_setup: set[int] = set()
 
     def prepare_device(self) -> None:
         """Bring the target to the drafter's device (and let the objective adapt to it)."""
@@ -125,6 +130,10 @@ class DrafterTrainingModule(L.LightningModule):
         self.setup_disk_cache()
         if self._trainer is not None:
             self.objective.setup(self)
+        # Before the strategy wraps the drafter: FSDP turns every parameter into a 1-D view
+        # of its rank's shard, so the optimizer's groups are chosen here, on the real shapes.
+        self._matrices = {id(p) for p in self.drafter.parameters() if p.dim() >= 2}
+        self._parameters_at_setup = {id(p) for p in self.drafter.parameters()}
 
     def setup_disk_cache(self) -> None:
         """With `training.target_cache_dir`: open the disk cache of this target on the
@@ -191,12 +200,18 @@ class DrafterTrainingModule(L.LightningModule):
         )
 
     def configure_optimizers(self):
-        """AdamW (no weight decay on norms) with linear warm-up then cosine decay, per step."""
+        """AdamW (weight decay on matrices only, not on norms and biases) with linear warm-up
+        then cosine decay, per step."""
         config = self.training_config
         params = [p for p in self.drafter.parameters() if p.requires_grad]
+        matrices = self._matrices
+        if matrices is None:  # no trainer setup (nothing wraps the drafter): the shapes are the real ones
+            matrices = {id(p) for p in params if p.dim() >= 2}
+        elif not {id(p) for p in params} <= self._parameters_at_setup:
+            raise RuntimeError("the strategy replaced the drafter's parameters after setup; their weight-decay groups are unknown")
         groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for p in params if id(p) in matrices], "weight_decay": config.weight_decay},
+            {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0},
         ]
         optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
         total_steps = self.trainer.estimated_stepping_batches
@@ -210,6 +225,20 @@ class DrafterTrainingModule(L.LightningModule):
         schedule = warmup_cosine_schedule(total, config.warmup_ratio, config.min_lr_ratio, time_fraction)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip as the Trainer says; under FSDP by the norm over all ranks' shards.
+
+        Lightning's FSDP precision plugin refuses clipping by norm (a shard's norm is not
+        the gradient's); the root FSDP module's `clip_grad_norm_` reduces the norm over
+        ranks, so `trainer=fsdp` clips as one process would."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = self.trainer.model
+        if isinstance(model, FullyShardedDataParallel) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[DRAFTER_CONFIG_KEY] = self.objective.checkpoint_config()

@@ -74,6 +74,7 @@ WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+FSDP_ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # dflash.training.fsdp: CUDA as Lightning, the CPU over gloo
 
 
 @dataclass
@@ -138,6 +139,11 @@ class TrainerSettings:
         require(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
         require(self.log_every_n_steps >= 1, "log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
         require(self.num_nodes >= 1, "num_nodes", f"must be >= 1, got {self.num_nodes}")
+        require(
+            self.strategy != "fsdp" or self.accelerator in FSDP_ACCELERATORS,
+            "accelerator",
+            f"trainer=fsdp runs on CUDA GPUs (gpu, cuda) or on the CPU (cpu), got {self.accelerator!r}",
+        )
         require(
             self.fsdp is None or self.strategy == "fsdp",
             "fsdp",
@@ -337,9 +343,8 @@ def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, cal
 def _strategy(settings: TrainerSettings):
     if settings.strategy != "fsdp":
         return settings.strategy
-    from lightning.pytorch.strategies import FSDPStrategy
-
     from dflash.drafter.model import DrafterLayer
+    from dflash.training.fsdp import DrafterFSDPStrategy
 
     options = dict(settings.fsdp or {})
     wrap_layers = options.pop("wrap_drafter_layers", True)
@@ -352,7 +357,7 @@ def _strategy(settings: TrainerSettings):
     require(
         sharding in FSDP_SHARDING, "trainer.fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}"
     )
-    return FSDPStrategy(
+    return DrafterFSDPStrategy(
         auto_wrap_policy={DrafterLayer} if wrap_layers else None,
         sharding_strategy=sharding,
         state_dict_type=FSDP_STATE_DICT_TYPE,

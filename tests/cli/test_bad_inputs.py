@@ -106,6 +106,7 @@ TRAIN_CASES = {
         "hidden_norm.weight is (64,), not (128,)",
     ),
     "a target dir as drafter": (["drafter.path={ws}/artifacts/targets/tiny_qwen3_random"], "drafter.path", "not a DFlash drafter"),
+    "fsdp on an accelerator it cannot use": (["trainer=fsdp", "trainer.accelerator=mps"], "trainer.accelerator", "or on the CPU"),
     "data type": (["data.batch_size=two"], "data.batch_size", "expected int, got 'two'"),
     "source type": (["data.sources=[{{path: a.jsonl, limit: many}}]"], "data.sources[0].limit", "expected int"),
     "block longer than sequence": (

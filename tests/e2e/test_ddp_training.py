@@ -4,9 +4,6 @@ global batch of ranks and accumulation steps, and Hydra launches stay in one run
 directory per job (plain runs and multiruns)."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,8 +14,7 @@ from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.target.tiny import save_tiny_target
 from dflash.training import TrainingConfig, dflash_training_module
-from helpers import REPO
-from helpers.apps import write_conversations
+from helpers.apps import run_python, write_conversations
 from helpers.training import (
     UNEVEN_ANCHORS,
     concatenated,
@@ -29,13 +25,6 @@ from helpers.training import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 RECORDING_SCRIPT = textwrap.dedent(
@@ -100,7 +89,7 @@ def test_two_ranks_see_different_data_and_metrics_are_summed_over_ranks(tmp_path
     script.write_text(RECORDING_SCRIPT)
     out_dir = tmp_path / "run"
     out_dir.mkdir()
-    _run([sys.executable, str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+    run_python([str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
 
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
@@ -184,7 +173,7 @@ def test_two_ranks_with_accumulation_train_on_the_global_batch_mean(tmp_path):
     script.write_text(GLOBAL_BATCH_SCRIPT)
     out_dir = tmp_path / "run"
     out_dir.mkdir()
-    _run([sys.executable, str(script), str(target_dir), str(out_dir)], cwd=tmp_path)
+    run_python([str(script), str(target_dir), str(out_dir)], cwd=tmp_path)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
 
@@ -233,7 +222,7 @@ def _prebuild_tiny_target(tmp_path: Path) -> None:
 def test_ddp_launched_from_hydra_stays_in_one_run_directory(tmp_path):
     _prebuild_tiny_target(tmp_path)
     write_conversations(tmp_path / "chats.jsonl", 16)
-    result = _run([sys.executable, "-m", "dflash.train", *_hydra_ddp_args(tmp_path, tmp_path / "chats.jsonl")], cwd=tmp_path)
+    result = run_python(["-m", "dflash.train", *_hydra_ddp_args(tmp_path, tmp_path / "chats.jsonl")], cwd=tmp_path)
     assert "trained to global step 2" in result.stdout
     (run_dir,) = _run_dirs(tmp_path)  # rank 1 re-ran the command but made no directory of its own
     assert (run_dir / "train_ddp_process_1.log").is_file()  # ... it ran in this one
@@ -246,7 +235,7 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
     _prebuild_tiny_target(tmp_path)
     write_conversations(tmp_path / "chats.jsonl", 16)
     args = [*_hydra_ddp_args(tmp_path, tmp_path / "chats.jsonl"), "training.learning_rate=1e-3,2e-3"]
-    result = _run([sys.executable, "-m", "dflash.train", "-m", *args], cwd=tmp_path)
+    result = run_python(["-m", "dflash.train", "-m", *args], cwd=tmp_path)
     # Each job trained once (a rank re-launching the sweep would run more jobs or hang).
     assert result.stdout.count("trained to global step 2") == 2
     run_dirs = _run_dirs(tmp_path)

@@ -1,5 +1,6 @@
 """The apps as the tests drive them: the `train` config as `python -m dflash.train` composes
-it, `python -m dflash.evaluate` in a subprocess, and chat data files for training."""
+it, `python -m dflash.evaluate` and other Python commands in a subprocess, and chat data
+files for training."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def compose_train(overrides: list[str]):
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def run_python(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`python ARGS` in `cwd` with one CPU thread per process and this checkout first on the
+    path (the ranks a multi-process run starts import the same code); asserts it exits 0."""
+    from helpers import REPO
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def run_cli(args, cwd, artifacts):

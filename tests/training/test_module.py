@@ -85,6 +85,22 @@ def test_left_padded_batches_are_refused(target_spec):
         _module(target_spec).compute_loss(batch)
 
 
+def test_weight_decay_groups_are_chosen_on_the_shapes_at_setup(target_spec):
+    module = _module(target_spec, weight_decay=0.1)
+    module.trainer = L.Trainer(accelerator="cpu", max_steps=10, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    shapes = [p.shape for p in module.drafter.parameters()]
+    matrices = sum(len(shape) >= 2 for shape in shapes)
+    assert 0 < matrices < len(shapes)
+    module.setup("fit")
+    for p in module.drafter.parameters():  # what FSDP does: the same parameters, as 1-D views of a shard
+        p.data = p.data.flatten()
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [(g["weight_decay"], len(g["params"])) for g in groups] == [(0.1, matrices), (0.0, len(shapes) - matrices)]
+    module.drafter.norm.weight = torch.nn.Parameter(module.drafter.norm.weight.detach().clone())  # replaced after setup
+    with pytest.raises(RuntimeError, match="replaced the drafter's parameters"):
+        module.configure_optimizers()
+
+
 def test_warmup_cosine_schedule():
     schedule = warmup_cosine_schedule(total_steps=100, warmup_ratio=0.04, min_lr_ratio=0.1)
     assert [schedule(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
