@@ -37,6 +37,7 @@ from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingConfig
+from dflash.training.real_tau import TauRealSettings
 from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings
 
 
@@ -65,6 +66,8 @@ class AfterTrainEvalConfig:
     hf_generate: also time the target's own model.generate() (off here: training runs
         compare against the autoregressive loop only).
     warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
+    tau_real: the real loop's tau on held-out prompts during training, logged as
+        val/tau_real (`dflash.training.real_tau.TauRealSettings`; off by default).
     """
 
     benchmark: BenchmarkSpec = MISSING
@@ -72,6 +75,7 @@ class AfterTrainEvalConfig:
     after_train: bool = False
     hf_generate: bool = False
     warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+    tau_real: TauRealSettings = field(default_factory=TauRealSettings)
 
 
 @dataclass

@@ -79,6 +79,7 @@ def job_from_config(cfg: DictConfig):
         checkpoint=build(cfg.checkpoint, "checkpoint"),
         logger=build(cfg.logger, "logger"),
         evaluation=_evaluation(cfg.eval, trained, settings),
+        tau_real=_tau_real(cfg.eval, trained, settings),
         seed=cfg.seed,
         config=resolved_config(cfg),
         method=trained,
@@ -130,6 +131,16 @@ def _evaluation(node: DictConfig, trained, train_settings):
             warmup_tokens=node.warmup_tokens,
         )
     return AfterTrainEval(benchmark=benchmark, settings=settings, trained=trained, train_settings=train_settings)
+
+
+def _tau_real(node: DictConfig, trained, train_settings):
+    """The `eval.tau_real` block as a `TauRealProbe` of the trained method, or None when it is off."""
+    from dflash.eval.tau_real import TauRealProbe
+
+    settings = build(node.tau_real, "eval.tau_real")
+    if not settings.enabled:
+        return None
+    return TauRealProbe(settings=settings, trained=trained, train_settings=train_settings)
 
 
 # What Lightning's DDP launcher writes into the parent's environment (and leaves there).

@@ -188,6 +188,25 @@ def evaluate(
     )
 
 
+def run_method(
+    target: TargetModel,
+    input_ids: torch.Tensor,
+    setup: MethodSetup | None,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """One generation from `input_ids` (1, P) by `setup`'s method (its own loop, or the chain
+    loop at its verify width), or by the autoregressive baseline when `setup` is None."""
+    common = dict(max_new_tokens=max_new_tokens, stop_token_ids=stop_ids, sampling=sampling, generator=generator)
+    if setup is None:
+        return generate(target, input_ids, block_size=1, **common)
+    if setup.loop is not None:
+        return setup.loop(target, input_ids, proposer=setup.proposer, **common, **setup.options)
+    return generate(target, input_ids, block_size=setup.block_size, proposer=setup.proposer, **common)
+
+
 def _own_settings(name: str, settings: EvalSettings):
     found = settings.method_settings.get(name)
     return found if found is not None else METHODS[name].default_settings()
@@ -251,17 +270,8 @@ class _Methods:
 
     def _generate(self, input_ids, max_new_tokens, seed, setup: MethodSetup | None) -> GenerationResult:
         """One generation by `setup`'s method (None: the autoregressive baseline), with this run's settings."""
-        common = dict(
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=self.stop_ids,
-            sampling=self.sampling,
-            generator=None if self.sampling.greedy else torch.Generator(self.target.device).manual_seed(seed),
-        )
-        if setup is None:
-            return generate(self.target, input_ids, block_size=1, **common)
-        if setup.loop is not None:
-            return setup.loop(self.target, input_ids, proposer=setup.proposer, **common, **setup.options)
-        return generate(self.target, input_ids, block_size=setup.block_size, proposer=setup.proposer, **common)
+        generator = None if self.sampling.greedy else torch.Generator(self.target.device).manual_seed(seed)
+        return run_method(self.target, input_ids, setup, max_new_tokens, self.stop_ids, self.sampling, generator)
 
     def _hf_options(self) -> dict:
         """Stop, pad and sampling arguments of HF `generate()`, matching our methods' settings."""

@@ -12,7 +12,8 @@ Invariants:
   validation data: the checkpoint of the best `checkpoint.monitor` value so far, written
   right after the validation that measured it), `drafter/` (the exported drafter
   directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
-  `results.json` (evaluation after training), logger files.
+  `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
+  val/tau_sim and val/tau_real against the step, `dflash.training.real_tau`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
 - One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
@@ -64,6 +65,7 @@ from dflash.training.checkpoints import (
 )
 from dflash.training.config import TrainingConfig
 from dflash.training.objective import TrainedMethod, dflash_trained_method
+from dflash.training.real_tau import RealTauCallback, check_tau_real
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +181,8 @@ class CheckpointSettings:
         `monitor` value, as SpecForge picks by simulated acceptance; the last one when no
         validation ran) or "last".
     monitor / mode: the logged validation metric that ranks checkpoints ("val/tau_sim",
-        higher is better; e.g. "val/loss" with mode "min")."""
+        higher is better; e.g. "val/loss" with mode "min"; "val/tau_real", the real loop's
+        tau, needs `eval.tau_real.every_n_validations=1`)."""
 
     every_n_train_steps: int = 1000
     resume: str = "auto"
@@ -213,6 +216,7 @@ class TrainJob:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     logger: LoggerSettings = field(default_factory=LoggerSettings)
     evaluation: object | None = None  # `dflash.eval.after_train.AfterTrainEval`: `.run(target, drafter_dir, output_dir, config)`
+    tau_real: object | None = None  # `dflash.eval.tau_real.TauRealProbe` (`.settings`, `.measure`); None: no val/tau_real
     seed: int = 0
     config: dict = field(default_factory=dict)
     method: TrainedMethod | None = None  # the trained method's parts (`dflash.methods`); None: DFlash's
@@ -221,6 +225,13 @@ class TrainJob:
     def __post_init__(self):
         if self.method is None:
             self.method = dflash_trained_method()
+        settings = None if self.tau_real is None else self.tau_real.settings
+        check_tau_real(settings, self.validates, self.checkpoint.monitor, self.checkpoint.select)
+
+    @property
+    def validates(self) -> bool:
+        """Whether validations run (held-out data and validation batches)."""
+        return self.data.val_fraction > 0 and self.trainer.limit_val_batches not in (0, 0.0)
 
 
 @dataclass
@@ -263,14 +274,18 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         every_n_train_steps=job.checkpoint.every_n_train_steps,
         enable_version_counter=False,
     )
-    validates = job.data.val_fraction > 0 and job.trainer.limit_val_batches not in (0, 0.0)
     best = None
-    if job.checkpoint.select == "best" and validates:
+    if job.checkpoint.select == "best" and job.validates:
         best = best_checkpointer(checkpoint_dir, job.checkpoint.monitor, job.checkpoint.mode)
     # Progress: Lightning's bar on a terminal, one line every 30 s in logs (dflash.progress).
     show_bar, progress = training_progress(job.trainer.enable_progress_bar)
     trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
-    trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *progress, *callbacks])
+    measured = []
+    if job.tau_real is not None and job.tau_real.settings.enabled:
+        export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
+        measured.append(RealTauCallback(job.tau_real, job.method.export, export_dtype, output_dir))
+    extra = [*measured, *progress, *callbacks]
+    trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *extra])
 
     device = trainer.strategy.root_device
     target = dataclasses.replace(job.target, device=str(device))

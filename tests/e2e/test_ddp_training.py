@@ -247,3 +247,74 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
         assert checkpoint["global_step"] == 2
         rates.add(checkpoint["hyper_parameters"]["training"]["learning_rate"])
     assert rates == {1e-3, 2e-3}
+
+
+TAU_REAL_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from dflash.data.config import DataSpec
+    from dflash.eval.tau_real import TauRealProbe
+    from dflash.specs import DrafterSpec, TargetSpec
+    from dflash.training.config import TrainingConfig
+    from dflash.training.objective import dflash_trained_method
+    from dflash.training.real_tau import TauRealSettings
+    from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
+
+    torch.set_num_threads(1)
+    target_dir, data_path, out_dir = sys.argv[1:4]
+
+
+    class Recorder(Callback):
+        '''Writes, per rank, the val/tau_real it logged (what its checkpoint callback compared).'''
+
+        def on_train_end(self, trainer, module):
+            logged = float(trainer.callback_metrics["val/tau_real"])
+            with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+                json.dump({"world": trainer.world_size, "tau_real": logged}, f)
+
+
+    job = TrainJob(
+        target=TargetSpec(path=target_dir),
+        drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
+        data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
+        training=TrainingConfig(num_anchors=8),
+        trainer=TrainerSettings(
+            accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=4, log_every_n_steps=1,
+            val_check_interval=2, check_val_every_n_epoch=None, enable_progress_bar=False,
+        ),
+        output_dir=out_dir,
+        checkpoint=CheckpointSettings(monitor="val/tau_real"),
+        logger=LoggerSettings(kind="csv"),
+        tau_real=TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=16), dflash_trained_method(), None),
+    )
+    outcome = run_training(job, callbacks=[Recorder()])
+    print("global_step", outcome.global_step)
+    """
+)
+
+
+def test_tau_real_under_two_ranks_is_logged_once_and_ranks_agree(tmp_path):
+    import csv
+
+    target_dir = tmp_path / "target"
+    save_tiny_target(str(target_dir), arch="qwen3", seed=0)
+    write_conversations(tmp_path / "chats.jsonl", 16)
+    script = tmp_path / "train_ddp_tau_real.py"
+    script.write_text(TAU_REAL_SCRIPT)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    result = _run([sys.executable, str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+    assert "global_step 4" in result.stdout
+
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["tau_real"] == ranks[1]["tau_real"]  # rank 0's value, broadcast
+    (metrics,) = out_dir.glob("csv/version_*/metrics.csv")  # one logger, on rank 0
+    with open(metrics, newline="") as f:
+        logged = [(row["step"], float(row["val/tau_real"])) for row in csv.DictReader(f) if row.get("val/tau_real")]
+    assert [step for step, _ in logged] == ["1", "3"]  # validations after 2 and 4 steps, once each
+    assert logged[-1][1] == ranks[0]["tau_real"]
+    assert json.loads((out_dir / "drafter" / "checkpoint.json").read_text())["monitor"] == "val/tau_real"
+    assert (out_dir / "tau_curves.png").is_file()

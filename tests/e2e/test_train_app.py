@@ -79,6 +79,7 @@ def test_run_name_follows_the_command_line():
     plain = compose_train(["experiment=tiny_cpu", "trainer.max_steps=4"]).run_name
     assert plain.startswith("tiny_cpu-")
     cosmetic = ["checkpoint.resume=never", "logger=wandb", "eval.after_train=true", "trainer.enable_progress_bar=false"]
+    cosmetic += ["eval.tau_real.every_n_validations=1", "eval.tau_real.num_prompts=4", "eval.tau_real.max_new_tokens=16"]
     assert compose_train(["experiment=tiny_cpu", "trainer.max_steps=4", *cosmetic]).run_name == plain
     assert compose_train(["experiment=tiny_cpu", "trainer.max_steps=4", "training.num_anchors=8"]).run_name != plain
 
@@ -259,6 +260,13 @@ BAD_INPUTS = {
     "select": (["checkpoint.select=worst"], "checkpoint.select"),
     "monitor": (["checkpoint.monitor=train/loss"], "checkpoint.monitor"),
     "max_minutes": (["trainer.max_minutes=0"], "trainer.max_minutes"),
+    "tau_real_monitor_off": (["checkpoint.monitor=val/tau_real"], "checkpoint.monitor"),
+    "tau_real_monitor_interval": (
+        ["checkpoint.monitor=val/tau_real", "eval.tau_real.every_n_validations=2"],
+        "checkpoint.monitor",
+    ),
+    "tau_real_no_validation": (["eval.tau_real.every_n_validations=1", "data.val_fraction=0"], "eval.tau_real.every_n_validations"),
+    "tau_real_prompts": (["eval.tau_real.num_prompts=0"], "eval.tau_real.num_prompts"),
     "init_from_target": (["drafter.init_from_target=true", "drafter.intermediate_size=24"], "drafter.init_from_target"),
 }
 
@@ -325,6 +333,8 @@ def test_wandb_offline_run_holds_the_config_and_per_position_metrics(workspace):
         "trainer.val_check_interval=4",
         "trainer.enable_progress_bar=false",
         "eval.after_train=false",
+        "eval.tau_real.every_n_validations=1",
+        "eval.tau_real.max_new_tokens=8",
     ]
     result = _cli(args, cwd=workspace)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -348,3 +358,4 @@ def test_wandb_offline_run_holds_the_config_and_per_position_metrics(workspace):
     logged = {item.key or "/".join(item.nested_key) for item in history}
     assert {f"{split}/acc_{k:02d}" for split in ("train", "val") for k in range(1, 8)} <= logged
     assert {"train/loss", "train/tau_sim", "val/tau_sim"} <= logged
+    assert {"val/tau_real", "val/tau_real_lossless", "val/tau_real_seconds"} <= logged  # eval.tau_real
