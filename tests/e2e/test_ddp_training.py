@@ -305,7 +305,7 @@ def test_tau_real_under_two_ranks_is_logged_once_and_ranks_agree(tmp_path):
     script.write_text(TAU_REAL_SCRIPT)
     out_dir = tmp_path / "run"
     out_dir.mkdir()
-    result = _run([sys.executable, str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+    result = run_python([str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
     assert "global_step 4" in result.stdout
 
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
