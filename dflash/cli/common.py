@@ -115,7 +115,11 @@ def quiet_third_party_logs() -> None:
     a Hydra app that handler goes, so lines come only through Hydra's handlers (console and
     the run's .log file). Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines
     are dropped at their logger; every other Lightning line stays. So is the deprecation
-    warning that Lightning's own code triggers in torch's pytree (nothing a user can fix).
+    warning that Lightning's own code triggers in torch's pytree (nothing a user can fix),
+    and, under DDP or FSDP, Lightning's advice to log `val/...` (and the `val_...` copies
+    checkpoint file names use) with `sync_dist=True`: the validation metrics are summed
+    over ranks before dividing (`dflash.training.metrics`) and `val/tau_real` is rank 0's
+    value broadcast, so every rank logs the global value already.
     """
     import logging
     import warnings
@@ -131,6 +135,7 @@ def quiet_third_party_logs() -> None:
     if _drop_lightning_tips not in tips.filters:
         tips.addFilter(_drop_lightning_tips)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val[/_].*sync_dist=True")
 
 
 def _drop_lightning_tips(record) -> bool:

@@ -7,6 +7,7 @@ export hold the checkpoint's weights, load and decode losslessly, and draft what
 weights rebuilt in process draft; the FSDP checkpoint resumes with its optimizer state."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,9 @@ NEW_TOKENS = 24
 
 
 def _train(root: Path, strategy: str, max_steps: int) -> str:
-    """`python -m dflash.train` with `trainer=<strategy>` on 2 CPU processes (run `strategy`); its stdout."""
+    """`python -m dflash.train` with `trainer=<strategy>` on 2 CPU processes (run `strategy`); its output.
+    The FSDP run also measures val/tau_real at its validations (the DDP run, without it, is
+    the reference its weights must still equal)."""
     args = [
         "-m", "dflash.train", "experiment=tiny_cpu", f"paths.artifacts={root / 'artifacts'}",
         f"data.path={root / 'chats.jsonl'}", f"run_name={strategy}", "logger=none", "eval.after_train=false",
@@ -41,7 +44,10 @@ def _train(root: Path, strategy: str, max_steps: int) -> str:
         f"trainer.max_steps={max_steps}", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
         f"trainer.gradient_clip_val={CLIP}", f"training.weight_decay={WEIGHT_DECAY}",
     ]  # fmt: skip
-    return run_python(args, cwd=root).stdout
+    if strategy == "fsdp":
+        args.append("eval.tau_real.every_n_validations=1")
+    result = run_python(args, cwd=root)
+    return result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +56,13 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     save_tiny_target(str(root / "artifacts" / "targets" / TARGET), arch="qwen3", seed=0)  # before the ranks start
     write_conversations(root / "chats.jsonl", 16)
+    first = {}
     for strategy in STRATEGIES:
-        assert "trained to global step 3" in _train(root, strategy, 3)
+        first[strategy] = _train(root, strategy, 3)
+        assert "trained to global step 3" in first[strategy]
         shutil.copytree(root / "artifacts" / "runs" / strategy, root / "step3" / strategy)
     resumed = {strategy: _train(root, strategy, 4) for strategy in STRATEGIES}
-    return {"root": root, "resumed": resumed}
+    return {"root": root, "first": first, "resumed": resumed}
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -87,6 +95,15 @@ def test_fsdp_exports_the_drafter_ddp_exports(runs):
     groups = {strategy: _optimizer_groups(_last_checkpoint(step3 / strategy)) for strategy in STRATEGIES}
     matrices = sum(tensor.dim() >= 2 for tensor in fsdp.values())
     assert groups["fsdp"] == groups["ddp"] == [(WEIGHT_DECAY, matrices), (0.0, len(fsdp) - matrices)]
+
+
+def test_fsdp_measures_the_real_loop_tau_on_rank_0_without_changing_the_weights(runs):
+    # the weights equal DDP's (test above) with the evaluation on under FSDP and off under DDP
+    log = runs["first"]["fsdp"]
+    assert re.search(r"tau_real at step 3: \d\.\d{3} on \d+ held-out prompts \(\d+ tokens, lossless\)", log), log[-2000:]
+    assert log.count("tau_real at step 3") == 1  # rank 0 alone decodes
+    # every rank logs global values (summed over ranks, or broadcast): no advice to sync them
+    assert all("sync_dist" not in runs["first"][strategy] for strategy in STRATEGIES)
 
 
 class RecordingProposer(DFlashProposer):
