@@ -340,8 +340,9 @@ class ControlledAcceptanceProposer:
 
 
 def verify_forward_seconds(target, prompt: torch.Tensor, length: int, layer_ids, repeats: int) -> float:
-    """Median seconds of one target forward of `length` new tokens after the prompt's cache."""
-    from dflash.target import crop_cache
+    """Median seconds of one target forward of `length` new tokens after the prompt's cache,
+    under the decode loop's attention kernels."""
+    from dflash.target.cache import crop_cache, decode_attention
 
     device = target.device
     prompt_len = prompt.shape[1]
@@ -350,10 +351,11 @@ def verify_forward_seconds(target, prompt: torch.Tensor, length: int, layer_ids,
     ids = prompt[:, -length:]
     positions = torch.arange(prompt_len, prompt_len + length, device=device).unsqueeze(0)
     times = []
-    for _ in range(repeats + 1):
-        _, seconds = timed(device, lambda: target.forward(ids, positions, cache, layer_ids))
-        crop_cache(cache, prompt_len)
-        times.append(seconds)
+    with decode_attention():
+        for _ in range(repeats + 1):
+            _, seconds = timed(device, lambda: target.forward(ids, positions, cache, layer_ids))
+            crop_cache(cache, prompt_len)
+            times.append(seconds)
     return statistics.median(times[1:])
 
 

@@ -19,6 +19,7 @@ import torch
 
 from dflash.data.chat import end_of_turn_token_id, prompt_token_ids
 from dflash.errors import ConfigError, require
+from dflash.target.cache import decode_attention
 
 
 @dataclass
@@ -93,18 +94,19 @@ class HFGenerator:
             input_ids[row, width - len(ids) :] = torch.tensor(ids, device=device)
             attention_mask[row, width - len(ids) :] = 1
         sampling = self.temperature > 0
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=self.max_new_tokens,
-            do_sample=sampling,
-            temperature=self.temperature if sampling else None,
-            top_p=self.top_p if sampling else None,
-            top_k=self.top_k if sampling else None,
-            eos_token_id=sorted(self.stop_ids),
-            pad_token_id=self.pad_id,
-            use_cache=True,
-        )
+        with decode_attention():  # no cuDNN graph build per new key length (dflash.target.cache)
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=sampling,
+                temperature=self.temperature if sampling else None,
+                top_p=self.top_p if sampling else None,
+                top_k=self.top_k if sampling else None,
+                eos_token_id=sorted(self.stop_ids),
+                pad_token_id=self.pad_id,
+                use_cache=True,
+            )
         results = []
         for prompt_ids, new_ids in zip(encoded, output[:, width:].tolist()):
             stop = next((i for i, token in enumerate(new_ids) if token in self.stop_ids), None)

@@ -21,6 +21,9 @@ Invariants (every verifier keeps them; tests/decoding/ check them):
 - Record: `GenerationResult.steps` holds one `VerifyStep` per verify forward, enough to
   issue the same forwards again (`dflash.decoding.replay`), through the same functions
   (`prefill_forward`, `verify_forward`, the verifier's `compact`).
+- Kernels: the loop (target and proposer forwards alike) runs under
+  `dflash.target.cache.decode_attention()`, without cuDNN's SDPA (its per-key-length graph
+  builds cost more than the forward at every decode step).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.errors import require
 from dflash.target import TargetModel
+from dflash.target.cache import decode_attention
 
 
 @dataclass
@@ -169,6 +173,7 @@ def _commit(result: GenerationResult, emitted: list[int], stop_ids: set[int], ma
 
 
 @torch.inference_mode()
+@decode_attention()
 def decode(
     target: TargetModel,
     input_ids: torch.Tensor,

@@ -17,12 +17,14 @@ from dflash.decoding.engine import ChainVerifier
 from dflash.decoding.loop import VerifyStep, prefill_forward, verify_forward
 from dflash.decoding.tree import TreeVerifier
 from dflash.target import TargetModel
+from dflash.target.cache import decode_attention
 
 #: verifier name (`VerifyStep.verifier`) -> its class
 VERIFIERS = {verifier.name: verifier for verifier in (ChainVerifier, TreeVerifier)}
 
 
 @torch.inference_mode()
+@decode_attention()  # the loop's kernels: the same forwards must give the same logits
 def replay_logits(target: TargetModel, input_ids: torch.Tensor, steps: list[VerifyStep], position: int) -> torch.Tensor:
     """The target's logits (V,) from which the run chose output token `position`.
 

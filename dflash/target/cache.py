@@ -11,11 +11,30 @@ lies before its window (v4 refuses the crop, v5 raises unless it records the pas
 
 Tree verification also compacts the cache: `keep_cache_positions` moves the accepted
 path's entries behind the anchor before the crop.
+
+Forwards over a growing cache run under `decode_attention()`: every SDPA kernel but
+cuDNN's. cuDNN builds an execution graph for each new key length, and decoding meets a
+new key length at every step: on an H100 in bf16 that cost 50-85 ms a step until the
+process had run each length once, up to ten times the forward itself
+(docs/results/decode-profile-2026-11-24-h100.md).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+#: SDPA kernels allowed while decoding: all but cuDNN's (module docstring). CPU kernels are unaffected.
+DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_attention() -> AbstractContextManager:
+    """Restrict SDPA to `DECODE_SDPA_BACKENDS` in a `with` block (or as a decorator); the
+    previous choice comes back after it. Time a forward under it when comparing it with
+    the decode loop, which runs under it."""
+    return sdpa_kernel(DECODE_SDPA_BACKENDS)
 
 
 def cache_length(cache) -> int:
