@@ -16,6 +16,7 @@ from dflash.training.disk_cache import STORAGE_DTYPES
 from dflash.training.loss import OBJECTIVES, POSITION_WEIGHTS
 
 ANCHOR_SAMPLING_MODES = ("random", "stride")
+TRAINING_ATTENTION = ("auto", "flex_attention", "sdpa")
 
 
 @dataclass
@@ -36,6 +37,11 @@ class TrainingConfig:
     dpace_alpha: D-PACE's confidence smoothing in [0, 1] (the authors' default 0.5).
     loss_chunk_rows: rows x vocabulary of logits held at once by the loss, forward and
         backward; None holds all of them (the dense reference path).
+    attention: the kernel of the drafter's training block mask: "auto" (flex_attention on
+        CUDA, SDPA with the factored mask elsewhere), "flex_attention" (likewise: it has no
+        CPU backward) or "sdpa" (the factored mask everywhere: on an H100 at the paper's
+        shape, 1.7x the step time and 3x the memory of flex; docs/training.md). The
+        drafter's own `attn_implementation` is its decoding kernel.
     learning_rate, betas, weight_decay, eps: AdamW.
     warmup_ratio: fraction of the trainer's estimated total steps spent in linear warm-up
         before the cosine decay.
@@ -64,6 +70,7 @@ class TrainingConfig:
     )
     dpace_alpha: float = 0.5
     loss_chunk_rows: int | None = 256
+    attention: str = "auto"
     learning_rate: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -105,6 +112,11 @@ class TrainingConfig:
             self.loss_chunk_rows is None or self.loss_chunk_rows >= 1,
             "loss_chunk_rows",
             f"must be >= 1 (rows of logits at a time) or null (all at once), got {self.loss_chunk_rows}",
+        )
+        require(
+            self.attention in TRAINING_ATTENTION,
+            "attention",
+            f"unknown {self.attention!r}; choose one of {list(TRAINING_ATTENTION)}",
         )
         require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
         require(len(self.betas) == 2, "betas", f"needs two values, got {self.betas!r}")

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 
 from dflash.drafter.model import DFlashDrafter, DrafterAttention
-from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import Blocks
@@ -37,15 +36,11 @@ def target_features(target: TargetModel, input_ids: torch.Tensor, layer_ids: lis
     return target.forward(input_ids, positions, cache=None, layer_ids=layer_ids, logits_to_keep=1).features
 
 
-def training_attention_implementation(configured: str, device: torch.device) -> str:
-    """The kernel that trains the drafter on `device`: flex_attention only on CUDA
-    (it has no CPU backward), SDPA with the factored block mask otherwise."""
-    require(
-        configured in ("sdpa", "flex_attention"),
-        "drafter.attn_implementation",
-        f"{configured} cannot apply the training block mask; train with flex_attention (CUDA) or sdpa",
-    )
-    return configured if device.type == "cuda" else "sdpa"
+def training_attention_implementation(choice: str, device: torch.device) -> str:
+    """The kernel that trains the drafter on `device` for `training.attention` = `choice`:
+    flex_attention on CUDA unless "sdpa" is asked for, SDPA with the factored block mask
+    otherwise (flex_attention has no CPU backward)."""
+    return "flex_attention" if device.type == "cuda" and choice != "sdpa" else "sdpa"
 
 
 def set_attention_implementation(drafter: DFlashDrafter, implementation: str) -> None:

@@ -104,8 +104,6 @@ class DFlashObjective(Objective):
         block_size = self.drafter.block_size
         require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
         self.slots = block_size
-        self._configured_attention = self.drafter.config.attn_implementation
-        training_attention_implementation(self._configured_attention, torch.device("cpu"))
         self.loss_settings = LossSettings(
             block_size=block_size,
             objective=training.loss,
@@ -130,7 +128,7 @@ class DFlashObjective(Objective):
         return [*layers, self.num_target_layers - 1] if self.loss_settings.reads_target else layers
 
     def on_device(self, device: torch.device) -> None:
-        implementation = training_attention_implementation(self._configured_attention, device)
+        implementation = training_attention_implementation(self.training.attention, device)
         if self.drafter.config.attn_implementation != implementation:
             set_attention_implementation(self.drafter, implementation)
 

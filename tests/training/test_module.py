@@ -43,6 +43,21 @@ def _loader(batches):
     return DataLoader(batches, batch_size=None)
 
 
+@pytest.mark.parametrize(
+    "choice, device, kernel",
+    [("auto", "cuda", "flex_attention"), ("auto", "cpu", "sdpa"), ("flex_attention", "cpu", "sdpa"), ("sdpa", "cuda", "sdpa")],
+)
+def test_training_attention_is_flex_on_cuda_unless_sdpa_is_asked_for(target_spec, choice, device, kernel):
+    """GPU recipes train with flex_attention without saying so (1.7x faster and a third of the
+    memory of the factored mask at the paper's shape on an H100); the drafter's own
+    attn_implementation (its decoding kernel, here flash_attention_2) does not decide it."""
+    drafter = DrafterSpec(num_layers=1, block_size=4, num_target_features=2, attn_implementation="flash_attention_2")
+    module = dflash_training_module(target_spec, drafter, TrainingConfig(attention=choice))
+    module.objective.on_device(torch.device(device))  # only picks the kernel: no tensor moves
+    kernels = {layer.self_attn.attn_implementation for layer in module.drafter.layers}
+    assert kernels == {kernel} and module.drafter.config.attn_implementation == kernel
+
+
 def test_bad_config_is_a_config_error_naming_the_key(target_spec, tmp_path):
     with pytest.raises(ConfigError) as err:
         _module(target_spec, num_anchors=0)
@@ -51,8 +66,8 @@ def test_bad_config_is_a_config_error_naming_the_key(target_spec, tmp_path):
         _module(target_spec, block_size=1)
     assert err.value.key == "drafter.block_size"
     with pytest.raises(ConfigError) as err:
-        dflash_training_module(target_spec, DrafterSpec(num_layers=1, attn_implementation="flash_attention_2"), TrainingConfig())
-    assert err.value.key == "drafter.attn_implementation"
+        TrainingConfig(attention="flash_attention_2")
+    assert err.value.key == "attention"
     with pytest.raises(ConfigError) as err:
         TrainingConfig(anchor_sampling="everywhere")
     assert err.value.key == "anchor_sampling"
