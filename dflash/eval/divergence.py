@@ -48,6 +48,7 @@ import torch
 
 from dflash.decoding.replay import replay_logits
 from dflash.target import TargetModel
+from dflash.target.cache import decode_attention
 
 __all__ = ["BUG", "NUMERICAL", "TIE_ULPS", "diagnose", "first_difference", "hf_generate_logits", "replay_logits", "tie_tolerance"]
 
@@ -110,6 +111,7 @@ def _gaps(logits: torch.Tensor, expected: int, got: int) -> dict:
 
 
 @torch.inference_mode()
+@decode_attention()  # the kernels the timed generate() ran under (dflash.eval.evaluator)
 def hf_generate_logits(target: TargetModel, input_ids: torch.Tensor, position: int, options: dict) -> torch.Tensor:
     """The target's raw logits (vocab,) for output token `position` of HF greedy `generate()`.
 

@@ -7,7 +7,8 @@ ids and sampling settings, interleaved so that machine noise hits all methods al
      e.g. dflash: `generate(block_size=B, proposer=DFlashProposer(...))`, ngram: prompt
      lookup; the first listed is the primary method;
   3. hf_generate: the target's own `model.generate()`, the baseline a user would
-     otherwise run (skippable).
+     otherwise run (skippable), under the loop's attention kernels
+     (`dflash.target.cache.decode_attention`), so both sides run the same kernels.
 A short warm-up on the first prompt runs every method once, untimed. Multi-turn
 conversations continue from the primary method's answer, as the public harness does
 (from DFlash's). In greedy runs, every output that parts from the autoregressive one is
@@ -37,6 +38,7 @@ from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
 from dflash.methods import METHODS, EvalContext, MethodSetup, build_method, check_method_names
 from dflash.target import TargetModel
+from dflash.target.cache import decode_attention
 
 
 @dataclass
@@ -295,12 +297,13 @@ class _Methods:
             torch.manual_seed(seed)
         synchronize(device)
         start = time.perf_counter()
-        output = model.generate(
-            input_ids,
-            # explicit: HF would otherwise mask prompt positions that hold the pad id
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            **self._hf_options(),
-        )
+        with decode_attention():  # the loop's kernels: a fair baseline (dflash.target.cache)
+            output = model.generate(
+                input_ids,
+                # explicit: HF would otherwise mask prompt positions that hold the pad id
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                **self._hf_options(),
+            )
         synchronize(device)
         return output[0, input_ids.shape[1] :].tolist(), time.perf_counter() - start

@@ -77,6 +77,24 @@ def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
     check_acceptance_accounting(results)
 
 
+def test_the_hf_baseline_runs_the_loops_attention_kernels(qwen3_target, drafter, monkeypatch):
+    """On a GPU, cuDNN's SDPA would charge HF generate() a graph build per new key length
+    that the loop does not pay (dflash.target.cache): the baseline would look slow."""
+    import torch
+
+    seen = []
+    hf_generate = qwen3_target.model.generate
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return hf_generate(*args, **kwargs)
+
+    monkeypatch.setattr(qwen3_target.model, "generate", spy)
+    evaluate(qwen3_target, drafter, SAMPLES[:1], settings(max_new_tokens=6), progress=False)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_a_mixed_benchmark_reports_every_figure_per_family(qwen3_target, drafter):
     samples = [
         Sample(turns=["def add(a, b):"], index=0, family="code"),
