@@ -14,9 +14,9 @@ measures, each with CUDA synchronised, the SM clock sampled (NVML) while it runs
   op, device (kernel) time per op, and wall time against summed kernel time.
 It does all of that on a fresh target and drafter, then again after one section-a training
 step (the state the gpu-check's section b inherited), and writes a Markdown report. Every
-measurement runs under the decode loop's attention kernels (`dflash.decoding.loop.
-decode_attention`,
-`dflash.target.cache`); `--allow-cudnn` adds cuDNN's SDPA back to them, as torch's default has it.
+measurement runs under the decode loop's attention kernels
+(`dflash.target.cache.decode_attention`); `--allow-cudnn` adds cuDNN's SDPA back to them, as
+torch's default has it.
 
     PYTHONPATH=$PWD python scripts/profile_decode.py --out docs/results/decode-profile.md
     PYTHONPATH=$PWD python scripts/profile_decode.py --allow-cudnn --no-training --out before.md
@@ -212,15 +212,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from torch.nn.attention import SDPBackend
 
-    from dflash.target import cache as loop  # decode_attention and its kernel list
+    from dflash.target import cache  # decode_attention and its kernel list
 
     if args.allow_cudnn:  # in place: the decode loop's decorator holds this very list
-        loop.DECODE_SDPA_BACKENDS[:] = [*loop.DECODE_SDPA_BACKENDS, SDPBackend.CUDNN_ATTENTION]
+        cache.DECODE_SDPA_BACKENDS[:] = [*cache.DECODE_SDPA_BACKENDS, SDPBackend.CUDNN_ATTENTION]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     sizes = gpu_check.sizes_for(device, quick=True, layers=None)
     report = ["# Decode-loop profile", "", *gpu_check.machine_lines(device), ""]
-    kernels = ", ".join(backend.name for backend in loop.DECODE_SDPA_BACKENDS)
+    kernels = ", ".join(backend.name for backend in cache.DECODE_SDPA_BACKENDS)
     report.append(f"SDPA kernels allowed: {kernels}.")
     report.append(f"Random targets at {'full' if device.type == 'cuda' else 'toy'} width, {sizes.layers} decoder layers, "
                   f"drafter {sizes.drafter_layers} layers, block {sizes.block_size}, {dtype}, prompt {PROMPT_LEN} tokens.")  # fmt: skip
@@ -232,13 +232,13 @@ def main(argv: list[str] | None = None) -> None:
         drafter = gpu_check.build_drafter(target, sizes.drafter_layers, sizes.block_size, dtype)
         vocab = target.config.vocab_size
         prompt = torch.randint(0, vocab - 2, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(2)).to(device)
-        with loop.decode_attention():
+        with cache.decode_attention():
             report += measure(family, target, drafter, prompt, "fresh", args.steps, files)
         gpu_check.write_report(args.out, report)
         if not args.no_training:
             gpu_check.progress(f"{family}: section a's training step, then again")
             gpu_check.section_training(family, target, drafter, sizes, device, dtype)
-            with loop.decode_attention():
+            with cache.decode_attention():
                 report += measure(family, target, drafter, prompt, "after-training", args.steps, files)
             gpu_check.write_report(args.out, report)
         del target, drafter
