@@ -15,56 +15,32 @@ from dflash.decoding import generate
 from dflash.decoding.replay import replay_logits
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
-from helpers.decoding import PROMPTS, OracleProposer
+from helpers.decoding import PROMPTS, OracleProposer, record_cudnn_flag
 
 
 def _cudnn_allowed() -> bool:
     return torch.backends.cuda.cudnn_sdp_enabled()
 
 
-@pytest.fixture
-def spied_target(qwen3_target, monkeypatch):
-    """qwen3_target whose forward records whether cuDNN's SDPA was allowed at each call."""
-    seen: list[bool] = []
-    forward = qwen3_target.forward
-
-    def spy(*args, **kwargs):
-        seen.append(_cudnn_allowed())
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(qwen3_target, "forward", spy)
-    return qwen3_target, seen
-
-
-class SpyProposer(OracleProposer):
-    def __init__(self, target):
-        super().__init__(target)
-        self.seen: list[bool] = []
-
-    def propose(self, committed_ids, new_features, block_size, num_drafts):
-        self.seen.append(_cudnn_allowed())
-        return super().propose(committed_ids, new_features, block_size, num_drafts)
-
-
 @pytest.mark.parametrize("block_size", [1, 4])
-def test_the_loop_and_its_proposer_run_without_cudnn_and_give_the_choice_back(spied_target, block_size):
-    target, seen = spied_target
+def test_the_loop_and_its_proposer_run_without_cudnn_and_give_the_choice_back(qwen3_target, monkeypatch, block_size):
     assert _cudnn_allowed()  # torch's default, which the test must find again afterwards
-    ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
-    proposer = SpyProposer(target)
-    result = generate(target, ids, max_new_tokens=8, block_size=block_size, proposer=proposer if block_size > 1 else None)
+    in_target = record_cudnn_flag(monkeypatch, qwen3_target, "forward")
+    proposer = OracleProposer(qwen3_target)
+    in_proposer = record_cudnn_flag(monkeypatch, proposer, "propose")
+    ids = qwen3_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    result = generate(qwen3_target, ids, max_new_tokens=8, block_size=block_size, proposer=proposer if block_size > 1 else None)
     assert len(result.output_ids) == 8
-    assert seen and not any(seen)
-    assert (proposer.seen and not any(proposer.seen)) if block_size > 1 else not proposer.seen
+    assert in_target and not any(in_target)
+    assert (in_proposer and not any(in_proposer)) if block_size > 1 else not in_proposer
     assert _cudnn_allowed()
 
 
-def test_the_replay_runs_the_loops_kernels(spied_target):
-    target, seen = spied_target
-    ids = target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
-    run = generate(target, ids, max_new_tokens=6, block_size=4, proposer=OracleProposer(target))
-    seen.clear()
-    replay_logits(target, ids, run.steps, 5)
+def test_the_replay_runs_the_loops_kernels(qwen3_target, monkeypatch):
+    ids = qwen3_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    run = generate(qwen3_target, ids, max_new_tokens=6, block_size=4, proposer=OracleProposer(qwen3_target))
+    seen = record_cudnn_flag(monkeypatch, qwen3_target, "forward")
+    replay_logits(qwen3_target, ids, run.steps, 5)
     assert seen and not any(seen)
     assert _cudnn_allowed()
 
@@ -72,14 +48,7 @@ def test_the_replay_runs_the_loops_kernels(spied_target):
 def test_regeneration_runs_hf_generate_without_cudnn(monkeypatch):
     model, tokenizer = build_tiny_target("qwen3", seed=0, chat_template=True)
     generator = HFGenerator(TargetModel(model, tokenizer), max_new_tokens=4)
-    seen: list[bool] = []
-    hf_generate = model.generate
-
-    def spy(*args, **kwargs):
-        seen.append(_cudnn_allowed())
-        return hf_generate(*args, **kwargs)
-
-    monkeypatch.setattr(model, "generate", spy)
+    seen = record_cudnn_flag(monkeypatch, model, "generate")
     (answer,) = generator([[{"role": "user", "content": "Hi"}]])
     assert seen == [False] and answer.num_tokens >= 1
     assert _cudnn_allowed()

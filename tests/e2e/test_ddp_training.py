@@ -27,20 +27,54 @@ from helpers.training import (
 pytestmark = pytest.mark.slow
 
 
-RECORDING_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    from lightning.pytorch.callbacks import Callback
-    from dflash.data.config import DataSpec
-    from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training.config import TrainingConfig
-    from dflash.training.run import LoggerSettings, TrainerSettings, TrainJob, run_training
+SCRIPT_HEAD = """
+import json, sys
+import torch
+from lightning.pytorch.callbacks import Callback
+from dflash.data.config import DataSpec
+from dflash.specs import DrafterSpec, TargetSpec
+from dflash.training.config import TrainingConfig
+from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
 
-    torch.set_num_threads(1)
-    target_dir, data_path, out_dir = sys.argv[1:4]
+torch.set_num_threads(1)
+target_dir, data_path, out_dir = sys.argv[1:4]
+"""
+
+SCRIPT_JOB = """
+job = TrainJob(
+    target=TargetSpec(path=target_dir),
+    drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
+    data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
+    training=TrainingConfig(num_anchors=8),
+    trainer=TrainerSettings(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=MAX_STEPS, log_every_n_steps=1,
+        val_check_interval=VAL_EVERY, check_val_every_n_epoch=None, enable_progress_bar=False,
+    ),
+    output_dir=out_dir,
+    JOB_FIELDS
+)
+outcome = run_training(job, callbacks=[Recorder()])
+print("global_step", outcome.global_step)
+"""
 
 
+def _run_ddp_script(tmp_path: Path, body: str, max_steps: int, val_every: int, job_fields: str) -> tuple[Path, str]:
+    """Train the tiny target on 2 CPU ranks (DDP) with a job script: the shared imports, `body`
+    (which defines the callback `Recorder`), the shared TrainJob with `job_fields` (source of
+    keyword arguments) added; (its output directory, its stdout)."""
+    target_dir = tmp_path / "target"
+    save_tiny_target(str(target_dir), arch="qwen3", seed=0)  # built once, before the ranks start
+    write_conversations(tmp_path / "chats.jsonl", 16)
+    job = SCRIPT_JOB.replace("MAX_STEPS", str(max_steps)).replace("VAL_EVERY", str(val_every))
+    script = tmp_path / "train_ddp.py"
+    script.write_text(SCRIPT_HEAD + textwrap.dedent(body) + job.replace("JOB_FIELDS", job_fields.strip()))
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    result = run_python([str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+    return out_dir, result.stdout
+
+
+RECORDER_OF_ROWS_AND_SUMS = """
     class Recorder(Callback):
         '''Writes, per rank, the training sequences it saw and its LOCAL validation sums.'''
 
@@ -61,35 +95,11 @@ RECORDING_SCRIPT = textwrap.dedent(
             record = {"rank": trainer.global_rank, "world": trainer.world_size, "rows": self.rows, "val": self.val, "logged": logged}
             with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
                 json.dump(record, f)
-
-
-    job = TrainJob(
-        target=TargetSpec(path=target_dir),
-        drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
-        data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
-        training=TrainingConfig(num_anchors=8),
-        trainer=TrainerSettings(
-            accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=3, log_every_n_steps=1,
-            val_check_interval=3, check_val_every_n_epoch=None, enable_progress_bar=False,
-        ),
-        output_dir=out_dir,
-        logger=LoggerSettings(kind="none"),
-    )
-    outcome = run_training(job, callbacks=[Recorder()])
-    print("global_step", outcome.global_step)
     """
-)
 
 
 def test_two_ranks_see_different_data_and_metrics_are_summed_over_ranks(tmp_path):
-    target_dir = tmp_path / "target"
-    save_tiny_target(str(target_dir), arch="qwen3", seed=0)  # built once, before the ranks start
-    write_conversations(tmp_path / "chats.jsonl", 16)
-    script = tmp_path / "train_ddp.py"
-    script.write_text(RECORDING_SCRIPT)
-    out_dir = tmp_path / "run"
-    out_dir.mkdir()
-    run_python([str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
+    out_dir, _ = _run_ddp_script(tmp_path, RECORDER_OF_ROWS_AND_SUMS, 3, 3, "logger=LoggerSettings(kind='none'),")
 
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
@@ -249,21 +259,10 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
     assert rates == {1e-3, 2e-3}
 
 
-TAU_REAL_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    from lightning.pytorch.callbacks import Callback
-    from dflash.data.config import DataSpec
+TAU_REAL_RECORDER = """
     from dflash.eval.tau_real import TauRealProbe
-    from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training.config import TrainingConfig
     from dflash.training.objective import dflash_trained_method
     from dflash.training.real_tau import TauRealSettings
-    from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
-
-    torch.set_num_threads(1)
-    target_dir, data_path, out_dir = sys.argv[1:4]
 
 
     class Recorder(Callback):
@@ -273,40 +272,18 @@ TAU_REAL_SCRIPT = textwrap.dedent(
             logged = float(trainer.callback_metrics["val/tau_real"])
             with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
                 json.dump({"world": trainer.world_size, "tau_real": logged}, f)
-
-
-    job = TrainJob(
-        target=TargetSpec(path=target_dir),
-        drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
-        data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
-        training=TrainingConfig(num_anchors=8),
-        trainer=TrainerSettings(
-            accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=4, log_every_n_steps=1,
-            val_check_interval=2, check_val_every_n_epoch=None, enable_progress_bar=False,
-        ),
-        output_dir=out_dir,
-        checkpoint=CheckpointSettings(monitor="val/tau_real"),
-        logger=LoggerSettings(kind="csv"),
-        tau_real=TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=16), dflash_trained_method(), None),
-    )
-    outcome = run_training(job, callbacks=[Recorder()])
-    print("global_step", outcome.global_step)
     """
-)
+TAU_REAL_JOB_FIELDS = """
+    checkpoint=CheckpointSettings(monitor="val/tau_real"),
+    logger=LoggerSettings(kind="csv"),
+    tau_real=TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=16), dflash_trained_method(), None),"""
 
 
 def test_tau_real_under_two_ranks_is_logged_once_and_ranks_agree(tmp_path):
     import csv
 
-    target_dir = tmp_path / "target"
-    save_tiny_target(str(target_dir), arch="qwen3", seed=0)
-    write_conversations(tmp_path / "chats.jsonl", 16)
-    script = tmp_path / "train_ddp_tau_real.py"
-    script.write_text(TAU_REAL_SCRIPT)
-    out_dir = tmp_path / "run"
-    out_dir.mkdir()
-    result = run_python([str(script), str(target_dir), str(tmp_path / "chats.jsonl"), str(out_dir)], cwd=tmp_path)
-    assert "global_step 4" in result.stdout
+    out_dir, stdout = _run_ddp_script(tmp_path, TAU_REAL_RECORDER, 4, 2, TAU_REAL_JOB_FIELDS)
+    assert "global_step 4" in stdout
 
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from dflash.decoding import SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
@@ -21,6 +22,7 @@ from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target, tiny_config
 from helpers.apps import run_cli
+from helpers.decoding import record_cudnn_flag
 
 SCHEMA_KEYS = {
     "benchmark", "benchmark_source", "method", "target", "target_dtype", "drafter", "block_size", "drafter_block_size", "temperature",
@@ -80,16 +82,7 @@ def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
 def test_the_hf_baseline_runs_the_loops_attention_kernels(qwen3_target, drafter, monkeypatch):
     """On a GPU, cuDNN's SDPA would charge HF generate() a graph build per new key length
     that the loop does not pay (dflash.target.cache): the baseline would look slow."""
-    import torch
-
-    seen = []
-    hf_generate = qwen3_target.model.generate
-
-    def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return hf_generate(*args, **kwargs)
-
-    monkeypatch.setattr(qwen3_target.model, "generate", spy)
+    seen = record_cudnn_flag(monkeypatch, qwen3_target.model, "generate")
     evaluate(qwen3_target, drafter, SAMPLES[:1], settings(max_new_tokens=6), progress=False)
     assert seen and not any(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -237,3 +237,17 @@ def flawed_verify(flaw: str):
         return i, int(sample(residual, generator))
 
     return verify_with_flaw
+
+
+def record_cudnn_flag(monkeypatch, owner, name: str) -> list[bool]:
+    """Wrap `owner.name` (a method) so that each call records whether cuDNN's SDPA kernel was
+    allowed at that moment (`dflash.target.cache.decode_attention` turns it off); the records."""
+    seen: list[bool] = []
+    method = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return method(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return seen
