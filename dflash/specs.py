@@ -16,7 +16,7 @@ from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load
 from dflash.drafter.config import check_attn_implementation
 from dflash.errors import ConfigError, check_writable_dir, require
 from dflash.target import TargetModel
-from dflash.target.model import resolve_dtype
+from dflash.target.model import ENGINES, resolve_dtype
 
 
 @dataclass
@@ -29,6 +29,11 @@ class TargetSpec:
     gguf_file: a GGUF file (a path, or `pkg:<distribution>:<file>` for one shipped in an
         installed package) converted once into an HF directory at `path`, and again only
         when the file changes (`dflash.target.gguf`).
+    engine: the forward that decodes: "auto" (the fast engine, `dflash.target.engine`:
+        static KV cache, fused weights, kernels measured on this CPU, where it can run the
+        family on a CPU; else the HF forward), "fast" (also on CUDA) or "eager" (the HF
+        forward with a DynamicCache). A target the fast engine cannot run falls back to
+        the HF forward with one log line.
     """
 
     path: str
@@ -37,8 +42,10 @@ class TargetSpec:
     device: str = "cpu"
     build: dict | None = None
     gguf_file: str | None = None
+    engine: str = "auto"
 
     def __post_init__(self):
+        require(self.engine in ENGINES, "engine", f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         require(
             self.build is None or self.gguf_file is None,
             "gguf_file",
@@ -108,7 +115,9 @@ def load_target(spec: TargetSpec) -> TargetModel:
         convert_gguf(spec.gguf_file, spec.path)
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("target.device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
-    return TargetModel.load(spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device)
+    return TargetModel.load(
+        spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device, engine=spec.engine
+    )
 
 
 def build_offline_target(path: str, build: dict) -> None:

@@ -185,6 +185,7 @@ def evaluate(
         device=target.device,
         config=config,
         target_dtype=target.dtype,
+        kernel_path=target.kernel_path,
         methods=infos,
         benchmark_source=benchmark_source,
     )

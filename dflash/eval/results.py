@@ -38,7 +38,9 @@ results.json schema (`build_results`):
   split, files (the files read of a hub repo of plain files), revision (the hub commit read;
   null: the main branch of the day, or not a hub dataset)}; null when the caller gave none),
   method (the primary method, "dflash" by default), target, target_dtype (e.g.
-  "bfloat16"), drafter (the primary's label: drafter path or "random"), block_size (its
+  "bfloat16"), kernel_path (the forward every method and the autoregressive baseline
+  decoded with: "hf", or "fast: <dtype>; layers <kernels per row count>; head <...>",
+  `TargetModel.kernel_path`; null when the caller gave none), drafter (the primary's label: drafter path or "random"), block_size (its
   verify width), drafter_block_size (trained; null for methods without one), temperature,
   top_p, top_k, verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
   tau (pooled), tau_per_prompt_mean, acceptance_histogram (list: entry k-1 counts verify
@@ -267,6 +269,7 @@ def build_results(
     device: torch.device | str,
     config: dict | None = None,
     target_dtype: torch.dtype | None = None,
+    kernel_path: str | None = None,
     methods: dict[str, MethodInfo] | None = None,
     benchmark_source: dict | None = None,
 ) -> dict:
@@ -290,6 +293,7 @@ def build_results(
         "method": primary,
         "target": target,
         "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
+        "kernel_path": kernel_path,
         "drafter": drafter,
         "block_size": block_size,
         "drafter_block_size": drafter_block_size,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from dflash.errors import ConfigError, reading, require
+from dflash.target.engine import FastForward, StaticCache, fast_engine_refusal
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 # sqrt(hidden_size): Gemma and Gemma2 under transformers 4.x. transformers 5 moved the
 # scaling into the embedding module (`*ScaledWordEmbedding`), which `embed` then calls.
 _SCALED_IN_FORWARD = ("gemma", "gemma2")
+
+#: `target.engine` values (TargetModel.load)
+ENGINES = ("auto", "fast", "eager")
 
 _DTYPES = {
     "auto": "auto",
@@ -157,7 +161,8 @@ class TargetModel:
     `TargetModel(model, tokenizer)`.
     """
 
-    def __init__(self, model: nn.Module, tokenizer=None):
+    def __init__(self, model: nn.Module, tokenizer=None, engine: str = "auto"):
+        require(engine in ENGINES, "target.engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -174,6 +179,27 @@ class TargetModel:
         self._logit_softcap = getattr(self.config, "final_logit_softcapping", None)
         # transformers >= 5.24 calls the KV cache `cache` (`past_key_values` warns, then goes in 5.40).
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.fast = self._fast_forward(engine)
+
+    def _fast_forward(self, engine: str):
+        """The fast engine's forward, or None for the HF forward (one log line says why)."""
+        if engine == "eager":
+            return None
+        if engine == "auto" and self.device.type != "cpu":
+            log.info("engine: auto runs the HF forward on %s (target.engine=fast asks for the fast one)", self.device.type)
+            return None
+        refusal = fast_engine_refusal(self.model)
+        if refusal is not None:
+            (log.warning if engine == "fast" else log.info)(
+                "engine: the fast forward cannot run this target (%s); running the HF forward", refusal
+            )
+            return None
+        return FastForward(self.model)
+
+    @property
+    def kernel_path(self) -> str:
+        """Which forward and kernels decode with: 'hf' or 'fast: <linear kernels chosen>'."""
+        return "hf" if self.fast is None else f"fast: {self.fast.kernel_path()}"
 
     @classmethod
     def load(
@@ -182,6 +208,7 @@ class TargetModel:
         dtype: str = "auto",
         attn_implementation: str | None = "sdpa",
         device: str = "cpu",
+        engine: str = "auto",
     ) -> TargetModel:
         """Load an HF causal LM and its tokenizer by hub id or local directory.
 
@@ -191,6 +218,8 @@ class TargetModel:
             attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2", ...);
                 "sdpa" falls back to "eager" for models that refuse it (Gemma2).
             device: torch device string.
+            engine: "auto" (the fast forward, `dflash.target.engine`, where it can run on a
+                CPU; else the HF forward), "fast" (also on CUDA) or "eager" (the HF forward).
         """
         from safetensors import SafetensorError
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -219,7 +248,7 @@ class TargetModel:
                 dtype=torch_dtype,
                 attn_implementation=supported_attention_implementation(config, attn_implementation),
             )
-        return cls(model.to(device), tokenizer)
+        return cls(model.to(device), tokenizer, engine=engine)
 
     @property
     def device(self) -> torch.device:
@@ -238,8 +267,13 @@ class TargetModel:
         return self.embed_tokens.num_embeddings
 
     def new_cache(self):
-        """An empty HF KV cache that keeps every position in every layer (see the module
-        invariants): built without the config, so sliding-window layers get full layers."""
+        """An empty KV cache that keeps every position in every layer (see the module
+        invariants): the fast engine's `StaticCache` (its kernels are tuned on the first
+        call), else an HF `DynamicCache` built without the config, so sliding-window layers
+        get full layers. `forward` runs the fast engine on a `StaticCache`."""
+        if self.fast is not None:
+            self.fast.prepare()
+            return self.fast.new_cache()
         from transformers import DynamicCache
 
         return DynamicCache()
@@ -263,7 +297,9 @@ class TargetModel:
             the logits of those tokens only, (..., K), through the same transform.
         """
         hidden = hidden.to(self.lm_head.weight.dtype)
-        if head_rows is None:
+        if head_rows is None and self.fast is not None and self.fast.prepared:
+            logits = self.fast.lm_head(hidden)  # tuned kernels; dense under autograd
+        elif head_rows is None:
             logits = self.lm_head(hidden)
         else:
             logits = torch.nn.functional.linear(hidden, head_rows)
@@ -304,6 +340,9 @@ class TargetModel:
                 (batch, 1, q, cached + q) mask, which transformers uses as given (tree
                 verification; sdpa and eager attention only).
         """
+        if self.fast is not None and isinstance(cache, StaticCache):
+            logits, features = self.fast.forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
+            return TargetOutput(logits=logits, features=features)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,

@@ -1,0 +1,273 @@
+"""The fast target forward (`engine: fast`): a lean decoder forward over a static KV cache.
+
+What it replaces: the Hugging Face forward with a `DynamicCache`. On a 2-core CPU that
+forward spends its time outside the weights: per-layer Python and mask building, a `cat`
+of every layer's cache at every step, separate q/k/v and gate/up matmuls, and MKL's
+float32 GEMM, which falls off at a few rows on some CPUs (docs/results/engine-*.md).
+
+Invariants:
+- Same model. For the families it accepts (`fast_engine_refusal` is None: Llama, Mistral
+  without a window, Qwen2, Qwen3 with SiLU MLPs and full attention) it computes what the
+  HF forward computes, in the model's dtype, with the model's own rotary embedding: float32
+  logits agree within float rounding (tests/target/test_engine.py: 1e-4, greedy outputs
+  identical). Anything else runs the HF forward, with one log line saying why.
+- Cache layout. `StaticCache` holds keys/values of every layer in one preallocated buffer
+  per kind (layers, batch, kv_heads, capacity, head_dim); positions [0, length) are
+  valid. A forward writes its q new positions at [length, length + q) and advances
+  `length`; `crop(-n)` only moves `length` back, so a rejected draft costs nothing to
+  drop. `layers[i].keys` / `.values` are views of the whole capacity, so
+  `dflash.target.cache.keep_cache_positions` (tree compaction) works unchanged.
+- Taps. Feature tap of layer i is the output of decoder layer i, except the last layer,
+  whose tap is the final-normed output, as HF's `hidden_states[-1]` (docs/design.md
+  invariant 2).
+- Kernels. Every weight matmul goes through `Linear`, which picks per row count the
+  fastest of the kernels it measured on this machine (`dflash.target.kernels`); the
+  choice is recorded (`kernel_path`) in results.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from dflash.target.kernels import Linear, tune
+
+log = logging.getLogger(__name__)
+
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def fast_engine_refusal(model) -> str | None:
+    """Why the fast forward cannot run `model` exactly (None: it can)."""
+    config = model.config
+    if config.model_type not in _FAMILIES:
+        return f"model_type {config.model_type!r} is not one of {', '.join(_FAMILIES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "mlp_bias", False):
+        return "the MLP has biases"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "use_sliding_window", window is not None)
+    if any(kind != "full_attention" for kind in layer_types) or (window is not None and uses_window):
+        return "it has sliding-window layers"
+    base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "rotary_emb") or not hasattr(base, "norm"):
+        return "no model.rotary_emb / model.norm"
+    return None
+
+
+class StaticCache:
+    """Preallocated keys/values of every layer; see the module invariants.
+
+    Grows (doubling, one copy) when a forward needs more than `capacity` positions.
+    """
+
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = 256):
+        self.length = 0
+        self._shape = (num_layers, batch, kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(self._shape, dtype=dtype, device=device)
+        self.values = torch.zeros(self._shape, dtype=dtype, device=device)
+        self._views()
+
+    def _views(self) -> None:
+        self.layers = [_LayerView(self.keys[i], self.values[i]) for i in range(self.keys.shape[0])]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, count: int) -> None:
+        """Drop the last `-count` positions (count < 0), as `DynamicCache.crop` in transformers 5."""
+        if count >= 0:
+            raise ValueError(f"crop takes a negative count, got {count}")
+        self.length = max(0, self.length + count)
+
+    def reserve(self, needed: int) -> None:
+        """Make room for `needed` positions in all."""
+        if needed <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < needed:
+            capacity *= 2
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((*old.shape[:3], capacity, old.shape[4]))
+            new[:, :, :, : self.length] = old[:, :, :, : self.length]
+            setattr(self, name, new)
+        self._views()
+
+
+class _LayerView:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys = keys
+        self.values = values
+
+
+def _fuse(modules) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (out, in) weight (and bias) for several linears applied to the same input; the
+    modules' own parameters become views of it, so the model's memory does not double."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
+    row = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(weight[row : row + rows], requires_grad=False)
+        if bias is not None:
+            m.bias = torch.nn.Parameter(bias[row : row + rows], requires_grad=False)
+        row += rows
+    return weight, bias
+
+
+class _Layer:
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = Linear(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
+        self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
+        self.gate_up = Linear(*_fuse([mlp.gate_proj, mlp.up_proj]))
+        self.down = Linear(mlp.down_proj.weight, None)
+        self.input_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        self.post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.q_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon)
+        self.k_norm = None if k_norm is None else (k_norm.weight, k_norm.variance_epsilon)
+        self.intermediate = mlp.gate_proj.weight.shape[0]
+
+
+def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """HF's RMSNorm: normalise in float32, cast back, then scale by the weight."""
+    weight, eps = norm
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastForward:
+    """The lean forward of one HF model (`fast_engine_refusal(model)` must be None)."""
+
+    def __init__(self, model):
+        config = model.config
+        self.config = config
+        base = model.model
+        self.rotary = base.rotary_emb
+        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.dtype = base.norm.weight.dtype
+        self.layers = [_Layer(layer) for layer in base.layers]
+        self.embed_tokens = base.embed_tokens
+        self.lm_head = Linear(model.lm_head.weight, model.lm_head.bias)
+        self.prepared = False
+
+    def linears(self) -> list[Linear]:
+        return [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
+
+    def prepare(self) -> None:
+        """Tune the kernels (once; a few seconds for a 135M model on 2 cores)."""
+        if not self.prepared:
+            tune(self.linears())
+            self.prepared = True
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> StaticCache:
+        device = self.final_norm[0].device
+        return StaticCache(len(self.layers), batch, self.num_kv_heads, self.head_dim, self.dtype, device, capacity)
+
+    def kernel_path(self) -> str:
+        """The kernels chosen per row count for the largest layer weight and for the head."""
+        if not self.prepared:
+            return "untuned"
+        largest = max(self.linears()[:-1], key=lambda linear: linear.weight.numel())
+        return f"{self.dtype}".removeprefix("torch.") + f"; layers {largest.describe()}; head {self.lm_head.describe()}"
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: StaticCache,
+        layer_ids: list[int] | None = None,
+        logits_to_keep: int = 0,
+        attention_mask: torch.Tensor | None = None,
+    ):
+        """(logits (b, kept, V) float32, features (b, q, taps * D) or None), as `TargetModel.forward`.
+
+        attention_mask: None (causal over the cache and the new positions), or an additive
+            or boolean (b or 1, 1, q, length + q) mask used as given (tree verification,
+            padded batches).
+        """
+        batch, q = input_ids.shape
+        start = cache.length
+        end = start + q
+        cache.reserve(end)
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(hidden, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask, causal = attention_mask, False
+        if mask is None and q > 1:
+            if start == 0:
+                causal = True
+            else:
+                keys = torch.arange(end, device=input_ids.device)
+                mask = keys <= torch.arange(start, end, device=input_ids.device).unsqueeze(1)
+        taps = set(layer_ids or ())
+        last = len(self.layers) - 1
+        features = []
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(hidden, layer.input_norm)
+            qkv = layer.qkv(x)
+            query = qkv[..., :q_width].view(batch, q, heads, head_dim)
+            key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
+            value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
+            if layer.q_norm is not None:
+                query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
+            query, key = query.transpose(1, 2), key.transpose(1, 2)
+            query = query * cos + _rotate_half(query) * sin
+            key = key * cos + _rotate_half(key) * sin
+            cache.keys[index, :, :, start:end] = key
+            cache.values[index, :, :, start:end] = value.transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                query,
+                cache.keys[index, :, :, :end],
+                cache.values[index, :, :, :end],
+                attn_mask=mask,
+                is_causal=causal,
+                enable_gqa=heads != kv_heads,
+            )
+            hidden = hidden + layer.o(out.transpose(1, 2).reshape(batch, q, q_width))
+            x = rms_norm(hidden, layer.post_norm)
+            gate_up = layer.gate_up(x)
+            hidden = hidden + layer.down(F.silu(gate_up[..., : layer.intermediate]) * gate_up[..., layer.intermediate :])
+            if index in taps and index != last:
+                features.append(hidden)
+        cache.length = end
+        normed = rms_norm(hidden, self.final_norm)
+        if last in taps:
+            features.append(normed)
+        if logits_to_keep:
+            normed = normed[:, -logits_to_keep:]
+        logits = self.lm_head(normed).float()
+        return logits, _ordered(features, layer_ids, last)
+
+
+def _ordered(features: list[torch.Tensor], layer_ids, last: int):
+    """Tapped features concatenated in `layer_ids` order (collected in layer order)."""
+    if not layer_ids:
+        return None
+    by_layer = dict(zip(sorted(set(layer_ids)), features))
+    return torch.cat([by_layer[i] for i in layer_ids], dim=-1)

@@ -1,0 +1,137 @@
+"""The fast engine (dflash.target.engine) computes what the HF forward computes, and falls
+back to it with one log line where it cannot."""
+
+import logging
+
+import pytest
+import torch
+
+from dflash.decoding import generate
+from dflash.target import TargetModel, crop_cache
+from dflash.target.engine import StaticCache
+from dflash.target.kernels import KERNELS, Linear, tune
+from dflash.target.tiny import build_tiny_target
+from helpers.decoding import PROMPTS, random_proposer
+
+FAST_FAMILIES = ["llama", "qwen3", "qwen2", "mistral"]
+
+
+def pair(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
+    """The same tiny model behind the HF forward and behind the fast engine."""
+    eager = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="eager")
+    fast = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="fast")
+    return eager, fast
+
+
+@pytest.mark.parametrize("arch", FAST_FAMILIES)
+def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch):
+    eager, fast = pair(arch)
+    assert eager.fast is None and fast.fast is not None
+    ids = torch.randint(0, 250, (1, 300), generator=torch.Generator().manual_seed(1))
+    taps = [eager.num_layers - 1, 0, 1]  # out of order; the last layer's tap is the final-normed output, as HF's hidden_states[-1]
+    caches = [eager.new_cache(), fast.new_cache()]
+    assert isinstance(caches[1], StaticCache) and caches[1].capacity == 256  # grows below
+    position = 0
+    for width in (270, 1, 3, 8, 16, 2):  # the prefill, then verify widths; past the capacity
+        outs = []
+        for target, cache in zip((eager, fast), caches):
+            positions = torch.arange(position, position + width).unsqueeze(0)
+            outs.append(target.forward(ids[:, position : position + width], positions, cache, taps))
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[1].features, outs[0].features, atol=1e-4, rtol=1e-4)
+        # keep one position fewer than fed (a rejected draft), as verification does
+        keep = position + max(1, width - 1)
+        for cache in caches:
+            crop_cache(cache, keep)
+        position = keep
+    assert caches[1].get_seq_length() == caches[0].get_seq_length()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("block_size", [1, 4, 8])
+def test_fast_engine_decodes_the_hf_forwards_greedy_output(arch, block_size):
+    eager, fast = pair(arch)
+    for prompt in PROMPTS:
+        ids = eager.tokenizer(prompt, return_tensors="pt").input_ids
+        outputs = [
+            generate(t, ids, max_new_tokens=30, block_size=block_size, proposer=random_proposer(t)).output_ids
+            for t in (eager, fast)
+        ]
+        assert outputs[0] == outputs[1], prompt
+
+
+def test_fast_engine_tunes_on_first_use_and_names_its_kernels():
+    _, fast = pair("qwen3")
+    assert not fast.fast.prepared and fast.kernel_path == "fast: untuned"
+    fast.new_cache()
+    assert fast.fast.prepared
+    assert fast.kernel_path.startswith("fast: float32; layers ") and "head " in fast.kernel_path
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+def test_unsupported_family_falls_back_with_one_log_line(arch, caplog):
+    with caplog.at_level(logging.INFO, logger="dflash.target.model"):
+        target = TargetModel(*build_tiny_target(arch, seed=0), engine="fast")
+    lines = [r for r in caplog.records if "engine" in r.getMessage()]
+    assert len(lines) == 1 and "HF forward" in lines[0].getMessage()
+    assert target.fast is None and target.kernel_path == "hf"
+    ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    assert len(generate(target, ids, max_new_tokens=5).output_ids) == 5
+
+
+def test_a_sliding_window_target_runs_the_hf_forward():
+    target = TargetModel(*build_tiny_target("qwen3", seed=0, sliding_window=16), engine="auto")
+    assert target.fast is None
+
+
+def test_engine_eager_keeps_the_hf_forward_and_a_bad_engine_is_one_line():
+    target = TargetModel(*build_tiny_target("llama", seed=0), engine="eager")
+    assert target.fast is None and target.kernel_path == "hf"
+    assert not isinstance(target.new_cache(), StaticCache)
+    from dflash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="target.engine"):
+        TargetModel(*build_tiny_target("llama", seed=0), engine="turbo")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_kernel_that_runs_here_computes_the_dense_linear(dtype):
+    generator = torch.Generator().manual_seed(0)
+    linear = Linear(torch.randn(96, 64, generator=generator).to(dtype), torch.randn(96, generator=generator).to(dtype))
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    for rows in (1, 3, 8, 40):
+        x = torch.randn(2, rows, 64, generator=generator).to(dtype)
+        reference = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+        with torch.inference_mode():
+            for name, kernel in KERNELS.items():
+                if name not in linear.candidates():
+                    continue
+                try:
+                    out = kernel(linear, x)
+                except RuntimeError:  # not built into this torch: tune skips it
+                    continue
+                assert out.shape == reference.shape
+                scale = reference.abs().max()
+                assert float((out.double() - reference).abs().max() / scale) < tolerance, (name, rows)
+
+
+def test_tune_gives_every_row_count_a_kernel_and_dense_under_autograd():
+    linears = [Linear(torch.randn(48, 32), None) for _ in range(3)]
+    tune(linears, rows=(1, 4), repeats=1)
+    for linear in linears:
+        assert set(linear.choice) == {1, 4} and set(linear.choice.values()) <= set(KERNELS)
+    weight = torch.randn(48, 32, requires_grad=True)
+    linear = Linear(weight, None)
+    linear.choice = {1: "onednn", 64: "onednn"}
+    x = torch.randn(1, 32, requires_grad=True)
+    linear(x).sum().backward()  # dense: autograd works
+    assert x.grad is not None
+
+
+def test_fused_weights_are_shared_with_the_hf_modules():
+    eager, fast = pair("llama")
+    attn = fast.model.model.layers[0].self_attn
+    fused = fast.fast.layers[0].qkv.weight
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
+    ids = torch.arange(10).unsqueeze(0)
+    torch.testing.assert_close(fast.model(ids).logits, eager.model(ids).logits)
