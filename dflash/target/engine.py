@@ -142,17 +142,20 @@ class _Layer:
 
 
 def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
-    """HF's RMSNorm: normalise in float32, cast back, then scale by the weight."""
+    """HF's RMSNorm: normalise in float32, cast back, then scale by the weight (one fused
+    op in float32, where there is nothing to cast)."""
     weight, eps = norm
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     dtype = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 class FastForward:
@@ -215,7 +218,8 @@ class FastForward:
         cache.reserve(end)
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        half = sin.shape[-1] // 2
+        cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
         mask, causal = attention_mask, False
         if mask is None and q > 1:
             if start == 0:
@@ -237,8 +241,7 @@ class FastForward:
             if layer.q_norm is not None:
                 query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
             query, key = query.transpose(1, 2), key.transpose(1, 2)
-            query = query * cos + _rotate_half(query) * sin
-            key = key * cos + _rotate_half(key) * sin
+            query, key = _rope(query, cos, sin), _rope(key, cos, sin)
             cache.keys[index, :, :, start:end] = key
             cache.values[index, :, :, start:end] = value.transpose(1, 2)
             out = F.scaled_dot_product_attention(

@@ -2,15 +2,19 @@
 
 No CPU kernel wins everywhere. On the AMD EPYC (Zen 4) MKL's float32 GEMM runs at 3 GB/s
 at 2-3 rows, where oneDNN's prepacked weights run near memory bandwidth; on the Intel Xeon
-MKL is fastest at 1-3 rows and MKL's own packed GEMM at 8 (docs/results/engine-*.md). So
+MKL is fastest at 1-3 float32 rows, and oneDNN's bfloat16 reads its weights at half the
+bandwidth at 1 row. Our own AVX-512 kernel (`csrc/small_gemm.cpp`, built here once) reads
+the weight once at any row count and runs near bandwidth at 1-4 rows in both dtypes. So
 `tune` measures each candidate on the real weights of each shape, streamed the way a
-forward streams them, and `Linear` calls the winner for each row count.
+forward streams them, and `Linear` calls the winner for each row count
+(docs/results/engine-*.md).
 
 Invariants:
 - Every candidate computes x @ W.T + b in the weight's dtype; they differ in rounding
   only (float32: within 1e-5 relative). Which one ran is recorded (`describe`).
-- A candidate that fails on this machine (no oneDNN, no MKL) is skipped, never an error;
-  the dense `F.linear` is always there. On CUDA only the dense kernel runs.
+- A candidate that fails on this machine (no oneDNN, no MKL, no AVX-512 BF16 or no C++
+  compiler for our kernel) is skipped, never an error; the dense `F.linear` is always
+  there. On CUDA only the dense kernel runs.
 - Choices hold for row counts up to `MAX_TUNED_ROWS`; larger inputs (prefill, batched
   regeneration) run the kernel tuned for `MAX_TUNED_ROWS` rows.
 - Autograd never reaches a packed weight: with gradients enabled, `Linear` runs dense.
@@ -18,12 +22,18 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import shutil
 import statistics
 import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 #: row counts tuned one by one; a row count in between uses the next one up
 TUNED_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
@@ -49,7 +59,52 @@ def _mkl(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     return out.view(*shape[:-1], out.shape[-1])
 
 
-KERNELS = {"dense": _dense, "onednn": _onednn, "mkl": _mkl}
+def _avx512(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    packed = linear.packed("avx512", _pack_avx512)
+    shape = x.shape
+    out = small_gemm().small_linear(x.reshape(-1, shape[-1]).contiguous(), packed, linear.bias, linear.weight.shape[0])
+    return out.view(*shape[:-1], out.shape[-1])
+
+
+def _pack_avx512(weight: torch.Tensor) -> torch.Tensor:
+    """The layout of csrc/small_gemm.cpp: tiles of 64 output rows, k-major (bfloat16: k in pairs)."""
+    n, k = weight.shape
+    if weight.dtype == torch.float32:
+        return weight.view(n // 64, 64, k).transpose(1, 2).contiguous()
+    return weight.view(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+
+
+@functools.cache
+def small_gemm():
+    """Our AVX-512 kernel module, built on first use (about 30 s, then cached by torch under
+    ~/.cache/torch_extensions); None where this CPU or machine cannot build or run it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    missing = [flag for flag in _AVX512_FLAGS if flag not in flags]
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if missing or compiler is None:
+        why = f"this CPU lacks {', '.join(missing)}" if missing else "no C++ compiler"
+        log.info("engine: our AVX-512 kernel is not used (%s); measuring the library kernels only", why)
+        return None
+    from torch.utils.cpp_extension import load
+
+    source = os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp")
+    log.info("engine: building the AVX-512 small-row kernel (once per machine, about 30 s)")
+    flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
+    try:
+        return load("dflash_small_gemm", [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
+        log.warning("engine: could not build the AVX-512 kernel (%s); measuring the library kernels only", str(error)[:200])
+        return None
+
+
+KERNELS = {"dense": _dense, "onednn": _onednn, "mkl": _mkl, "avx512": _avx512}
 
 
 def _bucket(rows: int) -> int:
@@ -83,6 +138,9 @@ class Linear:
         names = ["dense", "onednn"]
         if self.weight.dtype == torch.float32:
             names.append("mkl")
+        n, k = self.weight.shape
+        if self.weight.dtype in (torch.float32, torch.bfloat16) and n % 64 == 0 and k % 2 == 0 and small_gemm() is not None:
+            names.append("avx512")
         return names
 
     def drop_unused(self) -> None:
@@ -113,9 +171,11 @@ class Linear:
 
 
 @torch.inference_mode()
-def tune(linears: list[Linear], rows: tuple[int, ...] = (*TUNED_ROWS, MAX_TUNED_ROWS), repeats: int = 3) -> None:
+def tune(linears: list[Linear], rows: tuple[int, ...] = (*TUNED_ROWS, MAX_TUNED_ROWS), repeats: int = 5) -> None:
     """Choose each linear's kernel per row count by timing the candidates on the linears of
-    each shape in turn (all of them, as a forward streams them from memory)."""
+    each shape in turn (all of them, as a forward streams them from memory). The candidates
+    take turns within each repeat and the median decides, so a slow spell of a shared
+    machine hits them alike."""
     groups: dict[tuple, list[Linear]] = defaultdict(list)
     for linear in linears:
         groups[linear.shape_key].append(linear)
@@ -123,7 +183,13 @@ def tune(linears: list[Linear], rows: tuple[int, ...] = (*TUNED_ROWS, MAX_TUNED_
         names = _working(group[0])
         for count in rows:
             x = torch.randn(count, group[0].weight.shape[1], dtype=group[0].weight.dtype, device=group[0].weight.device)
-            best = min(names, key=lambda name: _seconds(KERNELS[name], group, x, repeats))
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for name in names:  # warm: packs the weights, pages them in
+                _sweep(KERNELS[name], group, x)
+            for _ in range(repeats):
+                for name in names:
+                    times[name].append(_sweep(KERNELS[name], group, x))
+            best = min(names, key=lambda name: statistics.median(times[name]))
             for linear in group:
                 linear.choice[count] = best
         for linear in group:
@@ -148,13 +214,9 @@ def _working(linear: Linear) -> list[str]:
     return names
 
 
-def _seconds(kernel, group: list[Linear], x: torch.Tensor, repeats: int) -> float:
-    for linear in group[:2]:
+def _sweep(kernel, group: list[Linear], x: torch.Tensor) -> float:
+    """Seconds to run `kernel` once over every linear of the group."""
+    start = time.perf_counter()
+    for linear in group:
         kernel(linear, x)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for linear in group:
-            kernel(linear, x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time.perf_counter() - start
