@@ -20,6 +20,7 @@ import torch
 from dflash.data.chat import end_of_turn_token_id, prompt_token_ids
 from dflash.errors import ConfigError, require
 from dflash.target.cache import decode_attention
+from dflash.target.engine import greedy_batch
 
 
 @dataclass
@@ -55,6 +56,9 @@ class HFGenerator:
     end-of-turn token. temperature 0 is greedy; top_k 0 disables top-k, so a model's
     default top_k does not sneak into sampling. Every answer carries its prompt and
     response token ids (see `dflash.data.token_ids`); `tokenizer` names their vocabulary.
+    Greedy generation on a target with the fast engine runs on it
+    (`dflash.target.engine.greedy_batch`: static cache, the engine's kernels, the
+    target's dtype); sampling and other targets run HF `generate`.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class HFGenerator:
         enable_thinking: bool | None = False,
     ):
         self.model = target.model
+        self.target = target
         self.tokenizer = target.tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -86,6 +91,10 @@ class HFGenerator:
     @torch.no_grad()
     def __call__(self, prompts: list[list[dict]]) -> list[Generated]:
         encoded = [prompt_token_ids(self.tokenizer, p, self.enable_thinking) for p in prompts]
+        if self.temperature == 0 and getattr(self.target, "fast", None) is not None:
+            self.target.fast.prepare()
+            responses = greedy_batch(self.target.fast, encoded, self.max_new_tokens, self.stop_ids, self.pad_id)
+            return [self._generated(ids, response) for ids, response in zip(encoded, responses)]
         width = max(len(ids) for ids in encoded)
         device = self.model.device
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long, device=device)
@@ -112,18 +121,14 @@ class HFGenerator:
             stop = next((i for i, token in enumerate(new_ids) if token in self.stop_ids), None)
             # A row that never stopped ran the full max_new_tokens, so it holds no padding;
             # a row that stopped is padded after its stop token.
-            response_ids = new_ids if stop is None else new_ids[: stop + 1]
-            text = self.tokenizer.decode(response_ids[:stop], skip_special_tokens=True)
-            results.append(
-                Generated(
-                    text,
-                    len(response_ids),
-                    finished=stop is not None,
-                    prompt_ids=list(prompt_ids),
-                    response_ids=response_ids,
-                )
-            )
+            results.append(self._generated(prompt_ids, new_ids if stop is None else new_ids[: stop + 1]))
         return results
+
+    def _generated(self, prompt_ids: list[int], response_ids: list[int]) -> Generated:
+        """A response whose ids end at its stop token (finished) or at max_new_tokens."""
+        stop = len(response_ids) - 1 if response_ids and response_ids[-1] in self.stop_ids else None
+        text = self.tokenizer.decode(response_ids[:stop], skip_special_tokens=True)
+        return Generated(text, len(response_ids), finished=stop is not None, prompt_ids=list(prompt_ids), response_ids=response_ids)
 
 
 def stop_token_ids(model, tokenizer, enable_thinking: bool | None) -> set[int]:

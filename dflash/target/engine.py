@@ -268,6 +268,55 @@ class FastForward:
         return logits, _ordered(features, layer_ids, last)
 
 
+@torch.inference_mode()
+def greedy_batch(
+    fast: FastForward, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int
+) -> list[list[int]]:
+    """Greedy continuations of several prompts at once (regeneration's path), through the stop
+    token or max_new_tokens; new ids only.
+
+    Prompts are left-padded into one static cache; each row keeps its own positions (0 at
+    its first real token) and a key mask hides its padding. A padded query position may
+    see itself, so no attention row is empty (an empty one would give NaN, and 0 x NaN
+    reaches the real rows' values). Finished rows keep feeding padding until all finish.
+    """
+    device = fast.final_norm[0].device
+    batch, width = len(prompts), max(len(p) for p in prompts)
+    pads = torch.tensor([width - len(p) for p in prompts], device=device)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
+    total = width + max_new_tokens
+    keys = torch.arange(total, device=device)
+    key_valid = keys.unsqueeze(0) >= pads.unsqueeze(1)  # (batch, total)
+    cache = fast.new_cache(batch=batch, capacity=total)
+    positions = (torch.arange(width, device=device).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)
+    causal = keys[:width].unsqueeze(0) <= keys[:width].unsqueeze(1)
+    mask = (key_valid[:, None, None, :width] & causal) | torch.eye(width, dtype=torch.bool, device=device)
+    logits, _ = fast.forward(ids, positions, cache, None, logits_to_keep=1, attention_mask=mask)
+    stops = torch.tensor(sorted(stop_ids), device=device)
+    token = logits[:, -1].argmax(-1)
+    generated = [token]
+    done = torch.isin(token, stops)
+    next_position = width - pads  # each row's next position
+    for step in range(1, max_new_tokens):
+        if bool(done.all()):
+            break
+        feed = torch.where(done, torch.full_like(token, pad_id), token).unsqueeze(1)
+        position = (next_position + step - 1).unsqueeze(1)
+        mask = key_valid[:, None, None, : width + step]
+        logits, _ = fast.forward(feed, position, cache, None, attention_mask=mask)
+        token = logits[:, -1].argmax(-1)
+        generated.append(token)
+        done = done | torch.isin(token, stops)
+    rows = torch.stack(generated, dim=1).tolist()
+    outputs = []
+    for row in rows:
+        stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
+        outputs.append(row if stop is None else row[: stop + 1])
+    return outputs
+
+
 def _ordered(features: list[torch.Tensor], layer_ids, last: int):
     """Tapped features concatenated in `layer_ids` order (collected in layer order)."""
     if not layer_ids:

@@ -47,7 +47,7 @@ def test_the_replay_runs_the_loops_kernels(qwen3_target, monkeypatch):
 
 def test_regeneration_runs_hf_generate_without_cudnn(monkeypatch):
     model, tokenizer = build_tiny_target("qwen3", seed=0, chat_template=True)
-    generator = HFGenerator(TargetModel(model, tokenizer), max_new_tokens=4)
+    generator = HFGenerator(TargetModel(model, tokenizer, engine="eager"), max_new_tokens=4)  # HF generate's path
     seen = record_cudnn_flag(monkeypatch, model, "generate")
     (answer,) = generator([[{"role": "user", "content": "Hi"}]])
     assert seen == [False] and answer.num_tokens >= 1

@@ -136,3 +136,27 @@ def test_fused_weights_are_shared_with_the_hf_modules():
     assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
     ids = torch.arange(10).unsqueeze(0)
     torch.testing.assert_close(fast.model(ids).logits, eager.model(ids).logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch):
+    """Left padding, per-row positions and the key mask: every row continues as if alone,
+    through its stop token; a stopped row's padding never reaches the others."""
+    from dflash.target.engine import greedy_batch
+
+    eager, fast = pair(arch)
+    fast.new_cache()  # tunes
+    prompts = [eager.tokenizer(p).input_ids for p in PROMPTS]  # 1 to 35 tokens
+    alone = [generate(eager, torch.tensor([p]), max_new_tokens=24).output_ids for p in prompts]
+    stop = alone[0][5]  # the first row stops early; the others may or may not
+    expected = [out[: out.index(stop) + 1] if stop in out else out for out in alone]
+    assert greedy_batch(fast.fast, prompts, 24, {stop}, pad_id=eager.tokenizer.pad_token_id) == expected
+
+
+def test_regeneration_answers_alike_on_both_engines():
+    from dflash.data.generators import HFGenerator
+
+    eager, fast = (TargetModel(*build_tiny_target("qwen3", seed=0, chat_template=True), engine=e) for e in ("eager", "auto"))
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
+    answers = [HFGenerator(t, max_new_tokens=10)(prompts) for t in (eager, fast)]
+    assert [(a.response_ids, a.finished, a.text) for a in answers[0]] == [(a.response_ids, a.finished, a.text) for a in answers[1]]
