@@ -48,7 +48,7 @@ demo-tiny: install
 	$(PY) -m dflash.demo_tiny $(ARGS)
 
 bench: install
-	$(PY) scripts/bench_forward.py
+	$(PY) -m dflash.bench $(ARGS)
 
 # Checks the GPU paths on random 8B-width targets and writes docs/results/gpu-check-<date>.md
 # (ARGS='--quick', '--out PATH'; without CUDA: a tiny float32 smoke run).
