@@ -12,7 +12,8 @@ Invariants:
   validation data: the checkpoint of the best `checkpoint.monitor` value so far, written
   right after the validation that measured it), `drafter/` (the exported drafter
   directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
-  `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
+  `drafter/README.md` (its model card, `dflash.training.model_card`: rewritten with the
+  measured tau once the evaluation after training ran), `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
   val/tau_sim and val/tau_real against the step, `dflash.training.real_tau`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
@@ -64,6 +65,7 @@ from dflash.training.checkpoints import (
     write_export_info,
 )
 from dflash.training.config import TrainingConfig
+from dflash.training.model_card import read_results, write_model_card
 from dflash.training.objective import TrainedMethod, dflash_trained_method
 from dflash.training.real_tau import RealTauCallback, check_tau_real
 
@@ -313,9 +315,11 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
         drafter_dir = export_final_drafter(job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
+        write_model_card(drafter_dir, job.config)
         if job.evaluation is not None:
             results_path = job.evaluation.run(module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
+            write_model_card(drafter_dir, job.config, read_results(results_path))
     finish_loggers(loggers)
     # Lightning leaves the process group up; the next job of a Hydra multirun (same
     # process, new ranks) must not reuse a group whose peers have exited.
