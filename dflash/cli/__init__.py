@@ -1,7 +1,9 @@
 """Hydra entry points: turn config groups into dataclasses and call library functions.
 
-The apps' config schemas are registered in Hydra's ConfigStore by importing `dflash.schema`,
-which `dflash.cli.common.run_app` does once the command line asks for more than `--help`
-(so `--help` answers without importing torch): anything else composing the apps' configs
-(the sweep driver, tests, scripts) imports `dflash.schema` first.
+Importing the package registers the apps' config schemas in Hydra's ConfigStore
+(`dflash.schema`), which every group option and dflash/conf/train.yaml, evaluate.yaml and
+regenerate.yaml start from: anything else composing them (the sweep driver, tests,
+scripts) imports `dflash.schema` first.
 """
+
+from dflash import schema as _schema  # noqa: F401 - registers the schemas

@@ -63,8 +63,7 @@ def run_app(
 ) -> None:
     """Check the command line, then run `hydra_main` (a `@hydra.main` function).
 
-    `--help` prints the app's own help (`dflash.cli.help`) and exits before anything heavy
-    is imported. Checked before Hydra starts (and creates its run directory): the flags and
+    `--help` prints the app's own help (`dflash.usage`) and exits. Checked before Hydra starts (and creates its run directory): the flags and
     overrides (see `check_overrides`), that the directories the app writes are writable,
     then `check`.
     output_dirs: config keys of the directories the app writes, checked in this order
@@ -77,10 +76,9 @@ def run_app(
     try:
         line = parse_command_line(config_name, args)
         if line.help:
-            from dflash.cli.help import app_help
+            from dflash.usage import exit_on_help
 
-            print(app_help(config_name))
-            sys.exit(0)
+            exit_on_help(config_name, ["--help"])
         cfg = check_overrides(config_name, args)
         if cfg is not None:
             check_output_dirs(cfg, output_dirs, multirun=line.multirun)

@@ -1,4 +1,4 @@
-"""`--help` of every app (dflash.cli.help) and what answering it and a bad value imports:
+"""`--help` of every app (dflash.usage) and what answering it and a bad value imports:
 both must come back within seconds, so neither may import what only a run needs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dflash import CONF_DIR
-from dflash.cli.help import GROUPS, app_help
+from dflash.usage import GROUPS, app_help
 from helpers import REPO
 
 APPS = ["train", "evaluate", "regenerate", "export", "tables", "demo", "demo_tiny"]
@@ -40,13 +40,12 @@ def test_train_help_describes_each_group_and_marks_defaults():
 
 @pytest.mark.parametrize("app", ["train", "evaluate"])
 def test_help_exits_0_without_importing_torch(app):
-    result = _python(
-        f"import sys; sys.argv = ['dflash.{app}', '--help']\n"
-        f"from dflash.cli.{app} import main\n"
-        "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'torch' in sys.modules)\n"
-    )
-    assert result.stdout.strip().endswith("exit 0 False"), result.stderr[-2000:]
-    assert "Config groups" in result.stdout
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-X", "importtime", "-m", f"dflash.{app}", "--help"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Config groups" in result.stdout, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "dflash.usage" in imported and not imported & {"torch", "lightning", "transformers", "dflash.schema"}
 
 
 def test_a_bad_value_is_reported_without_importing_lightning():

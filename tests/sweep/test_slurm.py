@@ -14,7 +14,7 @@ pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm`
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.utils import JobReturn, JobStatus  # noqa: E402
 
-import dflash.schema  # noqa: E402, F401 - registers the config schemas
+import dflash.cli  # noqa: E402, F401 - registers the config schemas
 import hydra_plugins.dflash_launcher.slurm as slurm  # noqa: E402
 from dflash.sweep.jobs import SweepJob  # noqa: E402
 from helpers import REPO  # noqa: E402

@@ -1,13 +1,15 @@
-"""`python -m dflash.<app> --help`: what the app does, two examples, its config groups with a
+"""`python -m dflash.<app> --help` (and `dflash <app> --help`): what the app does, two examples, its config groups with a
 one-line description and their options, each option with the first line of its file.
 
-Read from the YAML files of dflash/conf alone (no schema, no torch): it answers at once.
-Internal entries (`_schema`, `_common`, `_<app>_schema`) are not listed.
+Read from the YAML files of dflash/conf alone (no schema, no torch): the `python -m
+dflash.<app>` shims call `exit_on_help` before importing `dflash.cli`, so it answers at
+once. Internal entries (`_schema`, `_common`, `_<app>_schema`) are not listed.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 
 import yaml
@@ -34,6 +36,14 @@ GROUPS = {
 _EXAMPLE = re.compile(r"^#\s+((?:make \S+|python -m dflash\.\S+).*)$")
 _KEY_WITH_COMMENT = re.compile(r"^([a-z_]+):.*?#\s*(.+)$")
 WIDTH = 100
+
+
+def exit_on_help(app: str, argv: list[str] | None = None) -> None:
+    """Print the app's help and exit 0 when the command line asks for it (`--help`, `-h`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--help" in args or "-h" in args:
+        print(app_help(app))
+        sys.exit(0)
 
 
 def app_help(app: str) -> str:
