@@ -37,12 +37,13 @@ import dataclasses
 import datetime
 import logging
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -166,7 +167,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     if job.tau_real is not None and job.tau_real.settings.enabled:
         export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
         measured.append(RealTauCallback(job.tau_real, job.method.export, export_dtype, output_dir))
-    extra = [*measured, *progress, *callbacks]
+    # the learning rate at every log step (train/lr/<param group>); Lightning refuses it without a logger
+    watched = [LearningRateMonitor(logging_interval="step")] if loggers else []
+    extra = [*measured, *watched, *progress, *callbacks]
     trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *extra])
 
     device = trainer.strategy.root_device
@@ -200,6 +203,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
             results_path = job.evaluation.run(module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
             write_model_card(drafter_dir, job.config, read_results(results_path))
+        if job.logger.log_drafter:
+            log_drafter_artifact(loggers, drafter_dir, trainer.global_step, job.config.get("run_name"))
     finish_loggers(loggers)
     # Lightning leaves the process group up; the next job of a Hydra multirun (same
     # process, new ranks) must not reuse a group whose peers have exited.
@@ -271,6 +276,10 @@ def build_loggers(settings: LoggerSettings, output_dir: str, config: dict) -> li
         from lightning.pytorch.loggers import CSVLogger
 
         logger = CSVLogger(save_dir=output_dir, name="csv")
+    elif settings.kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(save_dir=output_dir, name="tensorboard", default_hp_metric=False)
     else:
         logger = _wandb_logger(settings, output_dir)
     logger.log_hyperparams(config)
@@ -309,6 +318,22 @@ def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, d
     out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
     log.info("drafter exported to %s", out_dir)
     return out_dir
+
+
+def log_drafter_artifact(loggers: list, drafter_dir: str, step: int, run_name: str | None) -> None:
+    """Log the exported drafter directory (weights, config, model card) as a wandb artifact
+    of type "model", named `drafter-<run name>`, aliased `step-<step>`; nothing without wandb.
+    Offline runs keep it in the run's files until `wandb sync`."""
+    for logger in loggers:
+        if type(logger).__name__ != "WandbLogger" or rank_zero_only.rank != 0:
+            continue
+        import wandb
+
+        name = "drafter-" + re.sub(r"[^\w.-]", "_", run_name or logger.experiment.id)
+        artifact = wandb.Artifact(name=name, type="model", metadata={"global_step": step})
+        artifact.add_dir(drafter_dir)
+        logger.experiment.log_artifact(artifact, aliases=["latest", f"step-{step}"])
+        log.info("drafter logged to wandb as artifact %s", name)
 
 
 def finish_loggers(loggers: list) -> None:

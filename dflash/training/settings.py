@@ -14,7 +14,7 @@ CHECKPOINT_DIR = "checkpoints"
 SELECT_CHOICES = ("best", "last")
 DRAFTER_DIR = "drafter"
 WANDB_ID_FILE = "wandb_run_id.txt"
-LOGGER_KINDS = ("csv", "wandb", "none")
+LOGGER_KINDS = ("csv", "tensorboard", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 FSDP_ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # dflash.training.fsdp: CUDA as Lightning, the CPU over gloo
@@ -96,9 +96,10 @@ class TrainerSettings:
 
 @dataclass
 class LoggerSettings:
-    """The `logger` config group. kind: "csv" (default), "wandb" or "none".
+    """The `logger` config group. kind: "csv" (default), "tensorboard", "wandb" or "none".
 
-    wandb only: project, entity, group, tags, name, offline (or WANDB_MODE=offline).
+    wandb only: project, entity, group, tags, name, offline (or WANDB_MODE=offline);
+    log_drafter: the exported drafter directory as a wandb artifact of type "model".
     """
 
     kind: str = "csv"
@@ -108,6 +109,7 @@ class LoggerSettings:
     tags: list[str] = field(default_factory=list)
     name: str | None = None
     offline: bool = False
+    log_drafter: bool = True
 
     def __post_init__(self):
         require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
