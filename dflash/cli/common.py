@@ -2,7 +2,8 @@
 
 Every app reports a bad config or input the same way: one line
 `error: <key>: <message>` on stderr and exit status 2, no traceback. That covers
-`ConfigError` raised by library code, missing mandatory values, command-line
+`ConfigError` raised by library code (a run directory Hydra made for a refused start is
+removed again when it holds only Hydra's files), missing mandatory values, command-line
 overrides that Hydra rejects (an unknown key, in struct mode, or an unknown option of
 a config group) or would silently skip (an unknown option of an optional group such as
 `experiment`), and output directories that cannot be written: those are checked by
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -49,9 +51,43 @@ def exits_on_config_error(task: Callable) -> Callable:
         try:
             return task(*args, **kwargs)
         except ConfigError as err:
+            remove_refused_run_dir()
             fail(err)
 
     return wrapper
+
+
+HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+
+
+def remove_refused_run_dir() -> None:
+    """After a ConfigError inside a Hydra task: remove the run directory Hydra made for it
+    when it holds nothing but Hydra's own files, so a refused start leaves nothing that
+    `python -m dflash.tables` would count as a run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        directory = HydraConfig.get().runtime.output_dir
+    except ValueError:  # not inside a Hydra app (tests calling the task)
+        return
+    remove_hydra_only_dir(directory)
+
+
+def remove_hydra_only_dir(directory: str) -> bool:
+    """Remove `directory` if it holds only Hydra's files (.hydra/*.yaml and the job's .log);
+    never the working directory, nor one with any other file (a lock another job holds,
+    checkpoints of an earlier start). Returns whether it was removed."""
+    directory = os.path.abspath(directory)
+    if directory == os.getcwd() or not os.path.isdir(directory):
+        return False
+    files = [os.path.relpath(os.path.join(parent, name), directory) for parent, _, names in os.walk(directory) for name in names]
+    if any(name not in HYDRA_FILES and (os.sep in name or not name.endswith(".log")) for name in files):
+        return False
+    for name in files:
+        os.remove(os.path.join(directory, name))
+    for parent, _, _ in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):
+        os.rmdir(parent)
+    return True
 
 
 def run_app(

@@ -365,3 +365,8 @@ def test_wandb_offline_run_holds_the_config_and_per_position_metrics(workspace):
     assert {f"{split}/acc_{k:02d}" for split in ("train", "val") for k in range(1, 8)} <= logged
     assert {"train/loss", "train/tau_sim", "val/tau_sim"} <= logged
     assert {"val/tau_real", "val/tau_real_lossless", "val/tau_real_seconds"} <= logged  # eval.tau_real
+    assert {"train/grad_norm", "train/tokens_per_s", "train/lr/matrices"} <= logged
+    (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]  # logger.log_drafter
+    assert (artifact.name, artifact.type) == ("drafter-wandb_offline", "model")
+    files = {entry.path for entry in artifact.manifest.contents}
+    assert {"config.json", "model.safetensors", "dflash.py", "README.md", "checkpoint.json"} <= files
