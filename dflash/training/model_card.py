@@ -53,17 +53,24 @@ def read_results(path: str | None) -> dict | None:
 
 def run_files(run_dir: str) -> tuple[dict | None, dict | None]:
     """(config, results.json) of the training run directory `run_dir`, each None when
-    absent: the config is Hydra's `.hydra/config.yaml`, each interpolation that resolves
-    outside the app resolved (`${hydra:...}` and the app's resolvers exist only inside it)."""
+    absent: the config is Hydra's `.hydra/config.yaml`, each interpolation resolved where
+    it can be outside the app: `${hydra:...}` from the run's own `.hydra/hydra.yaml` (not
+    from the Hydra app reading it), the others left as written when they do not resolve."""
     from omegaconf import OmegaConf
 
     path = os.path.join(run_dir, ".hydra", "config.yaml")
+    results = read_results(os.path.join(run_dir, "results.json"))
     if not os.path.isfile(path):
-        return None, read_results(os.path.join(run_dir, "results.json"))
-    node = OmegaConf.load(path)
+        return None, results
+    with open(path) as f:
+        node = OmegaConf.create(f.read().replace("${hydra:", "${hydra."))
+    keys = list(node.keys())
+    hydra_path = os.path.join(run_dir, ".hydra", "hydra.yaml")
+    if os.path.isfile(hydra_path):
+        node = OmegaConf.merge(node, {"hydra": OmegaConf.load(hydra_path).get("hydra", {})})
     config = OmegaConf.to_container(node, resolve=False)
     _resolve_leaves(node, config, "")
-    return config, read_results(os.path.join(run_dir, "results.json"))
+    return {key: config[key] for key in keys}, results
 
 
 def _resolve_leaves(node, data, prefix: str) -> None:

@@ -100,6 +100,9 @@ def test_run_files_resolve_what_resolves_outside_the_app(tmp_path):
     )
     (tmp_path / "results.json").write_text('{"tau": 2.5}')
     config, results = run_files(str(tmp_path))
-    assert config["target"]["path"] == "/a/targets/t" and config["paths"]["root"] == "${hydra:runtime.cwd}"
+    assert config["target"]["path"] == "/a/targets/t" and config["paths"]["root"] == "${hydra.runtime.cwd}"
     assert results == {"tau": 2.5}
+    # ${hydra:...} is the run's own, from its .hydra/hydra.yaml, whatever app reads it
+    (tmp_path / ".hydra" / "hydra.yaml").write_text("hydra: {runtime: {cwd: /where/it/ran}}\n")
+    assert run_files(str(tmp_path))[0]["paths"] == {"artifacts": "/a", "root": "/where/it/ran"}
     assert run_files(str(tmp_path / "elsewhere")) == (None, None)
