@@ -68,7 +68,7 @@ def remove_refused_run_dir() -> None:
 
     try:
         directory = HydraConfig.get().runtime.output_dir
-    except ValueError:  # not inside a Hydra app (tests calling the task)
+    except (ValueError, OmegaConfBaseException):  # not inside a Hydra app (tests calling the task)
         return
     remove_hydra_only_dir(directory)
 
