@@ -1,6 +1,351 @@
-"""`python -m dflash.bench`: see `dflash.cli.bench`."""
+"""`python -m dflash.bench` (`make bench`): what one decoding step costs on this machine,
+against the floor its memory bandwidth sets, and the acceptance length each block size
+needs to break even.
 
-from dflash.cli.bench import main
+    python -m dflash.bench                                   # SmolLM2-135M, float32, 2 threads
+    python -m dflash.bench --dtype bfloat16 --drafter artifacts/demo/.../drafter
+    python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
+    python -m dflash.bench --out docs/results/engine-DATE-CPU.md
+
+It prints (and writes with --out, as Markdown):
+- the machine: CPU model (or GPU), threads, torch;
+- the bytes of weights one forward reads (every layer and the LM head; a tied embedding
+  once), the read bandwidth measured here (CPU: summing a 1 GiB buffer; GPU: a device
+  copy) and the floor they imply: bytes / bandwidth, no forward can be faster;
+- the kernels the engine chose (`TargetModel.kernel_path`);
+- per verify width B: the target's forward over B new tokens with the drafter's taps
+  after `--context` cached positions, on the fast engine and on the HF forward
+  (reference), each against the floor and against the one-token forward; the drafter's
+  propose for a block of B (a random drafter of `--drafter-layers` layers unless
+  `--drafter` names one: cost does not depend on its weights); a DFlash step's cost
+  (propose + verify) in autoregressive steps, which is the acceptance length it needs to
+  break even;
+- batched greedy generation (regeneration's path) in tokens/s on both forwards, against
+  the compute floor: 2 x parameters FLOPs per token over the measured matmul throughput.
+
+Steps take turns within each repeat and the median counts, so a slow spell of a shared
+machine hits them alike. Nothing else should run on the cores meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+#: verify widths measured unless --widths says otherwise
+WIDTHS = (1, 2, 3, 4, 8, 16)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m dflash.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="smollm2_135m", help="a target config name (dflash/conf/target) or an HF directory")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the target config's)")
+    parser.add_argument("--engine", default="auto", choices=["auto", "fast", "eager"])
+    parser.add_argument("--drafter", default=None, help="a drafter directory (default: a random drafter)")
+    parser.add_argument("--drafter-layers", type=int, default=1)
+    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="verify widths B, comma-separated")
+    parser.add_argument("--context", type=int, default=300, help="positions in the KV cache before each forward")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=64, help="prompts per batch of the generation benchmark (0: skip)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per prompt of the generation benchmark")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, widths 1 and 4, batch 4 of 8 tokens: a smoke run")
+    parser.add_argument("--out", default=None, help="also write the report to this Markdown file")
+    args = parser.parse_args(argv)
+    try:
+        args.widths = sorted({int(w) for w in args.widths.split(",")})
+    except ValueError:
+        parser.error(f"--widths: comma-separated integers, got {args.widths!r}")
+    if not args.widths or args.widths[0] < 1:
+        parser.error("--widths: every width must be >= 1")
+    if args.quick:
+        args.repeats, args.widths, args.batch, args.new_tokens = 3, [1, 4], min(args.batch, 4), 8
+    if args.repeats < 1 or args.context < 1 or args.threads < 1:
+        parser.error("--repeats, --context and --threads must be >= 1")
+    return args
+
+
+def target_spec(name: str, dtype: str | None, engine: str):
+    """A TargetSpec from a config name of dflash/conf/target (paths resolved as the apps do) or a directory."""
+    from omegaconf import OmegaConf
+
+    from dflash import CONF_DIR
+    from dflash.errors import ConfigError
+    from dflash.specs import TargetSpec
+
+    config_file = os.path.join(CONF_DIR, "target", f"{name}.yaml")
+    if os.path.isdir(name):
+        fields = {"path": name}
+    elif os.path.isfile(config_file):
+        node = OmegaConf.load(config_file)
+        node.pop("defaults", None)
+        artifacts = os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
+        merged = OmegaConf.merge({"paths": {"artifacts": artifacts}}, {"target": node})
+        fields = OmegaConf.to_container(merged.target, resolve=True)
+    else:
+        names = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "target")) if not f.startswith("_"))
+        raise ConfigError("--target", f"{name!r} is neither a directory nor a target config ({', '.join(names)})")
+    if dtype is not None:
+        fields["dtype"] = dtype
+    return TargetSpec(**fields, engine=engine)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def weight_bytes(target) -> int:
+    """Bytes one forward reads: every parameter once (a tied embedding is the head), less an
+    untied input embedding, of which a forward reads a few rows."""
+    seen, total = set(), 0
+    for parameter in target.model.parameters():
+        if parameter.data_ptr() in seen:
+            continue
+        seen.add(parameter.data_ptr())
+        total += parameter.numel() * parameter.element_size()
+    embedding = target.embed_tokens.weight
+    if embedding.data_ptr() != target.lm_head.weight.data_ptr():
+        total -= embedding.numel() * embedding.element_size()
+    return total
+
+
+def read_bandwidth(device) -> float:
+    """Bytes per second: CPU, summing a 1 GiB float32 buffer; GPU, copying 1 GiB on the device
+    (read + write counted)."""
+    import torch
+
+    if device.type == "cuda":
+        source = torch.empty(256 * 1024**2, dtype=torch.float32, device=device)
+        target = torch.empty_like(source)
+        seconds = _median(lambda: target.copy_(source), 10, device)
+        return 2 * source.numel() * 4 / seconds
+    buffer = torch.ones(256 * 1024**2, dtype=torch.float32)
+    seconds = _median(buffer.sum, 5, device)
+    return buffer.numel() * 4 / seconds
+
+
+def matmul_flops(dtype, device) -> float:
+    """FLOP/s of a large matmul in the target's dtype (the compute floor's denominator)."""
+    import torch
+
+    a = torch.randn(512, 576, dtype=dtype, device=device)
+    b = torch.randn(576, 4096, dtype=dtype, device=device)
+    return 2 * 512 * 576 * 4096 / _median(lambda: a @ b, 10, device)
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(fn, repeats: int, device) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved_ms(steps: dict, repeats: int, device) -> dict:
+    """Median milliseconds of each step; the steps take turns within each repeat."""
+    for step in steps.values():
+        step()
+        step()
+    times: dict = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            _sync(device)
+            start = time.perf_counter()
+            step()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+
+
+def step_costs(target, drafter, args) -> tuple[dict, dict]:
+    """({(engine, B): ms} of verify forwards, {B: ms} of proposes)."""
+    import torch
+    from transformers import DynamicCache
+
+    from dflash.decoding import DFlashProposer
+    from dflash.target import crop_cache
+
+    device, context = target.device, args.context
+    taps = list(drafter.config.target_layer_ids)
+    ids = torch.randint(
+        100, min(20_000, target.embedding_rows), (1, context + max(args.widths)), generator=torch.Generator().manual_seed(0)
+    )
+    ids = ids.to(device)
+    with torch.inference_mode():
+        caches = {"hf": DynamicCache()}
+        if target.fast is not None:
+            caches["fast"] = target.new_cache()
+        out = None
+        for cache in caches.values():
+            out = target.forward(ids[:, :context], torch.arange(context, device=device).unsqueeze(0), cache, taps, logits_to_keep=1)
+        features = out.features
+        proposer = DFlashProposer(drafter, target.embed, target.logits)
+        committed = ids[:, : context + 1]
+
+        def verify(cache, width):
+            def step():
+                positions = torch.arange(context, context + width, device=device).unsqueeze(0)
+                target.forward(ids[:, context : context + width], positions, cache, taps if width > 1 else None)
+                crop_cache(cache, context)
+
+            return step
+
+        def propose(width):
+            def step():
+                proposer.reset()
+                proposer.propose(committed, features, width, width - 1)
+
+            return step
+
+        steps = {(engine, width): verify(cache, width) for engine, cache in caches.items() for width in args.widths}
+        steps.update({("propose", width): propose(width) for width in args.widths if width > 1})
+        measured = interleaved_ms(steps, args.repeats, device)
+    verifies = {key: ms for key, ms in measured.items() if key[0] != "propose"}
+    proposes = {key[1]: ms for key, ms in measured.items() if key[0] == "propose"}
+    # The propose above runs the drafter over the whole context each time (its cache is new);
+    # in decoding only the newly accepted positions are new. Time that too: context cached.
+    with torch.inference_mode():
+        for width in proposes:
+            proposer.reset()
+            proposer.propose(committed, features, width, width - 1)
+            length = proposer.cache.length
+
+            def incremental(width=width, length=length):
+                proposer.cache.crop(length - 1)
+                proposer.propose(committed, features[:, -1:], width, width - 1)
+
+            proposer.cache.crop(length - 1)
+            proposes[width] = interleaved_ms({"p": incremental}, args.repeats, device)["p"]
+    return verifies, proposes
+
+
+def generation(target, args) -> dict:
+    """{engine: tokens/s} of batched greedy generation (every row runs to --new-tokens)."""
+    import torch
+
+    from dflash.target.engine import greedy_batch
+
+    rows = [[100 + (7 * row + i) % 5000 for i in range(48 + row % 16)] for row in range(args.batch)]
+    never = {-1}  # no stop token: every row runs the full length
+    results = {}
+    with torch.inference_mode():
+        if target.fast is not None:
+            greedy_batch(target.fast, rows[:2], 2, never, 0)
+            seconds = _median(lambda: greedy_batch(target.fast, rows, args.new_tokens, never, 0), 1, target.device)
+            results["fast"] = args.batch * args.new_tokens / seconds
+        ids = torch.tensor([row[-48:] for row in rows], device=target.device)
+        options = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+        target.model.generate(
+            ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**options, "max_new_tokens": 2, "min_new_tokens": 2}
+        )
+        seconds = _median(lambda: target.model.generate(ids, attention_mask=torch.ones_like(ids), **options), 1, target.device)
+        results["hf"] = args.batch * args.new_tokens / seconds
+    return results
+
+
+def report(args) -> str:
+    import torch
+
+    from dflash.specs import DrafterSpec, build_drafter, load_target
+
+    torch.set_num_threads(args.threads)
+    target = load_target(target_spec(args.target, args.dtype, args.engine))
+    if target.fast is not None:
+        target.new_cache()  # tunes the kernels: untimed
+    device = target.device
+    spec = DrafterSpec(path=args.drafter, num_layers=args.drafter_layers, block_size=max(args.widths), dtype="auto", seed=0)
+    drafter = build_drafter(spec, target).eval()
+    nbytes = weight_bytes(target)
+    bandwidth = read_bandwidth(device)
+    floor_ms = 1000 * nbytes / bandwidth
+    verifies, proposes = step_costs(target, drafter, args)
+    engines = [engine for engine in ("fast", "hf") if (engine, 1) in verifies]
+    decoder = engines[0]
+    one = verifies[(decoder, 1)]
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    lines = [
+        f"# Step costs: {args.target}, {str(target.dtype).removeprefix('torch.')}",
+        "",
+        f"- `python -m dflash.bench {' '.join(sys.argv[1:])}`".rstrip()
+        + f", {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {where}; {args.threads} threads; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}",
+        f"- weights read per forward: {nbytes / 1e6:.1f} MB; measured read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+        f"floor {floor_ms:.2f} ms per forward",
+        f"- decoding forward: {target.kernel_path}",
+        f"- context {args.context} positions; drafter: {args.drafter or f'random, {args.drafter_layers} layer(s)'}; "
+        f"median of {args.repeats} interleaved repeats",
+        "",
+        "| B | verify ms | / floor | / t(1) | HF forward ms | propose ms | step ms | break-even tau |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for width in args.widths:
+        verify = verifies[(decoder, width)]
+        hf = verifies.get(("hf", width))
+        propose = proposes.get(width, 0.0)
+        step = verify + propose
+        lines.append(
+            f"| {width} | {verify:.2f} | {verify / floor_ms:.2f} | {verify / one:.2f} | {hf:.2f} | {propose:.2f} | {step:.2f} | {step / one:.2f} |"
+        )
+    lines += [
+        "",
+        "verify: the target's forward over B new tokens (with the drafter's taps when B > 1) on the engine that decodes; "
+        "HF forward: the same on transformers' forward with a DynamicCache (reference); propose: the drafter's block of B "
+        "with one new context position (B = 1: no drafter); break-even tau = step / t(1).",
+    ]
+    if args.batch:
+        rates = generation(target, args)
+        flops = matmul_flops(target.dtype, device)
+        params = sum(p.numel() for p in target.model.parameters())
+        floor_rate = flops / (2 * params)
+        lines += [
+            "",
+            f"Batched greedy generation, {args.batch} prompts x {args.new_tokens} new tokens: "
+            + ", ".join(f"{engine} {rate:.0f} tok/s" for engine, rate in rates.items())
+            + f"; compute floor {floor_rate:.0f} tok/s (2 x {params / 1e6:.0f}M FLOPs per token at a measured "
+            f"{flops / 1e9:.0f} GFLOP/s matmul).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    from dflash.cli.common import exits_on_config_error
+
+    args = parse_args(argv)
+    text = exits_on_config_error(report)(args)
+    print(text, end="")
+    if args.out:
+        from dflash.fileio import atomic_write
+
+        def write(path: str) -> None:
+            with open(path, "w") as f:
+                f.write(text)
+
+        atomic_write(args.out, write)
+
 
 if __name__ == "__main__":
     main()

@@ -37,8 +37,7 @@ from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingConfig
-from dflash.training.real_tau import TauRealSettings
-from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TauRealSettings, TrainerSettings
 
 
 def _default(cls, name: str):

@@ -59,6 +59,7 @@ def build(node: DictConfig | ListConfig, key: str):
             child = node._get_node(index)
             if isinstance(child, (DictConfig, ListConfig)):
                 build(child, f"{key}[{index}]")
+    check_known_keys(node, key)
     missing = sorted(OmegaConf.missing_keys(node))
     if missing:  # to_object would quietly use the dataclass default
         raise ConfigError(full_key(key, missing[0]) if key else missing[0], "missing mandatory value; set it on the command line")
@@ -67,6 +68,24 @@ def build(node: DictConfig | ListConfig, key: str):
             return OmegaConf.to_object(node)
         except OmegaConfBaseException as err:
             raise omegaconf_error(err, key) from None
+
+
+def check_known_keys(node: DictConfig, key: str = "", skip: tuple[str, ...] = ()) -> None:
+    """ConfigError naming the first key of `node` (recursively) that its schema has no field
+    for. Composition refuses such keys, except those added with `+key=value`: OmegaConf
+    stores them, then `OmegaConf.to_object` drops them, so the run would go on without them.
+    skip: top-level keys not checked (`hydra`)."""
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return
+    schema = OmegaConf.get_type(node)
+    fields = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    for name in node.keys():
+        if name in skip:
+            continue
+        child_key = f"{key}.{name}" if key else str(name)
+        if fields is not None and name not in fields:
+            raise ConfigError(child_key, f"unknown key: no setting reads it; valid keys here: {sorted(fields)}")
+        check_known_keys(node._get_node(name), child_key)
 
 
 def typed(cls, data: dict, key: str):

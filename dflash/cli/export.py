@@ -1,7 +1,8 @@
 """`python -m dflash.export ckpt=... out=...`: write the drafter of a training checkpoint
 as its method's drafter directory (config: dflash/conf/export.yaml). The method is the
 trained method of `dflash.methods` whose architectures the checkpoint's drafter config
-names (DFlash: a drafter directory; EAGLE-3: the EAGLE-3 layout). The target is not loaded."""
+names (DFlash: a drafter directory; EAGLE-3: the EAGLE-3 layout), with its model card
+(README.md, `dflash.training.model_card`). The target is not loaded."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def checkpoint_path(ckpt: str) -> str:
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.methods import method_of_checkpoint, trained_methods
     from dflash.training.export import read_checkpoint
+    from dflash.training.model_card import run_files, write_model_card
     from dflash.training.module import DRAFTER_CONFIG_KEY
     from dflash.training.run import weight_dtype
 
@@ -47,6 +49,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         f"({', '.join(sorted(trained_methods()))}) exports",
     )
     out = method.training().export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
+    # the card reads the run's config and evaluation when the checkpoint sits in its run directory
+    write_model_card(out, *run_files(os.path.dirname(os.path.dirname(path))))
     print(f"drafter: {out}")
 
 

@@ -57,21 +57,39 @@ def load_records(settings: TablesSettings):
     return collect_runs(settings.root)
 
 
+def complete_runs(records: list) -> tuple[list, list]:
+    """(finished and failed runs, incomplete runs): a run that started and has no result yet
+    (no results.json, no error.json) has nothing to tabulate."""
+    from dflash.reports.records import PENDING
+
+    return [r for r in records if r.status != PENDING], [r for r in records if r.status == PENDING]
+
+
+def incomplete_note(incomplete: list) -> str:
+    """One line naming the skipped runs."""
+    more = f" and {len(incomplete) - 1} more" if len(incomplete) > 1 else ""
+    return f"note: skipped {len(incomplete)} incomplete run(s) without results.json: {incomplete[0].source}{more}"
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="tables", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     from dflash.reports import write_report
+    from dflash.reports.records import FAILED
 
     settings = typed(TablesSettings, resolved_config(cfg), "")
-    records = load_records(settings)
     where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
-    require(bool(records), "root" if settings.source == "dirs" else "project", f"no runs found in {where}")
+    records, incomplete = complete_runs(load_records(settings))
+    if incomplete:
+        print(incomplete_note(incomplete))
+    require(bool(records), "root" if settings.source == "dirs" else "project", f"no finished or failed runs in {where}")
     found = sorted({record.ablation for record in records if record.ablation})
     missing = [name for name in settings.ablations if name not in found]
     require(not missing, "ablations", f"no runs of {missing[0]!r} in {where}; it holds {found}" if missing else "")
     report = write_report(records, settings.out_dir, settings.formats, settings.plots, settings.ablations, settings.metric)
     print(report.markdown)
-    print(f"{len(records)} runs from {where}; wrote:")
+    failed = sum(record.status == FAILED for record in records)
+    print(f"{len(records) - failed} finished and {failed} failed runs from {where}; wrote:")
     for path in report.files:
         print(f"  {path}")
 

@@ -30,7 +30,9 @@ Invariants:
 Logged metrics (see `dflash.training.metrics`): `train/loss`, `train/acc_01`..,
 `train/tau_sim` every `trainer.log_every_n_steps` optimizer steps, computed from the
 sums over that window (all micro-batches of its optimizer steps) and all ranks;
-`val/...` the same over the whole validation set.
+`val/...` the same over the whole validation set. At the same steps `train/grad_norm`,
+`train/tokens_per_s` and `train/peak_mem_gib` (`dflash.training.monitor`) and, from
+Lightning's LearningRateMonitor, `train/lr/matrices` and `train/lr/norms_biases`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import target_features
 from dflash.training.loss import BlockLoss
 from dflash.training.metrics import BlockMetrics
+from dflash.training.monitor import StepMonitor
 from dflash.training.normalisation import GlobalLossScale
 from dflash.training.objective import Objective
 
@@ -84,6 +87,7 @@ class DrafterTrainingModule(L.LightningModule):
         self.train_metrics = BlockMetrics(self.objective.slots)
         self.val_metrics = BlockMetrics(self.objective.slots)
         self.loss_scale = GlobalLossScale()
+        self.monitor = StepMonitor()  # grad norm, tokens/s, peak memory at each log step
         self._matrices: set[int] | None = None  # ids of the drafter's matrices (weight decay), recorded in `setup`
         self._parameters_at_setup: set[int] = set()
 
@@ -160,6 +164,7 @@ class DrafterTrainingModule(L.LightningModule):
         on one rank without accumulation its value is the batch's loss sum w l / sum w."""
         result = self.compute_loss(batch)
         self.train_metrics.update(result)
+        self.monitor.count(batch)
         return self.loss_scale.backward_value(result, self.trainer.world_size, self._sum_over_ranks)
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -170,6 +175,9 @@ class DrafterTrainingModule(L.LightningModule):
         # at the end of the batch that steps: log the window's sums at exactly those steps.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self._log_metrics(self.train_metrics, "train")
+            sharded = type(self.trainer.model).__name__ == "FullyShardedDataParallel"
+            watched = self.monitor.measure(gradients, self.device, self._sum_over_ranks, sharded)
+            self.log_dict(watched, prog_bar=False, sync_dist=False)
 
     def _sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(value, reduce_op="sum")
@@ -210,8 +218,8 @@ class DrafterTrainingModule(L.LightningModule):
         elif not {id(p) for p in params} <= self._parameters_at_setup:
             raise RuntimeError("the strategy replaced the drafter's parameters after setup; their weight-decay groups are unknown")
         groups = [
-            {"params": [p for p in params if id(p) in matrices], "weight_decay": config.weight_decay},
-            {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0},
+            {"params": [p for p in params if id(p) in matrices], "weight_decay": config.weight_decay, "name": "matrices"},
+            {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0, "name": "norms_biases"},
         ]
         optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
         total_steps = self.trainer.estimated_stepping_batches
@@ -224,7 +232,8 @@ class DrafterTrainingModule(L.LightningModule):
         total = int(total_steps) if math.isfinite(total_steps) else None
         schedule = warmup_cosine_schedule(total, config.warmup_ratio, config.min_lr_ratio, time_fraction)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # named for LearningRateMonitor: train/lr/matrices, train/lr/norms_biases (dflash.training.run)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip as the Trainer says; under FSDP by the norm over all ranks' shards.

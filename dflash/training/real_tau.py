@@ -40,7 +40,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -48,65 +47,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.errors import require
+from dflash.training.settings import KEY, TauRealSettings, check_tau_real  # noqa: F401 - read from here too
 
 log = logging.getLogger(__name__)
 
 PLOT_FILE = "tau_curves.png"
-KEY = "eval.tau_real"
+
 METRICS = ("tau_real", "tau_real_lossless", "tau_real_seconds")  # logged under val/
-
-
-@dataclass
-class TauRealSettings:
-    """The `eval.tau_real` block: the real loop's tau on held-out prompts while training.
-
-    every_n_validations: None: off; k: decode at every k-th validation and at the end of
-        training (k x trainer.val_check_interval training batches apart).
-    num_prompts: held-out prompts decoded each time (fewer when the validation split is smaller).
-    max_new_tokens: tokens generated per prompt (the target's greedy output is computed
-        once, at the first evaluation, and reused).
-    """
-
-    every_n_validations: int | None = None
-    num_prompts: int = 8
-    max_new_tokens: int = 64
-
-    def __post_init__(self):
-        k = self.every_n_validations
-        require(k is None or k >= 1, "every_n_validations", f"must be >= 1 (null: off), got {k}")
-        require(self.num_prompts >= 1, "num_prompts", f"must be >= 1, got {self.num_prompts}")
-        require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.every_n_validations is not None
-
-
-def check_tau_real(settings: TauRealSettings | None, validates: bool, monitor: str, select: str) -> None:
-    """One ConfigError before any model loads: the evaluation on without validations to run
-    at, or `checkpoint.monitor=val/tau_real` without a tau_real at every validation."""
-    on = settings is not None and settings.enabled
-    require(
-        not on or validates,
-        f"{KEY}.every_n_validations",
-        "decodes held-out prompts at validations, and this run has none; set data.val_fraction > 0 "
-        "(and trainer.limit_val_batches != 0), or leave it null",
-    )
-    if monitor != "val/tau_real" or select != "best":
-        return
-    require(
-        on,
-        "checkpoint.monitor",
-        f"val/tau_real is logged only by the real-loop evaluation, which is off; set {KEY}.every_n_validations=1 "
-        "or monitor val/tau_sim",
-    )
-    require(
-        settings.every_n_validations == 1,
-        "checkpoint.monitor",
-        f"val/tau_real is measured only every {settings.every_n_validations} validations "
-        f"({KEY}.every_n_validations={settings.every_n_validations}), but best.ckpt is chosen at every validation; "
-        f"set {KEY}.every_n_validations=1",
-    )
 
 
 def held_out_prompts(rows, indices, count: int) -> list[torch.Tensor]:

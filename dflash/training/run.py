@@ -12,7 +12,8 @@ Invariants:
   validation data: the checkpoint of the best `checkpoint.monitor` value so far, written
   right after the validation that measured it), `drafter/` (the exported drafter
   directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
-  `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
+  `drafter/README.md` (its model card, `dflash.training.model_card`: rewritten with the
+  measured tau once the evaluation after training ran), `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
   val/tau_sim and val/tau_real against the step, `dflash.training.real_tau`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
@@ -36,13 +37,13 @@ import dataclasses
 import datetime
 import logging
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -64,143 +65,25 @@ from dflash.training.checkpoints import (
     write_export_info,
 )
 from dflash.training.config import TrainingConfig
+from dflash.training.model_card import read_results, write_model_card
 from dflash.training.objective import TrainedMethod, dflash_trained_method
-from dflash.training.real_tau import RealTauCallback, check_tau_real
+from dflash.training.real_tau import RealTauCallback
+from dflash.training.settings import (  # noqa: F401 - CHECKPOINT_DIR etc. are read from here too
+    CHECKPOINT_DIR,
+    DRAFTER_DIR,
+    FSDP_SHARDING,
+    FSDP_STATE_DICT_TYPE,
+    LOGGER_KINDS,
+    SELECT_CHOICES,
+    WANDB_ID_FILE,
+    CheckpointSettings,
+    LoggerSettings,
+    TrainerSettings,
+    check_tau_real,
+    weight_dtype,
+)
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
-SELECT_CHOICES = ("best", "last")
-DRAFTER_DIR = "drafter"
-WANDB_ID_FILE = "wandb_run_id.txt"
-LOGGER_KINDS = ("csv", "wandb", "none")
-FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
-FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
-FSDP_ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # dflash.training.fsdp: CUDA as Lightning, the CPU over gloo
-
-
-@dataclass
-class TrainerSettings:
-    """The `trainer` config group: arguments of `lightning.Trainer` (see dflash/conf/trainer/*.yaml).
-
-    max_epochs, gradient_clip_val: 6 and 1.0, the published recipe.
-    max_steps: > 0 stops after this many optimizer steps (wins over max_epochs).
-    log_every_n_steps: optimizer steps between train/* metric logs.
-    val_check_interval: float: fraction of an epoch; int: every N training batches.
-    check_val_every_n_epoch: None counts val_check_interval batches across epochs.
-    limit_val_batches: share (float) or number (int) of held-out batches per validation.
-    fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
-    max_minutes: a wall-clock budget for the fit (Lightning's `max_time`, kept across
-        resumes): training stops when it is spent, and the learning-rate schedule follows
-        the fraction spent (`dflash.training.module.warmup_cosine_schedule`). With
-        max_steps too, the first limit reached ends training.
-    """
-
-    accelerator: str = "cpu"
-    devices: Any = 1  # int | str | list[int] (OmegaConf has no unions with containers)
-    num_nodes: int = 1
-    strategy: str = "auto"
-    precision: str = "32-true"
-    max_epochs: int | None = 6
-    max_steps: int = -1
-    gradient_clip_val: float | None = 1.0
-    accumulate_grad_batches: int = 1
-    log_every_n_steps: int = 10  # the command line's default (trainer=cpu); trainer=gpu sets 50
-    val_check_interval: Any = 1.0  # int | float | None (checked below; OmegaConf unions are fragile)
-    check_val_every_n_epoch: int | None = 1
-    limit_val_batches: Any = 1.0  # int | float | None (checked below)
-    num_sanity_val_steps: int = 0
-    enable_progress_bar: bool = True
-    fsdp: dict | None = None
-    max_minutes: float | None = None
-
-    def __post_init__(self):
-        devices = self.devices
-        require(
-            isinstance(devices, (int, str, list, tuple)) and not isinstance(devices, bool),
-            "devices",
-            f"expected a number of devices, 'auto' or a list of device indices, got {devices!r}",
-        )
-        for name in ("val_check_interval", "limit_val_batches"):
-            value = getattr(self, name)
-            require(
-                value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
-                name,
-                f"expected a number (float: a fraction, int: a count) or null, got {value!r}",
-            )
-        require(
-            self.max_minutes is None or (not isinstance(self.max_minutes, bool) and self.max_minutes > 0),
-            "max_minutes",
-            f"must be a number of minutes > 0 (null: no time budget), got {self.max_minutes!r}",
-        )
-        require(
-            self.max_steps > 0 or (self.max_epochs is not None and self.max_epochs > 0) or self.max_minutes is not None,
-            "max_steps",
-            "set trainer.max_steps > 0, trainer.max_epochs > 0 or trainer.max_minutes: the cosine schedule needs a finite length",
-        )
-        require(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", f"must be >= 1, got {self.accumulate_grad_batches}")
-        require(self.log_every_n_steps >= 1, "log_every_n_steps", f"must be >= 1, got {self.log_every_n_steps}")
-        require(self.num_nodes >= 1, "num_nodes", f"must be >= 1, got {self.num_nodes}")
-        require(
-            self.strategy != "fsdp" or self.accelerator in FSDP_ACCELERATORS,
-            "accelerator",
-            f"trainer=fsdp runs on CUDA GPUs (gpu, cuda) or on the CPU (cpu), got {self.accelerator!r}",
-        )
-        require(
-            self.fsdp is None or self.strategy == "fsdp",
-            "fsdp",
-            f"FSDP options need trainer.strategy=fsdp (use trainer=fsdp), got strategy {self.strategy!r}",
-        )
-
-
-@dataclass
-class LoggerSettings:
-    """The `logger` config group. kind: "csv" (default), "wandb" or "none".
-
-    wandb only: project, entity, group, tags, name, offline (or WANDB_MODE=offline).
-    """
-
-    kind: str = "csv"
-    project: str = "dflash"
-    entity: str | None = None
-    group: str | None = None
-    tags: list[str] = field(default_factory=list)
-    name: str | None = None
-    offline: bool = False
-
-    def __post_init__(self):
-        require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
-
-
-@dataclass
-class CheckpointSettings:
-    """every_n_train_steps: refresh `checkpoints/last.ckpt` this often (optimizer steps).
-    resume: "auto" (continue from last.ckpt when it exists), "never", or a .ckpt path.
-    export_dtype: weight dtype of the exported drafter (None: the training dtype).
-    select: which checkpoint the drafter is exported from: "best" (the best validation
-        `monitor` value, as SpecForge picks by simulated acceptance; the last one when no
-        validation ran) or "last".
-    monitor / mode: the logged validation metric that ranks checkpoints ("val/tau_sim",
-        higher is better; e.g. "val/loss" with mode "min"; "val/tau_real", the real loop's
-        tau, needs `eval.tau_real.every_n_validations=1`)."""
-
-    every_n_train_steps: int = 1000
-    resume: str = "auto"
-    export_dtype: str | None = None
-    select: str = "best"
-    monitor: str = "val/tau_sim"
-    mode: str = "max"
-
-    def __post_init__(self):
-        require(self.every_n_train_steps >= 1, "every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
-        weight_dtype(self.export_dtype, "export_dtype")
-        require(self.select in SELECT_CHOICES, "select", f"unknown {self.select!r}; choose one of {list(SELECT_CHOICES)}")
-        require(self.mode in ("max", "min"), "mode", f"unknown {self.mode!r}; choose max (higher is better) or min")
-        require(
-            self.monitor.startswith("val/"),
-            "monitor",
-            f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
-        )
 
 
 @dataclass
@@ -284,7 +167,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     if job.tau_real is not None and job.tau_real.settings.enabled:
         export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
         measured.append(RealTauCallback(job.tau_real, job.method.export, export_dtype, output_dir))
-    extra = [*measured, *progress, *callbacks]
+    # the learning rate at every log step (train/lr/<param group>); Lightning refuses it without a logger
+    watched = [LearningRateMonitor(logging_interval="step")] if loggers else []
+    extra = [*measured, *watched, *progress, *callbacks]
     trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *extra])
 
     device = trainer.strategy.root_device
@@ -313,9 +198,13 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
         drafter_dir = export_final_drafter(job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
+        write_model_card(drafter_dir, job.config)
         if job.evaluation is not None:
             results_path = job.evaluation.run(module.target, drafter_dir, output_dir, job.config)
             log_evaluation(loggers, results_path, trainer.global_step)
+            write_model_card(drafter_dir, job.config, read_results(results_path))
+        if job.logger.log_drafter:
+            log_drafter_artifact(loggers, drafter_dir, trainer.global_step, job.config.get("run_name"))
     finish_loggers(loggers)
     # Lightning leaves the process group up; the next job of a Hydra multirun (same
     # process, new ranks) must not reuse a group whose peers have exited.
@@ -387,6 +276,10 @@ def build_loggers(settings: LoggerSettings, output_dir: str, config: dict) -> li
         from lightning.pytorch.loggers import CSVLogger
 
         logger = CSVLogger(save_dir=output_dir, name="csv")
+    elif settings.kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(save_dir=output_dir, name="tensorboard", default_hp_metric=False)
     else:
         logger = _wandb_logger(settings, output_dir)
     logger.log_hyperparams(config)
@@ -418,20 +311,6 @@ def _wandb_logger(settings: LoggerSettings, output_dir: str):
     )
 
 
-def weight_dtype(name: str | None, key: str) -> torch.dtype | None:
-    """torch dtype for a dtype name of the config (None stays None: keep the training dtype)."""
-    if name is None:
-        return None
-    from dflash.target.model import resolve_dtype
-
-    try:
-        dtype = resolve_dtype(name)
-    except ConfigError:
-        dtype = None
-    require(isinstance(dtype, torch.dtype), key, f"unknown dtype {name!r}; choose one of float32, bfloat16, float16 or null")
-    return dtype
-
-
 def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, dtype: str | None) -> str:
     """Write the drafter of `checkpoint` as the method's drafter directory (`TrainedMethod.export`)."""
     from dflash.training.export import read_checkpoint
@@ -439,6 +318,22 @@ def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, d
     out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
     log.info("drafter exported to %s", out_dir)
     return out_dir
+
+
+def log_drafter_artifact(loggers: list, drafter_dir: str, step: int, run_name: str | None) -> None:
+    """Log the exported drafter directory (weights, config, model card) as a wandb artifact
+    of type "model", named `drafter-<run name>`, aliased `step-<step>`; nothing without wandb.
+    Offline runs keep it in the run's files until `wandb sync`."""
+    for logger in loggers:
+        if type(logger).__name__ != "WandbLogger" or rank_zero_only.rank != 0:
+            continue
+        import wandb
+
+        name = "drafter-" + re.sub(r"[^\w.-]", "_", run_name or logger.experiment.id)
+        artifact = wandb.Artifact(name=name, type="model", metadata={"global_step": step})
+        artifact.add_dir(drafter_dir)
+        logger.experiment.log_artifact(artifact, aliases=["latest", f"step-{step}"])
+        log.info("drafter logged to wandb as artifact %s", name)
 
 
 def finish_loggers(loggers: list) -> None:

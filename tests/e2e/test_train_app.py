@@ -175,6 +175,8 @@ def test_tiny_recipe_exports_a_drafter_and_evaluates_it(resumed_run):
     eval_rows = [row for row in _metrics_rows(run_dir, 1) if row.get("eval/tau")]
     assert float(eval_rows[-1]["eval/tau"]) == pytest.approx(results["tau"])
     assert "eval/speedup_vs_autoregressive" in eval_rows[-1]
+    card = (run_dir / "drafter" / "README.md").read_text()  # rewritten with the evaluation's figures
+    assert f"| tau (tokens per target forward, pooled) | {results['tau']:.2f} |" in card
 
 
 @pytest.mark.slow
@@ -211,6 +213,10 @@ def test_export_cli_writes_a_drafter_the_evaluator_loads(resumed_run, workspace,
     assert exported.returncode == 0, exported.stderr[-3000:]
     trained = load_drafter(str(run_dir / "drafter")).state_dict()
     assert all(torch.equal(trained[k], v) for k, v in load_drafter(str(tmp_path / "drafter")).state_dict().items())
+    # the card of a checkpoint in its run directory reads the run's config and results.json
+    assert (tmp_path / "drafter" / "README.md").read_text() == (run_dir / "drafter" / "README.md").read_text().replace(
+        str(run_dir / "drafter"), str(tmp_path / "drafter")
+    )
     evaluated = _cli(
         [
             "dflash.evaluate",
@@ -359,3 +365,8 @@ def test_wandb_offline_run_holds_the_config_and_per_position_metrics(workspace):
     assert {f"{split}/acc_{k:02d}" for split in ("train", "val") for k in range(1, 8)} <= logged
     assert {"train/loss", "train/tau_sim", "val/tau_sim"} <= logged
     assert {"val/tau_real", "val/tau_real_lossless", "val/tau_real_seconds"} <= logged  # eval.tau_real
+    assert {"train/grad_norm", "train/tokens_per_s", "train/lr/matrices"} <= logged
+    (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]  # logger.log_drafter
+    assert (artifact.name, artifact.type) == ("drafter-wandb_offline", "model")
+    files = {entry.path for entry in artifact.manifest.contents}
+    assert {"config.json", "model.safetensors", "dflash.py", "README.md", "checkpoint.json"} <= files

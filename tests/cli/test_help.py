@@ -1,0 +1,58 @@
+"""`--help` of every app (dflash.usage) and what answering it and a bad value imports:
+both must come back within seconds, so neither may import what only a run needs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dflash import CONF_DIR
+from dflash.usage import GROUPS, app_help
+from helpers import REPO
+
+APPS = ["train", "evaluate", "regenerate", "export", "tables", "demo", "demo_tiny"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_help_has_two_examples_and_no_internal_entries(app):
+    text = app_help(app)
+    examples = text.split("Examples:\n")[1].split("\n\n")[0].splitlines()
+    assert len(examples) == 2 and all(e.strip().startswith(("python -m dflash.", "make ")) for e in examples), examples
+    assert "_schema" not in text and "_common" not in text and "_eval" not in text
+
+
+def test_train_help_describes_each_group_and_marks_defaults():
+    text = app_help("train")
+    for group in ("target", "drafter", "data", "training", "trainer", "logger", "experiment"):
+        assert f"  {group:<11} {GROUPS[group]}" in text
+    assert "* tiny_qwen3" in text and "  qwen3_8b " in text  # the default option is marked, the others listed
+    options = {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")}
+    assert all(f" {name} " in text for name in options)
+
+
+@pytest.mark.parametrize("app", ["train", "evaluate"])
+def test_help_exits_0_without_importing_torch(app):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-X", "importtime", "-m", f"dflash.{app}", "--help"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Config groups" in result.stdout, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "dflash.usage" in imported and not imported & {"torch", "lightning", "transformers", "dflash.schema"}
+
+
+def test_a_bad_value_is_reported_without_importing_lightning():
+    result = _python(
+        "import sys; sys.argv = ['dflash.train', 'training.learning_rate=abc']\n"
+        "from dflash.cli.train import main\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'lightning' in sys.modules)\n"
+    )
+    assert result.stdout.strip() == "exit 2 False", result.stderr[-2000:]
+    assert result.stderr.strip() == "error: training.learning_rate: expected float, got 'abc'"
