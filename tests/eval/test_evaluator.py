@@ -25,7 +25,7 @@ from helpers.apps import run_cli
 from helpers.decoding import record_cudnn_flag
 
 SCHEMA_KEYS = {
-    "benchmark", "benchmark_source", "method", "target", "target_dtype", "drafter", "block_size", "drafter_block_size", "temperature",
+    "benchmark", "benchmark_source", "method", "target", "target_dtype", "kernel_path", "drafter", "block_size", "drafter_block_size", "temperature",
     "top_p", "top_k", "verify_rule", "max_new_tokens", "num_prompts", "num_generations", "tau", "tau_per_prompt_mean",
     "acceptance_histogram", "tokens_per_s", "speedup", "speedup_decode_only", "lossless", "first_mismatch",
     "lossless_up_to_ties", "divergences", "hf_generate_matches", "hf_generate_first_mismatch",
@@ -61,6 +61,9 @@ def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
     assert results["lossless"] is True and results["first_mismatch"] is None
     assert results["hf_generate_matches"] is True
     assert results["benchmark_source"] is None  # the caller gave none
+    # the forward the methods and the baseline decoded with, and its dtype (qwen3_target: the fast engine)
+    assert results["kernel_path"] == qwen3_target.kernel_path and results["kernel_path"].startswith("fast: float32; layers ")
+    assert results["target_dtype"] == "float32"
     assert (results["benchmark"], results["method"], results["drafter"]) == ("unit", "dflash", "random")
     assert results["block_size"] == results["drafter_block_size"] == 4
     assert results["num_prompts"] == 2 and results["num_generations"] == 3
