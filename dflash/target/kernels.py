@@ -92,8 +92,12 @@ def small_gemm():
         why = f"this CPU lacks {', '.join(missing)}" if missing else "no C++ compiler"
         log.info("engine: our AVX-512 kernel is not used (%s); measuring the library kernels only", why)
         return None
+    import sys
+
     from torch.utils.cpp_extension import load
 
+    # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     source = os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp")
     log.info("engine: building the AVX-512 small-row kernel (once per machine, about 30 s)")
     flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
