@@ -1,8 +1,12 @@
-"""Figures as PNG files: tau vs block size, speedup vs depth, acceptance-length
-histograms and per-position accuracy curves.
+"""Figures as PNG files: tau vs block size, speedup vs depth, acceptance curves and
+per-position accuracy curves.
 
 Each function takes a built `Table` (values are the table's, so figures and tables
 always agree) and returns the PNG path, or None when the table has nothing to draw.
+Figures use matplotlib's constrained layout (titles fit inside the figure), and panels
+that compare the same quantity share their y range. Acceptance is drawn as
+P(a verify step emits >= k tokens): a histogram puts most of its mass in the first bin and
+hides the tail that separates methods; the survival curve shows it on a common 0-1 scale.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def tau_vs_block_size(table: Table, out_dir: str) -> str | None:
     series = _numeric_series(table, x_key=1, series_key=0, metric="tau")
     if not series:
         return None
-    fig, axes = _panels(len(table.benchmarks), width=4.2, height=3.2)
+    fig, axes = _panels(len(table.benchmarks), width=4.2, height=3.2, sharey=True)
     for ax, benchmark in zip(axes, table.benchmarks):
         for label, points in sorted(series.get(benchmark, {}).items(), key=lambda kv: _as_float(kv[0])):
             xs, ys, errs = zip(*points)
@@ -79,34 +83,39 @@ def speedup_vs_depth(table: Table, out_dir: str) -> str | None:
     return _save(fig, out_dir, f"speedup_vs_depth_{table.name}", f"Speedup and τ vs drafter depth: {table.target}")
 
 
+def at_least(counts: list[int]) -> list[float]:
+    """P(a verify step emits >= k tokens) for k = 1..len(counts), from counts of steps that
+    emitted exactly k (entry k - 1); the first value is 1."""
+    total = sum(counts)
+    remaining, shares = total, []
+    for count in counts:
+        shares.append(remaining / total)
+        remaining -= count
+    return shares
+
+
 def acceptance_histograms(table: Table, out_dir: str) -> str | None:
-    """Share of verify steps emitting k tokens, a panel per row, a line per benchmark."""
+    """P(a verify step emits >= k tokens), a panel per row, a line per benchmark, one y range."""
     panels = []
     for row in table.rows:
         curves = {}
         for benchmark in table.benchmarks:
             counts = _summed_histogram(table.runs.get((row, benchmark), []))
             if counts:
-                total = sum(counts)
-                curves[benchmark] = [c / total for c in counts]
+                curves[benchmark] = at_least(counts)
         if curves:
             panels.append((row, curves))
     if not panels:
         return None
     panels = panels[:MAX_PANELS]
-    # Bars read best, but overlaid bars hide each other: lines when a panel has several benchmarks.
-    as_bars = all(len(curves) == 1 for _, curves in panels)
-    fig, axes = _panels(len(panels), width=3.6, height=2.8)
+    fig, axes = _panels(len(panels), width=3.6, height=2.8, sharey=True)
     for ax, (row, curves) in zip(axes, panels):
         for benchmark, shares in curves.items():
-            lengths = range(1, len(shares) + 1)
-            if as_bars:
-                ax.bar(lengths, shares, width=0.8, label=benchmark_label(benchmark))
-            else:
-                ax.step(lengths, shares, where="mid", label=benchmark_label(benchmark))
-        ax.set_title(_row_label(table, row), fontsize=9)
-        ax.set_xlabel("tokens per verify step (bonus incl.)")
-        ax.set_ylabel("share of steps")
+            ax.plot(range(1, len(shares) + 1), shares, marker="o", markersize=3, label=benchmark_label(benchmark))
+        ax.set_title(textwrap.fill(_row_label(table, row), width=40), fontsize=9)
+        ax.set_xlabel("k: tokens per verify step (bonus incl.)")
+        ax.set_ylabel("P(step emits >= k)")
+        ax.set_ylim(0, 1.02)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=9))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -170,11 +179,14 @@ def _row_label(table: Table, row: Row) -> str:
     return ", ".join(([row.section] if row.section else []) + parts)
 
 
-def _panels(count: int, width: float, height: float):
-    """A figure with `count` axes in rows of at most 4 (unused grid cells hidden)."""
+def _panels(count: int, width: float, height: float, sharey: bool = False):
+    """A figure with `count` axes in rows of at most 4 (unused grid cells hidden), laid out by
+    matplotlib's constrained layout; `sharey` for panels that compare the same quantity."""
     columns = min(count, 4)
     rows = math.ceil(count / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows + 0.5), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(width * columns, height * rows + 0.5), squeeze=False, sharey=sharey, layout="constrained"
+    )
     flat = list(axes.flat)
     for ax in flat[count:]:
         ax.set_visible(False)
@@ -191,7 +203,6 @@ def _integer_ticks(ax, values) -> None:
 def _save(fig, out_dir: str, stem: str, title: str) -> str:
     # Wrap long titles to the figure's width (about 11 characters per inch at this size).
     fig.suptitle(textwrap.fill(title, width=max(30, int(fig.get_figwidth() * 11))))
-    fig.tight_layout()
     path = atomic_write(os.path.join(out_dir, f"{stem}.png"), lambda temporary: fig.savefig(temporary, dpi=DPI, format="png"))
     plt.close(fig)
     return path

@@ -280,3 +280,21 @@ def test_a_mixed_benchmark_gets_a_column_per_family_beside_the_pooled_one(tmp_pa
     assert table.cell(_row(table, "1"), "smollm2_mix", "tau").values == [1.6, 1.6]
     markdown = to_markdown(table)
     assert "Math (held out)" in markdown and "All three" in markdown and "HumanEval" in markdown
+
+
+def test_acceptance_is_drawn_as_the_share_of_steps_emitting_at_least_k():
+    from dflash.reports.plots import at_least
+
+    assert at_least([6, 3, 1]) == [1.0, 0.4, 0.1]  # 10 steps: all emit >= 1, 4 emit >= 2, 1 emits 3
+
+
+def test_compared_panels_share_one_y_range_under_constrained_layout():
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    from dflash.reports.plots import _panels
+
+    fig, axes = _panels(3, width=3, height=2, sharey=True)
+    axes[0].plot([0, 1], [0, 5])
+    axes[2].plot([0, 1], [0, 1])
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert axes[2].get_ylim() == axes[0].get_ylim()
