@@ -15,7 +15,7 @@ def dflash_proposer(target, context: EvalContext, threshold: float):
     from dflash.decoding import DFlashProposer
     from dflash.decoding.adaptive import ThresholdProposer
 
-    proposer = DFlashProposer(context.drafter, target.embed, target.logits)
+    proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits)
     return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
 
 

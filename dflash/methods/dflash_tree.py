@@ -29,7 +29,7 @@ def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
     trained = context.drafter.config.block_size
     block_size = context.block_size or trained
     options = dict(block_size=block_size, tree_budget=settings.budget, draft_threshold=context.draft_threshold)
-    proposer = DFlashProposer(context.drafter, target.embed, target.logits)
+    proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits)
     return MethodSetup(proposer, block_size, context.drafter_label, generate_tree, options, trained)
 
 

@@ -99,7 +99,7 @@ def small_gemm():
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     source = os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp")
-    log.info("engine: building the AVX-512 small-row kernel (once per machine, about 30 s)")
+    log.info("engine: loading our AVX-512 small-row kernel (built on first use on a machine: about 30 s)")
     flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
     try:
         return load("dflash_small_gemm", [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)

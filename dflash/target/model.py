@@ -296,13 +296,25 @@ class TargetModel:
         head_rows: (K, D) rows of the head's weight (those of K token ids, `head_rows_of`):
             the logits of those tokens only, (..., K), through the same transform.
         """
-        hidden = hidden.to(self.lm_head.weight.dtype)
-        if head_rows is None and self.fast is not None and self.fast.prepared:
-            logits = self.fast.lm_head(hidden)  # tuned kernels; dense under autograd
-        elif head_rows is None:
-            logits = self.lm_head(hidden)
-        else:
-            logits = torch.nn.functional.linear(hidden, head_rows)
+        if head_rows is not None:
+            return self._head_transform(torch.nn.functional.linear(hidden.to(head_rows.dtype), head_rows))
+        head = (
+            self.fast.lm_head if self.fast is not None and self.fast.prepared else self.lm_head
+        )  # tuned kernels; dense under autograd
+        return self._head_transform(head(hidden.to(self.lm_head.weight.dtype)))
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`logits` for a drafter's proposals: through a bfloat16 copy of the head when the fast
+        engine decodes a float32 target (half the bytes of the largest matrix a propose
+        reads), else `logits` itself. Drafts only propose: the target's own float32 verify
+        decides what is emitted, and a sampled draft's acceptance uses these same logits, so
+        the output keeps the target's distribution (docs/design.md invariant 12)."""
+        if self.fast is None or not self.fast.prepared or self.dtype != torch.float32 or torch.is_grad_enabled():
+            return self.logits(hidden)
+        return self._head_transform(self.fast.draft_head()(hidden.to(torch.bfloat16)))
+
+    def _head_transform(self, logits: torch.Tensor) -> torch.Tensor:
+        """The family's transform after the head (logit scale, divisor, soft-capping), as float32."""
         if self._logit_scale is not None:
             logits = logits * self._logit_scale
         if self._logits_divisor is not None:

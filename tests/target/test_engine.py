@@ -160,3 +160,28 @@ def test_regeneration_answers_alike_on_both_engines():
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
     answers = [HFGenerator(t, max_new_tokens=10)(prompts) for t in (eager, fast)]
     assert [(a.response_ids, a.finished, a.text) for a in answers[0]] == [(a.response_ids, a.finished, a.text) for a in answers[1]]
+
+
+def test_drafts_read_a_bfloat16_head_and_the_output_stays_the_targets():
+    """draft_logits: the head in bfloat16 for proposals on a float32 target (close to the
+    float32 logits), and DFlash through it still emits the target's greedy output."""
+    eager, fast = pair("qwen3")
+    hidden = torch.randn(3, fast.hidden_size)
+    assert torch.equal(fast.draft_logits(hidden), fast.logits(hidden))  # untuned engine: the float32 head
+    fast.new_cache()
+    assert torch.equal(fast.draft_logits(hidden), fast.logits(hidden))  # under autograd: the float32 head
+    with torch.inference_mode():  # as the proposer runs
+        drafted, exact = fast.draft_logits(hidden), fast.logits(hidden)
+    assert fast.fast.draft_head().weight.dtype == torch.bfloat16
+    assert not torch.equal(drafted, exact) and torch.allclose(drafted, exact, atol=0.05 * float(exact.abs().max()))
+    with torch.inference_mode():
+        assert torch.equal(eager.draft_logits(hidden), eager.logits(hidden))
+    from dflash.decoding import DFlashProposer
+
+    ids = eager.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
+    drafter = random_proposer(fast).drafter
+    outputs = [
+        generate(t, ids, max_new_tokens=30, block_size=4, proposer=DFlashProposer(drafter, t.embed, t.draft_logits)).output_ids
+        for t in (eager, fast)
+    ]
+    assert outputs[0] == outputs[1] == generate(eager, ids, max_new_tokens=30).output_ids
