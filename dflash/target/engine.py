@@ -90,8 +90,15 @@ class StaticCache:
             raise ValueError(f"crop takes a negative count, got {count}")
         self.length = max(0, self.length + count)
 
-    def reserve(self, needed: int) -> None:
-        """Make room for `needed` positions in all."""
+    def reserve(self, needed: int, batch: int) -> None:
+        """Make room for `needed` positions of `batch` rows in all; an empty cache takes the
+        batch size of its first forward, as a DynamicCache does."""
+        if batch != self.keys.shape[1]:
+            if self.length:
+                raise ValueError(f"the cache holds {self.keys.shape[1]} rows; a forward over {batch} rows cannot continue it")
+            shape = (self.keys.shape[0], batch, *self.keys.shape[2:])
+            self.keys, self.values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+            self._views()
         if needed <= self.capacity:
             return
         capacity = self.capacity
@@ -225,7 +232,7 @@ class FastForward:
         batch, q = input_ids.shape
         start = cache.length
         end = start + q
-        cache.reserve(end)
+        cache.reserve(end, batch)
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         half = sin.shape[-1] // 2

@@ -185,3 +185,14 @@ def test_drafts_read_a_bfloat16_head_and_the_output_stays_the_targets():
         for t in (eager, fast)
     ]
     assert outputs[0] == outputs[1] == generate(eager, ids, max_new_tokens=30).output_ids
+
+
+def test_an_empty_static_cache_takes_the_batch_of_its_first_forward():
+    eager, fast = pair("llama")
+    ids = torch.randint(0, 250, (3, 12), generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(12).expand(3, 12)
+    expected = eager.forward(ids, positions, eager.new_cache()).logits
+    cache = fast.new_cache()
+    torch.testing.assert_close(fast.forward(ids, positions, cache).logits, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="holds 3 rows"):
+        fast.forward(ids[:1, :1], positions[:1, :1], cache)
