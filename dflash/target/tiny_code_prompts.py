@@ -45,8 +45,8 @@ def stdlib_code_prompts(
     shape; about 250 in CPython 3.11's stdlib) is taken first. The rest is spread over
     files: at most `per_file` random headers per file, files in a seeded order, leftovers
     only when every file has given its share. Deterministic for a seed and Python stdlib.
-    Drafters trained on the doctest-first mix accept more on HumanEval (README, "The
-    demo").
+    Drafters trained on the doctest-first mix accept more on HumanEval (docs/results/demo-history.md;
+    docs/demo.md, "The toy demo").
     """
     require(num_prompts > 0, "num_prompts", f"must be positive, got {num_prompts}")
     require(max_chars > 0, "max_chars", f"must be positive, got {max_chars}")

@@ -6,7 +6,7 @@
   `AutoModel.from_pretrained(dir, trust_remote_code=True)` builds our drafter with the
   same outputs; its `spec_generate` is lossless.
 - config.json carries every key the reference, SGLang, vLLM and speculators read (the
-  README table).
+  table in docs/drafters.md).
 - We read directories laid out the way published drafters are, and train from one
   (`drafter.init_from`).
 """
@@ -211,9 +211,9 @@ def test_rope_keys_from_a_transformers_4_config():
 # --- keys other loaders read ----------------------------------------------------------
 
 
-def readme_key_table() -> dict[str, list[str]]:
-    """Rows of the README's table of config.json keys: key -> the loaders marked as reading it."""
-    text = (REPO / "README.md").read_text()
+def drafters_doc_key_table() -> dict[str, list[str]]:
+    """Rows of docs/drafters.md's table of config.json keys: key -> the loaders marked as reading it."""
+    text = (REPO / "docs" / "drafters.md").read_text()
     section = text.split("## Drafter directories and other loaders", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     header = next(line for line in section.splitlines() if line.startswith("| key"))
@@ -232,10 +232,10 @@ def _lookup(config: dict, dotted: str):
     return value
 
 
-def test_config_json_has_every_key_the_readme_table_lists(qwen3_target, tmp_path):
+def test_config_json_has_every_key_the_drafters_doc_table_lists(qwen3_target, tmp_path):
     from dflash.specs import DrafterSpec, build_drafter
 
-    table = readme_key_table()
+    table = drafters_doc_key_table()
     loaders = {loader for readers in table.values() for loader in readers}
     assert {"reference", "SGLang", "vLLM", "speculators"} <= loaders
     assert {"dflash_config.target_layer_ids", "dflash_config.mask_token_id", "rope_theta", "rope_parameters", "auto_map"} <= set(
