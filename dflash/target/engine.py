@@ -3,7 +3,7 @@
 What it replaces: the Hugging Face forward with a `DynamicCache`. On a 2-core CPU that
 forward spends its time outside the weights: per-layer Python and mask building, a `cat`
 of every layer's cache at every step, separate q/k/v and gate/up matmuls, and MKL's
-float32 GEMM, which falls off at a few rows on some CPUs (docs/results/engine-*.md).
+float32 GEMM, which falls off at a few rows on some CPUs (docs/results/engine-2026-11-26-xeon/).
 
 Invariants:
 - Same model. For the families it accepts (`fast_engine_refusal` is None: Llama, Mistral
@@ -27,14 +27,10 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
 from dflash.target.kernels import TUNED_ROWS, Linear, tune
-
-log = logging.getLogger(__name__)
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -69,9 +65,9 @@ class StaticCache:
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = 256):
         self.length = 0
-        self._shape = (num_layers, batch, kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(self._shape, dtype=dtype, device=device)
-        self.values = torch.zeros(self._shape, dtype=dtype, device=device)
+        shape = (num_layers, batch, kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
         self._views()
 
     def _views(self) -> None:

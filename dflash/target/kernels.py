@@ -7,7 +7,7 @@ bandwidth at 1 row. Our own AVX-512 kernel (`csrc/small_gemm.cpp`, built here on
 the weight once at any row count and runs near bandwidth at 1-4 rows in both dtypes. So
 `tune` measures each candidate on the real weights of each shape, streamed the way a
 forward streams them, and `Linear` calls the winner for each row count
-(docs/results/engine-*.md).
+(docs/results/engine-2026-11-26-xeon/).
 
 Invariants:
 - Every candidate computes x @ W.T + b in the weight's dtype; they differ in rounding

@@ -298,9 +298,8 @@ class TargetModel:
         """
         if head_rows is not None:
             return self._head_transform(torch.nn.functional.linear(hidden.to(head_rows.dtype), head_rows))
-        head = (
-            self.fast.lm_head if self.fast is not None and self.fast.prepared else self.lm_head
-        )  # tuned kernels; dense under autograd
+        # the engine's tuned kernels once it has decoded (dense under autograd), else the module
+        head = self.fast.lm_head if self.fast is not None and self.fast.prepared else self.lm_head
         return self._head_transform(head(hidden.to(self.lm_head.weight.dtype)))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
