@@ -214,32 +214,22 @@ def step_costs(target, drafter, args) -> tuple[dict, dict]:
             return step
 
         def propose(width):
-            def step():
-                proposer.reset()
-                proposer.propose(committed, features, width, width - 1)
-
-            return step
-
-        steps = {(engine, width): verify(cache, width) for engine, cache in caches.items() for width in args.widths}
-        steps.update({("propose", width): propose(width) for width in args.widths if width > 1})
-        measured = interleaved_ms(steps, args.repeats, device)
-    verifies = {key: ms for key, ms in measured.items() if key[0] != "propose"}
-    proposes = {key[1]: ms for key, ms in measured.items() if key[0] == "propose"}
-    # The propose above runs the drafter over the whole context each time (its cache is new);
-    # in decoding only the newly accepted positions are new. Time that too: context cached.
-    with torch.inference_mode():
-        for width in proposes:
+            # as in decoding: the context is in the drafter's cache, one new position arrives
             proposer.reset()
             proposer.propose(committed, features, width, width - 1)
             length = proposer.cache.length
 
-            def incremental(width=width, length=length):
+            def step():
                 proposer.cache.crop(length - 1)
                 proposer.propose(committed, features[:, -1:], width, width - 1)
 
-            proposer.cache.crop(length - 1)
-            proposes[width] = interleaved_ms({"p": incremental}, args.repeats, device)["p"]
-    return verifies, proposes
+            return step
+
+        steps = {(engine, width): verify(cache, width) for engine, cache in caches.items() for width in args.widths}
+        measured = interleaved_ms(steps, args.repeats, device)
+        # one proposer (one drafter cache) serves every width: each width's proposes run together
+        proposes = {w: interleaved_ms({"p": propose(w)}, args.repeats, device)["p"] for w in args.widths if w > 1}
+    return measured, proposes
 
 
 def generation(target, args) -> dict:

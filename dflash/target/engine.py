@@ -164,7 +164,6 @@ class FastForward:
 
     def __init__(self, model):
         config = model.config
-        self.config = config
         base = model.model
         self.rotary = base.rotary_emb
         self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
@@ -278,7 +277,7 @@ class FastForward:
         if logits_to_keep:
             normed = normed[:, -logits_to_keep:]
         logits = self.lm_head(normed).float()
-        return logits, _ordered(features, layer_ids, last)
+        return logits, _ordered(features, layer_ids)
 
 
 @torch.inference_mode()
@@ -330,7 +329,7 @@ def greedy_batch(
     return outputs
 
 
-def _ordered(features: list[torch.Tensor], layer_ids, last: int):
+def _ordered(features: list[torch.Tensor], layer_ids):
     """Tapped features concatenated in `layer_ids` order (collected in layer order)."""
     if not layer_ids:
         return None
