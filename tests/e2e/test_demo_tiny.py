@@ -98,8 +98,10 @@ def test_shortened_demo_runs_every_stage_and_resumes(tmp_path):
     assert not any(line.startswith("INFO: ") for line in log.splitlines()), "Lightning's own console handler is back"
     assert "Tip:" not in log and "litlogger" not in log and "litmodels" not in log
     assert "LeafSpec" not in log
-    # 2 regeneration batches inside one 30 s interval: the bar draws when it opens and closes
-    assert len(re.findall(r"regenerate:\s+\d+%", log)) == 2, "the regeneration bar redrew inside its interval"
+    # 2 regeneration batches: the bar draws when it opens and closes, and once more only per
+    # 30 s interval the data stage lasted (a first build of the engine's kernel can take one)
+    draws = len(re.findall(r"regenerate:\s+\d+%", log))
+    assert 2 <= draws <= 2 + int(times["data"] // 30), f"the regeneration bar drew {draws} times in {times['data']:.0f} s"
 
     second = run_demo(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
