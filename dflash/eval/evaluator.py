@@ -55,7 +55,7 @@ class DecodingSettings:
     stop_tokens: extra stop tokens, as token strings or ids, on top of eos and
         end-of-turn markers.
     draft_threshold: the DFlash drafter's drafts (chain and tree) stop where the product
-        of the slots' top probabilities falls below it (`dflash.decoding.adaptive`);
+        of the slots' top probabilities falls below it (`dflash.dflash.adaptive`);
         0 drafts the whole block every step.
     """
 

@@ -23,8 +23,8 @@ class TreeSettings:
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
-    from dflash.decoding import DFlashProposer
     from dflash.decoding.tree import generate_tree
+    from dflash.dflash.proposer import DFlashProposer
 
     trained = context.drafter.config.block_size
     block_size = context.block_size or trained
@@ -37,6 +37,10 @@ def recorded(settings: TreeSettings, context: EvalContext) -> dict:
     return {"block_size": context.block_size, **dataclasses.asdict(settings), "draft_threshold": context.draft_threshold}
 
 
+def width_label(block_size: int, settings: dict) -> str:
+    return f"(B={block_size}, N={settings.get('budget')})"
+
+
 METHOD = Method(
     name="dflash_tree",
     label="DFlash, tree",
@@ -44,5 +48,5 @@ METHOD = Method(
     settings=TreeSettings,
     recorded=recorded,
     uses_dflash_drafter=True,
-    width_label=lambda block_size, settings: f"(B={block_size}, N={settings.get('budget')})",
+    width_label=width_label,
 )

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dflash.decoding import generate
-from dflash.decoding.adaptive import ThresholdProposer, confident_prefix_length
 from dflash.decoding.tree import generate_tree
+from dflash.dflash.adaptive import ThresholdProposer, confident_prefix_length
 from dflash.errors import ConfigError
 from helpers.decoding import LONG_PROMPT, RunnerUpOracle, hf_greedy, record_paths
 

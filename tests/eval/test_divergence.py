@@ -18,10 +18,11 @@ import torch
 import dflash.decoding.engine as engine
 import dflash.decoding.tree as tree
 import dflash.eval.evaluator as evaluator
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
 from dflash.decoding.token_tree import ROOT
 from dflash.decoding.tree import accepted_path as exact_walk
 from dflash.decoding.tree import generate_tree
+from dflash.dflash.proposer import DFlashProposer
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
     BUG,

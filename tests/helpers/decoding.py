@@ -9,10 +9,10 @@ from dataclasses import replace
 import torch
 
 import dflash.decoding.tree
-from dflash.decoding import DFlashProposer
 from dflash.decoding.sampling import probabilities, sample
 from dflash.decoding.token_tree import TokenTree
 from dflash.decoding.verify import verify as exact_verify
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.errors import require
 from dflash.target import TargetModel

@@ -9,7 +9,8 @@ it). This guards the off-by-one that gives 98% training accuracy and 10% accepta
 import pytest
 import torch
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
