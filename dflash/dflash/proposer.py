@@ -1,5 +1,5 @@
 """DFlash drafting in the decoding loop: one drafter forward over [anchor, mask x (B-1)]
-gives the logits of a whole block (`dflash.decoding.proposer.Proposer`)."""
+gives the logits of a whole block (`dflash.decoding.proposer.BlockProposer`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from dflash.decoding.verify import propose_tokens
 from dflash.drafter.model import DFlashDrafter, DrafterCache
 
 
@@ -36,6 +37,9 @@ class DFlashProposer:
 
     def reset(self) -> None:
         self.cache = DrafterCache(self.drafter.config.num_hidden_layers)
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
 
     @torch.inference_mode()
     def propose(self, committed_ids, new_features, block_size, num_drafts):

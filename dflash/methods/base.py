@@ -30,28 +30,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass
 class MethodSetup:
-    """A method ready to run in one evaluation.
+    """A method ready to run in one evaluation: `dflash.decoding.generate` with these.
 
-    proposer: a `Proposer` or `TokenProposer` (`dflash.decoding`).
+    proposer: a `dflash.decoding.Proposer`; verifier: a `dflash.decoding.Verifier`.
     block_size: the verify width B (drafts per step <= B - 1); recorded as the method's block_size.
     label: what drafted, for results.json (a drafter path, "random", or the lookup settings).
-    loop: its own decoding loop with `dflash.decoding.generate`'s signature minus
-        `block_size` (e.g. `dflash.decoding.tree.generate_tree`); None runs `generate(block_size=B)`.
-    options: extra keyword arguments of `loop`.
     trained_block_size: the drafter's training block size, when it has one.
     """
 
     proposer: Any
+    verifier: Any
     block_size: int
     label: str
-    loop: Callable | None = None
-    options: dict = field(default_factory=dict)
     trained_block_size: int | None = None
 
 

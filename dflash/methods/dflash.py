@@ -20,9 +20,11 @@ def dflash_proposer(target, context: EvalContext, threshold: float):
 
 
 def build(target, settings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
+
     trained = context.drafter.config.block_size
     proposer = dflash_proposer(target, context, context.draft_threshold)
-    return MethodSetup(proposer, block_size=context.block_size or trained, label=context.drafter_label, trained_block_size=trained)
+    return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 
 def recorded(settings, context: EvalContext) -> dict:

@@ -23,14 +23,15 @@ class TreeSettings:
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
-    from dflash.decoding.tree import generate_tree
+    from dflash.decoding import TreeVerifier
     from dflash.dflash.proposer import DFlashProposer
 
     trained = context.drafter.config.block_size
     block_size = context.block_size or trained
-    options = dict(block_size=block_size, tree_budget=settings.budget, draft_threshold=context.draft_threshold)
+    require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
+    verifier = TreeVerifier(settings.budget, context.draft_threshold)
     proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits)
-    return MethodSetup(proposer, block_size, context.drafter_label, generate_tree, options, trained)
+    return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
 
 
 def recorded(settings: TreeSettings, context: EvalContext) -> dict:

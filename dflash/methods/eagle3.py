@@ -57,10 +57,11 @@ def check(settings: Eagle3Settings) -> None:
 
 
 def build(target, settings: Eagle3Settings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
     from dflash.eagle3 import build_eagle3_proposer
 
     proposer = build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
-    return MethodSetup(proposer, block_size=settings.num_draft_tokens + 1, label=settings.path or "random")
+    return MethodSetup(proposer, ChainVerifier(), settings.num_draft_tokens + 1, settings.path or "random")
 
 
 def build_objective(target, settings: Eagle3TrainSettings, drafter, training):
