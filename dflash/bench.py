@@ -185,7 +185,7 @@ def step_costs(target, drafter, args) -> tuple[dict, dict]:
     import torch
     from transformers import DynamicCache
 
-    from dflash.decoding import DFlashProposer
+    from dflash.dflash.proposer import DFlashProposer
     from dflash.target import crop_cache
 
     device, context = target.device, args.context

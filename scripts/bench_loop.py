@@ -2,7 +2,7 @@
 
 Decodes `--prompts` fixed prompts greedily with `dflash.decoding.generate` (autoregressive,
 block 1, and the drafter's chain at its block size) and, unless `--tree-budget 0`, with
-`dflash.decoding.tree.generate_tree`; `--repeats` times each, methods alternating within
+`dflash.decoding.tree.TreeVerifier`; `--repeats` times each, methods alternating within
 each prompt. Prints, per method, the median over repeats of decode ms per token (decode
 time, prefill excluded, over the tokens after the prefill's) and of total ms per token
 (prefill included), with tau (pooled, bonus token counted). It uses only entry points
@@ -36,8 +36,8 @@ import subprocess
 import torch
 
 import dflash
-from dflash.decoding import DFlashProposer, generate
-from dflash.decoding.tree import generate_tree
+from dflash.decoding import TreeVerifier, generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.drafter.io import load_drafter
 from dflash.target import TargetModel
@@ -120,8 +120,8 @@ def main() -> None:
         f"chain B={block_size}": lambda ids: generate(target, ids, block_size=block_size, proposer=proposer, **common),
     }
     if args.tree_budget > 0:
-        methods[f"tree N={args.tree_budget}"] = lambda ids: generate_tree(
-            target, ids, proposer=proposer, block_size=block_size, tree_budget=args.tree_budget, **common
+        methods[f"tree N={args.tree_budget}"] = lambda ids: generate(
+            target, ids, proposer=proposer, block_size=block_size, verifier=TreeVerifier(args.tree_budget), **common
         )
     prompts = [encode(target, text) for text in PROMPTS[: args.prompts]]
     for run in methods.values():  # warm-up: kernels, allocator, lazy inits

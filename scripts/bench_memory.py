@@ -79,16 +79,18 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
 
     import torch
 
-    from dflash.specs import DrafterSpec, TargetSpec
+    from dflash.dflash.objective import DFlashObjective
+    from dflash.specs import DrafterSpec, TargetSpec, load_target
     from dflash.target.tiny import save_tiny_target
-    from dflash.training import dflash_training_module
+    from dflash.training import DrafterTrainingModule
     from dflash.training.config import TrainingConfig
 
     directory = tempfile.mkdtemp(prefix="bench_memory_target_")
     save_tiny_target(directory, "qwen3", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=6, max_positions=4096)
     training = TrainingConfig(num_anchors=ANCHORS, loss=objective, loss_chunk_rows=chunk_rows)
     drafter = DrafterSpec(num_layers=1, block_size=BLOCK, num_target_features=2)
-    module = dflash_training_module(TargetSpec(path=directory, dtype="float32"), drafter, training)
+    target = load_target(TargetSpec(path=directory, dtype="float32"))
+    module = DrafterTrainingModule(target, DFlashObjective(target, drafter, training), training, {})
     generator = torch.Generator().manual_seed(0)
     input_ids, loss_mask, _ = _blocks(SEQ_LEN, generator)
     batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask)}

@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from dflash.decoding import DFlashProposer, generate
-from dflash.decoding.adaptive import ThresholdProposer
-from dflash.decoding.tree import generate_tree
+from dflash.decoding import TreeVerifier, generate
+from dflash.dflash.adaptive import ThresholdProposer
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.drafter.io import load_drafter
 from dflash.eval.benchmarks import BenchmarkSpec, humaneval_path, load_benchmark
@@ -93,21 +93,20 @@ def main() -> None:
         f"chain B={block_size}": lambda ids: generate(target, ids, block_size=block_size, proposer=proposer, **common),
     }
     for budget in args.budgets:
-        methods[f"tree N={budget}"] = lambda ids, budget=budget: generate_tree(
-            target, ids, proposer=proposer, block_size=block_size, tree_budget=budget, **common
+        methods[f"tree N={budget}"] = lambda ids, budget=budget: generate(
+            target, ids, proposer=proposer, block_size=block_size, verifier=TreeVerifier(budget), **common
         )
     for threshold in args.thresholds:
         cut = ThresholdProposer(proposer, threshold)
         methods[f"chain t={threshold:g}"] = lambda ids, cut=cut: generate(
             target, ids, block_size=block_size, proposer=cut, **common
         )
-        methods[f"tree N={max(args.budgets)} t={threshold:g}"] = lambda ids, threshold=threshold: generate_tree(
+        methods[f"tree N={max(args.budgets)} t={threshold:g}"] = lambda ids, threshold=threshold: generate(
             target,
             ids,
             proposer=proposer,
             block_size=block_size,
-            tree_budget=max(args.budgets),
-            draft_threshold=threshold,
+            verifier=TreeVerifier(max(args.budgets), threshold),
             **common,
         )
 

@@ -8,7 +8,7 @@ a. one drafter training step (target features, blocks, drafter forward + backwar
    reference), SDPA with the factored mask (CPU training) and flex_attention with a
    BlockMask (CUDA training; compiled there): loss and gradient norms within a stated
    tolerance, step time and peak memory, at sequence 3072, 512 anchors, block 16;
-b. decode-loop efficiency through `dflash.decoding.engine.generate`: a proposer double
+b. decode-loop efficiency through `dflash.decoding.generate`: a proposer double
    whose draft slots are right with probability p (it runs the real drafter for the cost
    and then drafts from the target's own greedy output), measured speedup against the
    bound tau * t(1) / (t(B) + t_draft) for B in {4, 8, 16};
@@ -315,8 +315,13 @@ class ControlledAcceptanceProposer:
         if self.drafter_proposer is not None:
             self.drafter_proposer.reset()
 
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        from dflash.decoding.verify import propose_tokens
+
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
+
     def propose(self, committed_ids, new_features, block_size, num_drafts):
-        from dflash.decoding.engine import generate
+        from dflash.decoding import generate
 
         device = committed_ids.device
         if self.drafter_proposer is not None:
@@ -360,8 +365,8 @@ def verify_forward_seconds(target, prompt: torch.Tensor, length: int, layer_ids,
 
 
 def section_decoding(target, drafter, sizes: Sizes, p: float) -> list[str]:
-    from dflash.decoding.engine import generate
-    from dflash.decoding.proposer import DFlashProposer
+    from dflash.decoding import generate
+    from dflash.dflash.proposer import DFlashProposer
     from dflash.training.forward import set_attention_implementation
 
     set_attention_implementation(drafter, "sdpa")  # decoding: one block, unmasked
@@ -409,7 +414,7 @@ def section_decoding(target, drafter, sizes: Sizes, p: float) -> list[str]:
 
 
 def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
-    from dflash.decoding.engine import generate
+    from dflash.decoding import generate
     from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
     from dflash.target import TargetModel
     from dflash.target.tiny import build_tiny_target

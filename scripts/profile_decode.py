@@ -91,7 +91,7 @@ def timed_ms(device, fn, repeats: int) -> list[float]:
 def propose_run(drafter, target, prompt: torch.Tensor, steps: int):
     """A fresh DFlashProposer's calls: the prompt's features first, then `steps` calls of
     STEP_FEATURES new positions each; returns (proposer, list of per-call ms)."""
-    from dflash.decoding.proposer import DFlashProposer
+    from dflash.dflash.proposer import DFlashProposer
 
     proposer = DFlashProposer(drafter, target.embed, target.logits)
     width = len(proposer.target_layer_ids) * target.config.hidden_size
@@ -148,7 +148,7 @@ def profile_tables(fn, device, rows: int) -> tuple[str, str, float, float]:
 
 
 def measure(family: str, target, drafter, prompt: torch.Tensor, state: str, steps: int, files: list) -> list[str]:
-    from dflash.decoding.engine import generate
+    from dflash.decoding import generate
     from dflash.training.forward import set_attention_implementation
 
     set_attention_implementation(drafter, "sdpa")

@@ -48,7 +48,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         f"{path!r} holds a drafter of architectures {drafter_config.get('architectures')}, which no trained method "
         f"({', '.join(sorted(trained_methods()))}) exports",
     )
-    out = method.training().export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
+    out = method.export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
     # the card reads the run's config and evaluation when the checkpoint sits in its run directory
     write_model_card(out, *run_files(os.path.dirname(os.path.dirname(path))))
     print(f"drafter: {out}")

@@ -61,14 +61,13 @@ def job_from_config(cfg: DictConfig):
     from dflash.training.run import TrainJob
 
     method, settings = _method(cfg)
-    trained = method.training()
     # The drafter's initialisation follows the run's seed unless set on its own: building the
     # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order.
     drafter = _seeded(build(cfg.drafter, "drafter"), cfg.seed)
     settings = _seeded(settings, cfg.seed)
     training = build(cfg.training, "training")
     data = build(cfg.data, "data")
-    trained.check(settings, drafter, data, training)  # e.g. a drafter directory is read now, before the target loads
+    method.check_training(settings, drafter, data, training)  # e.g. a drafter directory is read now, before the target loads
     return TrainJob(
         target=build(cfg.target, "target"),
         drafter=drafter,
@@ -78,11 +77,11 @@ def job_from_config(cfg: DictConfig):
         output_dir=cfg.paths.output_dir,
         checkpoint=build(cfg.checkpoint, "checkpoint"),
         logger=build(cfg.logger, "logger"),
-        evaluation=_evaluation(cfg.eval, trained, settings),
-        tau_real=_tau_real(cfg.eval, trained, settings),
+        evaluation=_evaluation(cfg.eval, method, settings),
+        tau_real=_tau_real(cfg.eval, method, settings),
         seed=cfg.seed,
         config=resolved_config(cfg),
-        method=trained,
+        method=method,
         method_settings=settings,
     )
 
@@ -104,7 +103,6 @@ def _method(cfg: DictConfig):
     choices = sorted(trained_methods())
     require(name in choices, "method", f"unknown method {name!r}; choose one of {choices}")
     method = METHODS[name]
-    method.check_installed()
     settings = method.train_settings() if node is None else build(node, "method")
     require(
         isinstance(settings, method.train_settings),
@@ -114,7 +112,7 @@ def _method(cfg: DictConfig):
     return method, settings
 
 
-def _evaluation(node: DictConfig, trained, train_settings):
+def _evaluation(node: DictConfig, method, train_settings):
     """The `eval` group as an `AfterTrainEval` of the trained method, or None when `eval.after_train` is false."""
     from dflash.eval import EvalSettings
     from dflash.eval.after_train import AfterTrainEval
@@ -130,17 +128,17 @@ def _evaluation(node: DictConfig, trained, train_settings):
             hf_generate=node.hf_generate,
             warmup_tokens=node.warmup_tokens,
         )
-    return AfterTrainEval(benchmark=benchmark, settings=settings, trained=trained, train_settings=train_settings)
+    return AfterTrainEval(benchmark=benchmark, settings=settings, method=method, train_settings=train_settings)
 
 
-def _tau_real(node: DictConfig, trained, train_settings):
+def _tau_real(node: DictConfig, method, train_settings):
     """The `eval.tau_real` block as a `TauRealProbe` of the trained method, or None when it is off."""
     from dflash.eval.tau_real import TauRealProbe
 
     settings = build(node.tau_real, "eval.tau_real")
     if not settings.enabled:
         return None
-    return TauRealProbe(settings=settings, trained=trained, train_settings=train_settings)
+    return TauRealProbe(settings=settings, method=method, train_settings=train_settings)
 
 
 # What Lightning's DDP launcher writes into the parent's environment (and leaves there).

@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 import torch
 
+from dflash.decoding.chain import ChainVerifier
+from dflash.decoding.proposer import Proposer
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.errors import require
 from dflash.target import TargetModel
@@ -72,8 +74,7 @@ class GenerationResult:
     draft_counts: draft tokens the target verified in each step (the step's forward covers
         the anchor plus these), aligned with acceptance_lengths.
     prefill_time_s / decode_time_s: wall-clock seconds (CUDA synchronised).
-    steps: the record of every verify forward (`VerifyStep`), aligned with
-        acceptance_lengths; None from a loop that keeps no record (it cannot be replayed).
+    steps: the record of every verify forward (`VerifyStep`), aligned with acceptance_lengths.
     """
 
     output_ids: list[int]
@@ -81,7 +82,7 @@ class GenerationResult:
     draft_counts: list[int] = field(default_factory=list)
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
-    steps: list[VerifyStep] | None = None
+    steps: list[VerifyStep] = field(default_factory=list)
 
     @property
     def num_steps(self) -> int:
@@ -117,8 +118,10 @@ class Verifier(Protocol):
     def check(self, target: TargetModel, sampling: SamplingConfig) -> None:
         """Refuse (ConfigError) a target or sampling setting this verifier cannot keep lossless."""
 
-    def draft(self, proposer, committed_ids: torch.Tensor, new_features, num_drafts: int, sampling, generator) -> Any:
-        """Have `proposer` draft at most `num_drafts` >= 1 tokens (`Proposer` docstring: the arguments)."""
+    def draft(
+        self, proposer, committed_ids: torch.Tensor, new_features, block_size: int, num_drafts: int, sampling, generator
+    ) -> Any:
+        """Have `proposer` draft at most `num_drafts` >= 1 tokens (`Proposer.draft`: the arguments)."""
 
     def rebuild(self, draft_tokens: torch.Tensor, parents: list[int] | None) -> Any:
         """Drafts with these tokens (n,) and structure (as recorded); n = 0: no drafts."""
@@ -174,14 +177,14 @@ def _commit(result: GenerationResult, emitted: list[int], stop_ids: set[int], ma
 
 @torch.inference_mode()
 @decode_attention()
-def decode(
+def generate(
     target: TargetModel,
     input_ids: torch.Tensor,
-    verifier: Verifier,
-    proposer,
     *,
     max_new_tokens: int,
-    block_size: int,
+    block_size: int = 1,
+    proposer: Proposer | None = None,
+    verifier: Verifier | None = None,
     stop_token_ids: list[int] | tuple[int, ...] = (),
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
@@ -191,17 +194,22 @@ def decode(
     Args:
         target: the frozen target.
         input_ids: (1, P) prompt ids, P >= 1.
-        verifier: lays out and verifies each step's drafts (`ChainVerifier`, `TreeVerifier`).
-        proposer: drafts when block_size > 1 (None for autoregressive decoding).
-        block_size: B; at most B - 1 drafts (tree: depth) per step; 1 drafts nothing.
+        block_size: B, the verify width: at most B - 1 drafts (tree: depth) per step; 1 is
+            autoregressive decoding (no proposer needed).
+        proposer: drafts when block_size > 1 (`Proposer`).
+        verifier: lays out and verifies each step's drafts (`TreeVerifier`); None: a chain
+            (`ChainVerifier`).
         stop_token_ids: generation ends right after the first of these it emits.
         generator: torch RNG for sampling (on the target's device), for reproducibility.
+    Returns:
+        the output, its measurements and the record of its verify forwards (`GenerationResult`).
     """
     require(block_size >= 1, "decoding.block_size", f"must be >= 1, got {block_size}")
     require(max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {max_new_tokens}")
     require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")
     require(input_ids.shape[1] >= 1, "prompt", "the prompt is empty")
     require(block_size == 1 or proposer is not None, "drafter", "block_size > 1 needs a drafter")
+    verifier = ChainVerifier() if verifier is None else verifier
     verifier.check(target, sampling)
     device = target.device
     input_ids = input_ids.to(device)
@@ -218,7 +226,7 @@ def decode(
     first = target_token(out.logits[0, -1], sampling, generator)
     pending_features = out.features
     synchronize(device)
-    result = GenerationResult(output_ids=[first], prefill_time_s=time.perf_counter() - start, steps=[])
+    result = GenerationResult(output_ids=[first], prefill_time_s=time.perf_counter() - start)
     committed = torch.cat([input_ids, torch.tensor([[first]], device=device)], dim=1)
     done = first in stop_ids or max_new_tokens == 1
 
@@ -228,7 +236,7 @@ def decode(
         num_drafts = min(block_size - 1, max_new_tokens - len(result.output_ids) - 1)
         drafts = no_drafts
         if num_drafts > 0:
-            drafts = verifier.draft(proposer, committed, pending_features, num_drafts, sampling, generator)
+            drafts = verifier.draft(proposer, committed, pending_features, block_size, num_drafts, sampling, generator)
             pending_features = None
         out = verify_forward(target, cache, verifier, committed[:, -1], drafts, anchor_position, layer_ids)
         kept_rows, next_token = verifier.accept(drafts, out.logits[0], sampling, generator)

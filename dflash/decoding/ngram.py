@@ -42,7 +42,7 @@ def lookup_continuation(ids: list[int], max_ngram: int, min_ngram: int, num_toke
 
 
 class NgramProposer:
-    """A `TokenProposer` that drafts by prompt lookup (module docstring); needs no target features."""
+    """A `Proposer` that drafts by prompt lookup (module docstring); needs no target features."""
 
     target_layer_ids = None
 
@@ -57,6 +57,7 @@ class NgramProposer:
         self,
         committed_ids: torch.Tensor,
         new_features: torch.Tensor | None,
+        block_size: int,
         num_drafts: int,
         sampling: SamplingConfig,
         generator: torch.Generator | None,

@@ -1,54 +1,27 @@
 """Proposers: what drafts the tokens of a verify step during speculative decoding.
 
 A proposer sees the committed token ids and the target features of context positions
-it has not seen yet (each delivered exactly once over a request), and drafts in one of
-two ways; the engine does not care how, and tests plug in doubles (e.g. an oracle that
-runs the target):
-- `Proposer.propose`: drafter logits for block slots 1..num_drafts, all at once (DFlash);
-  the engine turns them into tokens (argmax, or samples at T > 0).
-- `TokenProposer.draft`: the draft tokens themselves, with the distributions they were
-  drawn from, and possibly fewer than asked (even none). For drafters whose slot i + 1
-  depends on the token chosen at slot i (EAGLE-3's chain) and deterministic ones (prompt
-  lookup: `dflash.decoding.ngram`). The engine calls `draft` when a proposer has it.
+it has not seen yet (each delivered exactly once over a request) and drafts tokens
+(`Proposer.draft`): possibly fewer than asked (even none), with the distributions they
+were drawn from. Drafters whose slot i + 1 depends on the token chosen at slot i
+(EAGLE-3's chain) draft token by token; deterministic ones (prompt lookup:
+`dflash.decoding.ngram`) look tokens up; a block drafter (DFlash) also has the logits of
+a whole block at once (`BlockProposer.propose`), which tree verification expands, and
+drafts by `propose_tokens` of them. Tests plug in doubles (e.g. an oracle that runs the
+target).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from dflash.decoding.sampling import SamplingConfig
 from dflash.decoding.verify import Drafts
-from dflash.drafter.model import DFlashDrafter, DrafterCache
 
 
 class Proposer(Protocol):
-    #: target layers whose features the proposer needs (None: no features).
-    target_layer_ids: list[int] | None
-
-    def reset(self) -> None:
-        """Forget the previous request."""
-
-    def propose(
-        self, committed_ids: torch.Tensor, new_features: torch.Tensor | None, block_size: int, num_drafts: int
-    ) -> torch.Tensor:
-        """Draft logits for one block.
-
-        Args:
-            committed_ids: (1, L) every committed token; the anchor is the last, at position L-1.
-            new_features: (1, n, F) target features of positions [L-1-n, L-1), the context
-                the proposer has not seen; every position before the anchor is delivered
-                exactly once over a request.
-            block_size: B; the block is [anchor, mask x (B-1)].
-            num_drafts: how many slots to return, 1 <= num_drafts <= B-1.
-        Returns:
-            (num_drafts, vocab) logits for slots 1..num_drafts.
-        """
-
-
-class TokenProposer(Protocol):
     #: target layers whose features the proposer needs (None: no features).
     target_layer_ids: list[int] | None
 
@@ -59,6 +32,7 @@ class TokenProposer(Protocol):
         self,
         committed_ids: torch.Tensor,
         new_features: torch.Tensor | None,
+        block_size: int,
         num_drafts: int,
         sampling: SamplingConfig,
         generator: torch.Generator | None,
@@ -66,8 +40,12 @@ class TokenProposer(Protocol):
         """Draft up to `num_drafts` tokens after the committed ones.
 
         Args:
-            committed_ids, new_features: as in `Proposer.propose`.
-            num_drafts: the most tokens the engine will verify, >= 1.
+            committed_ids: (1, L) every committed token; the anchor is the last, at position L-1.
+            new_features: (1, n, F) target features of positions [L-1-n, L-1), the context
+                the proposer has not seen; every position before the anchor is delivered
+                exactly once over a request.
+            block_size: B, the verify width (a block drafter drafts [anchor, mask x (B-1)]).
+            num_drafts: the most tokens the loop will verify, 1 <= num_drafts <= B-1.
             sampling / generator: how to choose each token (argmax when greedy, else a
                 sample from the drafter's filtered distribution, with this generator).
         Returns:
@@ -77,51 +55,9 @@ class TokenProposer(Protocol):
         """
 
 
-class DFlashProposer:
-    """Drafts with a DFlash drafter and the target's frozen embedding and LM head.
-
-    Args:
-        embed: token ids (1, q) -> (1, q, D) embeddings as the target's first layer sees
-            them (`TargetModel.embed`).
-        logits: hidden (..., D) -> (..., V) logits through the target's head transform
-            (`TargetModel.logits`).
-    """
-
-    def __init__(
-        self,
-        drafter: DFlashDrafter,
-        embed: Callable[[torch.Tensor], torch.Tensor],
-        logits: Callable[[torch.Tensor], torch.Tensor],
-    ):
-        self.drafter = drafter.eval()
-        self.embed = embed
-        self.logits = logits
-        self.mask_token_id = drafter.config.mask_token_id
-        # A drafter without target features reads the prefix's token embeddings instead.
-        self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
-        self.cache = DrafterCache(drafter.config.num_hidden_layers)
-
-    def reset(self) -> None:
-        self.cache = DrafterCache(self.drafter.config.num_hidden_layers)
-
-    @torch.inference_mode()
-    def propose(self, committed_ids, new_features, block_size, num_drafts):
-        device = committed_ids.device
-        anchor_pos = committed_ids.shape[1] - 1
-        context_start = self.cache.length
-        if self.target_layer_ids is None:
-            new_features = self.embed(committed_ids[:, context_start:anchor_pos])
-        if new_features is None:
-            raise RuntimeError("the drafter needs target features of the context; the target returned none")
-        if context_start + new_features.shape[1] != anchor_pos:
-            raise RuntimeError(
-                f"drafter context covers {context_start + new_features.shape[1]} positions, "
-                f"expected {anchor_pos} (all before the anchor)"
-            )
-        block_ids = torch.full((1, block_size), self.mask_token_id, dtype=torch.long, device=device)
-        block_ids[0, 0] = committed_ids[0, -1]
-        block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
-        context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
-        hidden = self.drafter(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
-        self.cache.crop(anchor_pos)
-        return self.logits(hidden[0, 1 : 1 + num_drafts]).float()
+class BlockProposer(Proposer, Protocol):
+    def propose(
+        self, committed_ids: torch.Tensor, new_features: torch.Tensor | None, block_size: int, num_drafts: int
+    ) -> torch.Tensor:
+        """Draft logits (k, vocab) for block slots 1..k, k <= num_drafts, all at once
+        (arguments as in `draft`); `draft` is `propose_tokens` of them."""

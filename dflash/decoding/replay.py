@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash.decoding.engine import ChainVerifier
+from dflash.decoding.chain import ChainVerifier
 from dflash.decoding.loop import VerifyStep, prefill_forward, verify_forward
 from dflash.decoding.tree import TreeVerifier
 from dflash.target import TargetModel

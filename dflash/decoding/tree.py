@@ -1,7 +1,7 @@
 """Tree verification: one target forward checks a tree of draft candidates (batch size 1).
 
 Per step: the drafter drafts a block [anchor, mask x (B-1)] once; `build_tree` turns its
-per-slot distributions into a tree of `tree_budget` nodes (token_tree.py states the
+per-slot distributions into a tree of `budget` nodes (token_tree.py states the
 rule); the target runs once over [anchor, nodes] with a tree attention mask (each node
 sees the committed context, its ancestors and itself) at positions anchor + depth. The
 walk from the anchor follows the child equal to the target's own token at each node and
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash.decoding.loop import GenerationResult, decode, target_token
-from dflash.decoding.proposer import Proposer
+from dflash.decoding.loop import target_token
+from dflash.decoding.proposer import BlockProposer
 from dflash.decoding.sampling import SamplingConfig
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_depths, tree_position_ids
 from dflash.errors import require
@@ -80,22 +80,26 @@ def accepted_path(tree: TokenTree, target_logits: torch.Tensor, sampling: Sampli
 
 
 class TreeVerifier:
-    """A best-first token tree of `budget` nodes from one DFlash block; accepts the walk along
-    the target's own tokens (`accepted_path`)."""
+    """A best-first token tree of `budget` draft nodes (the target verifies budget + 1 tokens
+    per step) from one block of a `BlockProposer`, at most B - 1 deep; accepts the walk along
+    the target's own tokens (`accepted_path`). Nodes whose path score (product of slot
+    probabilities) is below `draft_threshold` are left out; 0 keeps the full budget."""
 
     name = "tree"
 
-    def __init__(self, block_size: int, budget: int, draft_threshold: float):
-        self.block_size = block_size
+    def __init__(self, budget: int, draft_threshold: float = 0.0):
+        require(budget >= 1, "dflash_tree.budget", f"must be >= 1, got {budget}")
+        require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
         self.budget = budget
         self.draft_threshold = draft_threshold
 
-    def check(self, target: TargetModel, sampling: SamplingConfig) -> None:
+    @staticmethod
+    def check(target: TargetModel, sampling: SamplingConfig) -> None:
         check_tree_support(target, sampling)
 
-    def draft(self, proposer: Proposer, committed_ids, new_features, num_drafts, sampling, generator) -> TokenTree:
+    def draft(self, proposer: BlockProposer, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> TokenTree:
         """The tree over the block's per-slot logits (num_drafts, V)."""
-        draft_logits = proposer.propose(committed_ids, new_features, self.block_size, num_drafts)
+        draft_logits = proposer.propose(committed_ids, new_features, block_size, num_drafts)
         return build_tree(draft_logits, self.budget, min_score=self.draft_threshold)
 
     @staticmethod
@@ -117,40 +121,3 @@ class TreeVerifier:
     def compact(cache, anchor_position: int, kept_rows: list[int]) -> None:
         """Row r sits at cache position anchor_position + r; the path's entries move behind the anchor."""
         keep_cache_positions(cache, anchor_position + 1, [anchor_position + row for row in kept_rows[1:]])
-
-
-def generate_tree(
-    target: TargetModel,
-    input_ids: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    proposer: Proposer,
-    block_size: int,
-    tree_budget: int,
-    draft_threshold: float = 0.0,
-    stop_token_ids: list[int] | tuple[int, ...] = (),
-    sampling: SamplingConfig = SamplingConfig(),
-    generator: torch.Generator | None = None,
-) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens after `input_ids` with tree verification, losslessly.
-
-    Same arguments, semantics, timing fields and record as `engine.generate`;
-    acceptance_lengths are accepted path lengths + 1 (the target's own token counts).
-
-    Args:
-        input_ids: (1, P) prompt ids, P >= 1.
-        proposer: returns per-slot logits (num_drafts, V) for a block (e.g. DFlashProposer).
-        block_size: B; the tree is at most B - 1 deep.
-        tree_budget: number of draft nodes per verify step (the target verifies
-            tree_budget + 1 tokens per step).
-        draft_threshold: leave out nodes whose path score (product of slot
-            probabilities) is below it; 0 keeps the full budget every step.
-    """
-    require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
-    require(tree_budget >= 1, "dflash_tree.budget", f"must be >= 1, got {tree_budget}")
-    require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
-    verifier = TreeVerifier(block_size, tree_budget, draft_threshold)
-    return decode(
-        target, input_ids, verifier, proposer, max_new_tokens=max_new_tokens, block_size=block_size,
-        stop_token_ids=stop_token_ids, sampling=sampling, generator=generator,
-    )  # fmt: skip

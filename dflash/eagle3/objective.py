@@ -1,5 +1,5 @@
 """EAGLE-3's side of the training module (`method=eagle3`): its drafter and the
-training-time-test loss, as an `Objective` of `dflash.training.module.DrafterTrainingModule`.
+training-time-test loss, as a `dflash.training.objective.Objective`.
 
 Same frozen target (outside the optimizer and checkpoints), optimizer, schedule, metrics
 and logging as DFlash; the checkpoint stores the drafter's config.json dict like DFlash's
@@ -8,18 +8,13 @@ and logging as DFlash; the checkpoint stores the drafter's config.json dict like
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from dflash.eagle3.config import Eagle3Config
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.eagle3.training import draft_vocab_from_counts, ttt_loss
-from dflash.specs import TargetSpec
 from dflash.target import TargetModel
-from dflash.training.config import TrainingConfig
 from dflash.training.loss import BlockLoss
-from dflash.training.objective import Objective
 
 
 def build_eagle3_drafter(target: TargetModel, settings) -> Eagle3Drafter:
@@ -36,7 +31,7 @@ def build_eagle3_drafter(target: TargetModel, settings) -> Eagle3Drafter:
     return drafter
 
 
-class Eagle3Objective(Objective):
+class Eagle3Objective:
     """Trains an `Eagle3Drafter` with the training-time test (`dflash.eagle3.training`)."""
 
     def __init__(self, target: TargetModel, settings):
@@ -47,11 +42,16 @@ class Eagle3Objective(Objective):
     def taps(self) -> list[int]:
         return list(self.drafter.config.target_layer_ids)
 
-    def setup(self, module) -> None:
+    def on_device(self, device: torch.device) -> None:
+        pass
+
+    def checkpoint_config(self) -> dict:
+        return self.drafter.config.to_hf_dict()
+
+    def setup(self, target: TargetModel, datamodule) -> None:
         # Runs before a resumed checkpoint is restored, which then brings its own d2t/t2d.
         # The datamodule's own loader is not yet sharded by rank, so every DDP rank counts
         # the whole training split and picks the same vocabulary.
-        datamodule = getattr(module.trainer, "datamodule", None)
         if self.settings.draft_vocab_size is None or datamodule is None:
             return
         counts = torch.zeros(self.drafter.config.vocab_size, dtype=torch.long)
@@ -60,31 +60,19 @@ class Eagle3Objective(Objective):
             counts += torch.bincount(tokens, minlength=counts.numel())[: counts.numel()]
         ids = draft_vocab_from_counts(counts, self.drafter.config.draft_vocab_size)
         self.drafter.set_draft_vocab(ids)
-        self.drafter.lm_head.weight.data.copy_(module.target.lm_head.weight[ids.to(module.target.device)].float())
+        self.drafter.lm_head.weight.data.copy_(target.lm_head.weight[ids.to(target.device)].float())
 
-    def loss(self, module, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
+    def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
         """TTT loss of right-padded `input_ids` / `loss_mask` / `attention_mask` (b, S);
         `full_vocab` is DFlash's (EAGLE-3 scores its own draft vocabulary either way)."""
         loss_mask = batch["loss_mask"].bool() & batch["attention_mask"].bool()
         settings = self.settings
         return ttt_loss(
             self.drafter,
-            module.target.embed,
+            target.embed,
             states,
             batch["input_ids"],
             loss_mask,
             settings.ttt_length,
             settings.step_weight_decay,
         )
-
-
-def eagle3_training_module(target: TargetSpec, settings, training: TrainingConfig):
-    """A `DrafterTrainingModule` training an EAGLE-3 drafter against `target`."""
-    from dflash.training.module import DrafterTrainingModule
-
-    hparams = {
-        "target": dataclasses.asdict(target),
-        "method": dataclasses.asdict(settings),
-        "training": dataclasses.asdict(training),
-    }
-    return DrafterTrainingModule(target, lambda model: Eagle3Objective(model, settings), training, hparams)

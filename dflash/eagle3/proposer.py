@@ -1,6 +1,6 @@
 """EAGLE-3 chain drafting for the speculative decoding loop.
 
-Invariants (the engine contract of `dflash.decoding.proposer.Proposer`):
+Invariants (the loop's contract of `dflash.decoding.proposer.Proposer`):
 - Committed tokens occupy [0, L); the anchor is at L-1; target features of [0, L-1) have
   been delivered exactly once. Context pair t = (features of t, token t+1) for t < L-1:
   the drafter's cache holds the pairs [0, L-1) between calls.
@@ -29,7 +29,7 @@ class Eagle3Proposer:
 
     Args:
         embed: token ids (1, q) -> (1, q, H) (`TargetModel.embed`).
-    The chain length is the engine's: `num_drafts` of each `draft` call.
+    The chain length is the loop's: `num_drafts` of each `draft` call (block_size unused).
     """
 
     def __init__(self, drafter: Eagle3Drafter, embed):
@@ -46,6 +46,7 @@ class Eagle3Proposer:
         self,
         committed_ids: torch.Tensor,
         new_features: torch.Tensor | None,
+        block_size: int,
         num_drafts: int,
         sampling: SamplingConfig = GREEDY,
         generator: torch.Generator | None = None,

@@ -1,6 +1,6 @@
 """The evaluation at the end of training (`eval.after_train=true`): the exported drafter
 on a benchmark through `dflash.eval.evaluate`, results.json in the run directory. The
-trained method says which method evaluates its drafter (`TrainedMethod.evaluation`):
+trained method says which method evaluates its drafter (`Method.evaluation`):
 a DFlash run evaluates method dflash, an EAGLE-3 run method eagle3 with its own drafter.
 """
 
@@ -20,13 +20,13 @@ class AfterTrainEval:
 
     benchmark: a `dflash.eval.BenchmarkSpec`; settings: a `dflash.eval.EvalSettings`
     (its `methods` are replaced by the trained method's evaluation method).
-    trained / train_settings: the run's `dflash.training.objective.TrainedMethod` and its
+    method / train_settings: the run's trained method (`dflash.methods.Method`) and its
     `method` group.
     """
 
     benchmark: Any
     settings: Any
-    trained: Any
+    method: Any
     train_settings: Any
 
     def run(self, target, drafter_dir: str, output_dir: str, config: dict) -> str:
@@ -35,7 +35,7 @@ class AfterTrainEval:
         from dflash.eval import benchmark_source, evaluate, format_results, load_benchmark, write_results
         from dflash.methods import METHODS
 
-        name, method_settings = self.trained.evaluation(drafter_dir, self.train_settings)
+        name, method_settings = self.method.evaluation(drafter_dir, self.train_settings)
         settings = dataclasses.replace(
             self.settings, methods=[name], method_settings={} if method_settings is None else {name: method_settings}
         )

@@ -14,8 +14,7 @@ conversations continue from the primary method's answer, as the public harness d
 (from DFlash's). In greedy runs, every output that parts from the autoregressive one is
 diagnosed after the timed runs (a near-tie within the dtype's rounding, or a bug:
 `dflash.eval.divergence`), replayed from each run's record of its target forwards
-(chain and tree alike); outputs of a loop that keeps no record are not replayed, so
-their divergences count as bugs.
+(chain and tree alike).
 
 No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 """
@@ -28,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from dflash.decoding import SamplingConfig, generate
-from dflash.decoding.engine import GenerationResult, synchronize
+from dflash.decoding import GenerationResult, SamplingConfig, generate
+from dflash.decoding.loop import synchronize
 from dflash.drafter import DFlashDrafter
 from dflash.errors import require
 from dflash.eval.benchmarks import Sample
@@ -55,7 +54,7 @@ class DecodingSettings:
     stop_tokens: extra stop tokens, as token strings or ids, on top of eos and
         end-of-turn markers.
     draft_threshold: the DFlash drafter's drafts (chain and tree) stop where the product
-        of the slots' top probabilities falls below it (`dflash.decoding.adaptive`);
+        of the slots' top probabilities falls below it (`dflash.dflash.adaptive`);
         0 drafts the whole block every step.
     """
 
@@ -200,14 +199,12 @@ def run_method(
     sampling: SamplingConfig,
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
-    """One generation from `input_ids` (1, P) by `setup`'s method (its own loop, or the chain
-    loop at its verify width), or by the autoregressive baseline when `setup` is None."""
+    """One generation from `input_ids` (1, P) by `setup`'s method (its proposer and verifier at
+    its verify width), or by the autoregressive baseline when `setup` is None."""
     common = dict(max_new_tokens=max_new_tokens, stop_token_ids=stop_ids, sampling=sampling, generator=generator)
     if setup is None:
-        return generate(target, input_ids, block_size=1, **common)
-    if setup.loop is not None:
-        return setup.loop(target, input_ids, proposer=setup.proposer, **common, **setup.options)
-    return generate(target, input_ids, block_size=setup.block_size, proposer=setup.proposer, **common)
+        return generate(target, input_ids, **common)
+    return generate(target, input_ids, block_size=setup.block_size, proposer=setup.proposer, verifier=setup.verifier, **common)
 
 
 def _own_settings(name: str, settings: EvalSettings):
@@ -248,8 +245,6 @@ class _Methods:
         """Diagnose where each method's and HF generate's outputs part from the baseline's (greedy, untimed)."""
 
         def replay(run: GenerationResult):
-            if run.steps is None:
-                return lambda position: None
             return lambda position: replay_logits(self.target, input_ids, run.steps, position)
 
         baseline = results[BASELINE]

@@ -1,6 +1,6 @@
 """What `eval.tau_real` decodes while training (`dflash.training.real_tau.RealTauCallback`
 schedules and logs it): a drafter directory the training run just exported, through the
-trained method's evaluation (`TrainedMethod.evaluation`: DFlash at its trained block size,
+trained method's evaluation (`Method.evaluation`: DFlash at its trained block size,
 EAGLE-3 with its own drafter), greedy, on fixed prompt ids, with the evaluator's code
 (`dflash.eval.evaluator.run_method`, the same methods, stop tokens and aggregation).
 
@@ -33,12 +33,12 @@ GREEDY = SamplingConfig()
 class TauRealProbe:
     """Greedy decoding of fixed prompts with a trained method's exported drafter.
 
-    settings: the `eval.tau_real` block. trained / train_settings: the run's
-    `dflash.training.objective.TrainedMethod` and its `method` group.
+    settings: the `eval.tau_real` block. method / train_settings: the run's trained
+    method (`dflash.methods.Method`) and its `method` group.
     """
 
     settings: TauRealSettings
-    trained: Any
+    method: Any
     train_settings: Any
     _baseline: dict = field(default_factory=dict, repr=False)  # prompt ids -> the target's greedy output
 
@@ -52,7 +52,7 @@ class TauRealProbe:
         """
         from dflash.drafter import load_drafter
 
-        name, method_settings = self.trained.evaluation(drafter_dir, self.train_settings)
+        name, method_settings = self.method.evaluation(drafter_dir, self.train_settings)
         method = METHODS[name]
         drafter = load_drafter(drafter_dir, device=target.device, dtype=target.dtype) if method.uses_dflash_drafter else None
         setup = build_method(name, target, method_settings, EvalContext(drafter, drafter_dir))

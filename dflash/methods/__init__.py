@@ -1,45 +1,29 @@
-"""The drafting methods, one module each, found by name: `METHODS` maps a method's name
-to its `Method` (`dflash.methods.base`).
+"""The drafting methods, one module each: `BUILTIN` lists them, `METHODS` maps a
+method's name to its `Method` (`dflash.methods.base`).
 
-Adding a method is one new module here that defines `METHOD = Method(...)`, plus its
-config group (`dflash/conf/<name>/default.yaml` for evaluation, and for a trained method
-`dflash/conf/method/<name>.yaml`); nothing else names it (docs/design.md lists what a
-method provides). Modules import their heavy dependencies inside functions, so reading
-the registry loads no model code.
+Adding a method is one new module here that defines `METHOD = Method(...)`, its entry in
+`BUILTIN`, and its config group (`dflash/conf/<name>/default.yaml` for evaluation, and for
+a trained method `dflash/conf/method/<name>.yaml`); nothing else names it (docs/design.md
+lists what a method provides). Modules import their heavy dependencies inside
+functions, so reading the registry loads no model code.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from dflash.errors import require
+from dflash.methods import dflash, dflash_tree, eagle3, ngram
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
-_NOT_METHODS = {"base"}
-
-
-def _discover() -> dict[str, Method]:
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
-        if info.name in _NOT_METHODS or info.name.startswith("_"):
-            continue
-        method = importlib.import_module(f"{__name__}.{info.name}").METHOD
-        found[method.name] = method
-    return found
-
-
-METHODS: dict[str, Method] = _discover()
+BUILTIN: tuple[Method, ...] = (dflash.METHOD, dflash_tree.METHOD, eagle3.METHOD, ngram.METHOD)
+METHODS: dict[str, Method] = {method.name: method for method in BUILTIN}
 
 
 def check_method_names(names: list[str]) -> None:
-    """ConfigError unless `names` is a non-empty list of distinct, installed methods."""
+    """ConfigError unless `names` is a non-empty list of distinct, known methods."""
     require(isinstance(names, list) and len(names) > 0, "methods", f"must be a non-empty list, e.g. [dflash], got {names!r}")
     unknown = [name for name in names if name not in METHODS]
     require(not unknown, "methods", f"unknown method {unknown[0]!r}; choose from {sorted(METHODS)}" if unknown else "")
     require(len(set(names)) == len(names), "methods", f"a method is listed twice: {names}")
-    for name in names:
-        METHODS[name].check_installed()
 
 
 def build_method(name: str, target, settings=None, context: EvalContext | None = None) -> MethodSetup:
@@ -57,14 +41,14 @@ def build_method(name: str, target, settings=None, context: EvalContext | None =
 
 def trained_methods() -> dict[str, Method]:
     """The methods `python -m dflash.train` can train (`method=NAME`)."""
-    return {name: method for name, method in METHODS.items() if method.training is not None}
+    return {name: method for name, method in METHODS.items() if method.build_objective is not None}
 
 
 def method_of_checkpoint(drafter_config: dict) -> Method | None:
     """The trained method whose drafters carry `drafter_config["architectures"]`, or None."""
     architectures = set(drafter_config.get("architectures") or [])
     for method in trained_methods().values():
-        if architectures & set(method.training().architectures):
+        if architectures & set(method.architectures):
             return method
     return None
 
@@ -82,6 +66,7 @@ def width_label(name: str, block_size: int, settings: dict) -> str:
 
 
 __all__ = [
+    "BUILTIN",
     "METHODS",
     "EvalContext",
     "Method",

@@ -1,19 +1,27 @@
 """What a drafting method is: the `Method` record every module of `dflash.methods` exports.
 
-A method bundles, in one module of its own:
+A method bundles, in one module of its own, named functions (heavy imports inside them,
+so reading the registry imports no model code):
 - `settings`: the dataclass schema of its evaluation config group (the group is named
   after the method, e.g. `ngram.*`), or None when it has no group of its own;
-- `check(settings)`: checks that need no model (paths to read, optional packages), run
-  by the entry points before any model loads;
-- `build(target, settings, context) -> MethodSetup`: its proposer (and verify loop) for
-  one evaluation;
+- `check(settings)`: checks that need no model (paths to read), run by the entry points
+  before any model loads;
+- `build(target, settings, context) -> MethodSetup`: its proposer and verifier for one
+  evaluation;
 - `recorded(settings, context)`: its settings as results.json records them;
 - `label`: its name in tables and reports, and `width_label(block_size, recorded
   settings)` how a table names its verify width ("(k=7)" drafts per step by default);
-- `train_settings` and `training`: for trained methods, the schema of the train app's
-  `method` group, and a function returning its `dflash.training.objective.TrainedMethod`
-  (training-module builder with its loss, export, after-training evaluation); a function,
-  so that reading the registry imports no model code.
+- for trained methods (`python -m dflash.train method=NAME`): `train_settings`, the schema
+  of the train app's `method` group; `check_training(settings, drafter, data, training)`,
+  checks before any model loads (`DrafterSpec`, `DataSpec`, `TrainingConfig`; ConfigError
+  naming the key); `build_objective(target, settings, drafter, training)`, its
+  `dflash.training.objective.Objective` for the loaded `TargetModel`;
+  `export(checkpoint, out_dir, dtype)`, the drafter directory of a checkpoint its
+  objective saved (the dict `dflash.training.export.read_checkpoint` returns), without
+  the target, returning out_dir; `architectures`, what its checkpoints' drafter config
+  carries (how `python -m dflash.export` tells which method wrote one); and
+  `evaluation(drafter_dir, settings)`, the (method name, evaluation settings or None)
+  that evaluates the exported drafter after training.
 The evaluator, the CLIs, training, export and reports iterate `dflash.methods.METHODS`
 and never name a method.
 """
@@ -21,33 +29,25 @@ and never name a method.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from dflash.errors import require
 
 
 @dataclass
 class MethodSetup:
-    """A method ready to run in one evaluation.
+    """A method ready to run in one evaluation: `dflash.decoding.generate` with these.
 
-    proposer: a `Proposer` or `TokenProposer` (`dflash.decoding`).
+    proposer: a `dflash.decoding.Proposer`; verifier: a `dflash.decoding.Verifier`.
     block_size: the verify width B (drafts per step <= B - 1); recorded as the method's block_size.
     label: what drafted, for results.json (a drafter path, "random", or the lookup settings).
-    loop: its own decoding loop with `dflash.decoding.generate`'s signature minus
-        `block_size` (e.g. `dflash.decoding.tree.generate_tree`); None runs `generate(block_size=B)`.
-    options: extra keyword arguments of `loop`.
     trained_block_size: the drafter's training block size, when it has one.
     """
 
     proposer: Any
+    verifier: Any
     block_size: int
     label: str
-    loop: Callable | None = None
-    options: dict = field(default_factory=dict)
     trained_block_size: int | None = None
 
 
@@ -71,7 +71,7 @@ def _drafts_per_step(block_size: int, settings: dict) -> str:
     return f"(k={block_size - 1})"
 
 
-def _no_check(settings) -> None:
+def _no_check(*settings) -> None:
     return None
 
 
@@ -90,29 +90,14 @@ class Method:
     check: Callable[[Any], None] = _no_check
     recorded: Callable[[Any, EvalContext], dict] = _as_dict
     uses_dflash_drafter: bool = False
-    package: str | None = None
-    training: Callable[[], Any] | None = None
-    train_settings: type | None = None
     width_label: Callable[[int, dict], str] = _drafts_per_step
+    train_settings: type | None = None
+    check_training: Callable[[Any, Any, Any, Any], None] = _no_check
+    build_objective: Callable[[Any, Any, Any, Any], Any] | None = None
+    export: Callable[[dict, str, Any], str] | None = None
+    architectures: tuple[str, ...] = ()
+    evaluation: Callable[[str, Any], tuple[str, Any]] | None = None
 
     def default_settings(self):
         """Its evaluation settings with every default (None without a group)."""
         return None if self.settings is None else self.settings()
-
-    def check_installed(self) -> None:
-        """ConfigError naming `methods` when its optional package is missing."""
-        require(
-            self.package is None or installed(self.package),
-            "methods",
-            f"{self.name} is not available in this installation (no {self.package} package)",
-        )
-
-
-def installed(package: str) -> bool:
-    """Whether `package` can be imported (without importing it)."""
-    if package in sys.modules:  # imported already (None: marked absent)
-        return sys.modules[package] is not None
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):  # a parent package missing or broken
-        return False

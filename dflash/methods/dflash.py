@@ -1,7 +1,7 @@
 """DFlash, chain verification: the drafter of `drafter.*` drafts a block in one pass, the
 target verifies it at `decoding.block_size` (None: the drafter's trained block size), and
 drafts stop early where their confidence falls below `decoding.draft_threshold`.
-Training: `dflash.training.objective` (DFlash's objective) (the `drafter` and `training` groups)."""
+Training: `dflash.dflash.objective` (the `drafter` and `training` groups)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ from dflash.methods.base import EvalContext, Method, MethodSetup
 
 def dflash_proposer(target, context: EvalContext, threshold: float):
     """A `DFlashProposer` over the context's drafter (with a confidence cut-off when threshold > 0)."""
-    from dflash.decoding import DFlashProposer
-    from dflash.decoding.adaptive import ThresholdProposer
+    from dflash.dflash.adaptive import ThresholdProposer
+    from dflash.dflash.proposer import DFlashProposer
 
     proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits)
     return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
 
 
 def build(target, settings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
+
     trained = context.drafter.config.block_size
     proposer = dflash_proposer(target, context, context.draft_threshold)
-    return MethodSetup(proposer, block_size=context.block_size or trained, label=context.drafter_label, trained_block_size=trained)
+    return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 
 def recorded(settings, context: EvalContext) -> dict:
@@ -37,11 +39,31 @@ class DFlashTrainSettings:
     name: str = "dflash"
 
 
-def training():
-    """DFlash's `dflash.training.objective.TrainedMethod`."""
-    from dflash.training.objective import dflash_trained_method
+def width_label(block_size: int, settings: dict) -> str:
+    return f"(B={block_size})"
 
-    return dflash_trained_method()
+
+def check_training(settings, drafter, data, training) -> None:
+    from dflash.dflash.objective import check_dflash_job
+
+    check_dflash_job(settings, drafter, data, training)
+
+
+def build_objective(target, settings, drafter, training):
+    """DFlash's objective; its `method` group holds nothing it reads."""
+    from dflash.dflash.objective import DFlashObjective
+
+    return DFlashObjective(target, drafter, training)
+
+
+def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
+    from dflash.training.export import export_state
+
+    return export_state(checkpoint, out_dir, dtype=dtype)
+
+
+def evaluation(drafter_dir: str, settings) -> tuple[str, None]:
+    return "dflash", None
 
 
 METHOD = Method(
@@ -50,7 +72,11 @@ METHOD = Method(
     build=build,
     recorded=recorded,
     uses_dflash_drafter=True,
-    width_label=lambda block_size, settings: f"(B={block_size})",
-    training=training,
+    width_label=width_label,
     train_settings=DFlashTrainSettings,
+    check_training=check_training,
+    build_objective=build_objective,
+    export=export,
+    architectures=("DFlashDraftModel",),
+    evaluation=evaluation,
 )

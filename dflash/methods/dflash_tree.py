@@ -23,18 +23,23 @@ class TreeSettings:
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
-    from dflash.decoding import DFlashProposer
-    from dflash.decoding.tree import generate_tree
+    from dflash.decoding import TreeVerifier
+    from dflash.dflash.proposer import DFlashProposer
 
     trained = context.drafter.config.block_size
     block_size = context.block_size or trained
-    options = dict(block_size=block_size, tree_budget=settings.budget, draft_threshold=context.draft_threshold)
+    require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
+    verifier = TreeVerifier(settings.budget, context.draft_threshold)
     proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits)
-    return MethodSetup(proposer, block_size, context.drafter_label, generate_tree, options, trained)
+    return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
 
 
 def recorded(settings: TreeSettings, context: EvalContext) -> dict:
     return {"block_size": context.block_size, **dataclasses.asdict(settings), "draft_threshold": context.draft_threshold}
+
+
+def width_label(block_size: int, settings: dict) -> str:
+    return f"(B={block_size}, N={settings.get('budget')})"
 
 
 METHOD = Method(
@@ -44,5 +49,5 @@ METHOD = Method(
     settings=TreeSettings,
     recorded=recorded,
     uses_dflash_drafter=True,
-    width_label=lambda block_size, settings: f"(B={block_size}, N={settings.get('budget')})",
+    width_label=width_label,
 )

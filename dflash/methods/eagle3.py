@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
-PACKAGE = "dflash.eagle3"
-
 
 @dataclass  # not frozen: Hydra merges the config group into it
 class Eagle3Settings:
@@ -59,25 +57,28 @@ def check(settings: Eagle3Settings) -> None:
 
 
 def build(target, settings: Eagle3Settings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
     from dflash.eagle3 import build_eagle3_proposer
 
     proposer = build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
-    return MethodSetup(proposer, block_size=settings.num_draft_tokens + 1, label=settings.path or "random")
+    return MethodSetup(proposer, ChainVerifier(), settings.num_draft_tokens + 1, settings.path or "random")
 
 
-def training():
-    """EAGLE-3's `dflash.training.objective.TrainedMethod`."""
+def build_objective(target, settings: Eagle3TrainSettings, drafter, training):
+    """EAGLE-3's objective; the `drafter` and `training` groups are DFlash's."""
+    from dflash.eagle3.objective import Eagle3Objective
+
+    return Eagle3Objective(target, settings)
+
+
+def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
     from dflash.eagle3.io import export_eagle3_checkpoint
-    from dflash.eagle3.objective import eagle3_training_module
-    from dflash.training.objective import TrainedMethod
 
-    return TrainedMethod(
-        check=lambda settings, drafter, data, training: None,
-        module=lambda target, settings, drafter, training: eagle3_training_module(target, settings, training),
-        export=export_eagle3_checkpoint,
-        architectures=("LlamaForCausalLMEagle3",),
-        evaluation=lambda drafter_dir, settings: ("eagle3", Eagle3Settings(path=drafter_dir, num_draft_tokens=settings.ttt_length)),
-    )
+    return export_eagle3_checkpoint(checkpoint, out_dir, dtype)
+
+
+def evaluation(drafter_dir: str, settings: Eagle3TrainSettings) -> tuple[str, Eagle3Settings]:
+    return "eagle3", Eagle3Settings(path=drafter_dir, num_draft_tokens=settings.ttt_length)
 
 
 METHOD = Method(
@@ -86,7 +87,9 @@ METHOD = Method(
     build=build,
     settings=Eagle3Settings,
     check=check,
-    package=PACKAGE,
-    training=training,
     train_settings=Eagle3TrainSettings,
+    build_objective=build_objective,
+    export=export,
+    architectures=("LlamaForCausalLMEagle3",),
+    evaluation=evaluation,
 )

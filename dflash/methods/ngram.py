@@ -29,10 +29,11 @@ class NgramSettings:
 
 
 def build(target, settings: NgramSettings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
     from dflash.decoding.ngram import NgramProposer
 
     label = f"prompt lookup (n {settings.max_ngram}..{settings.min_ngram}, {settings.num_draft_tokens} tokens)"
-    return MethodSetup(NgramProposer(settings), block_size=settings.num_draft_tokens + 1, label=label)
+    return MethodSetup(NgramProposer(settings), ChainVerifier(), settings.num_draft_tokens + 1, label)
 
 
 METHOD = Method(name="ngram", label="Prompt lookup", build=build, settings=NgramSettings)

@@ -1,5 +1,5 @@
-"""Training drafters: the LightningModule composed from a method's objective, and
-DFlash's objective (anchors, block layout, sparse mask, loss, metrics) and export.
+"""Training drafters: the LightningModule composed from a method's objective, DFlash's
+anchors, block layout, sparse mask, loss, metrics and export.
 
 The names below are imported on first use (PEP 562): reading the settings of
 `dflash.training.config` or `dflash.training.settings` imports no Lightning.
@@ -16,7 +16,7 @@ _EXPORTS = {
     "dflash.training.masks": ["block_attention_rule", "dense_block_mask", "factored_block_mask", "flex_block_mask"],
     "dflash.training.metrics": ["BlockMetrics", "simulated_acceptance_length"],
     "dflash.training.module": ["DrafterTrainingModule"],
-    "dflash.training.objective": ["DFlashObjective", "Objective", "TrainedMethod", "dflash_training_module"],
+    "dflash.training.objective": ["Objective"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

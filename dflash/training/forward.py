@@ -1,7 +1,7 @@
 """The training forward: target features of whole sequences, then every block of a
 sequence through the drafter in one pass under the sparse block mask.
 
-The decoding path (`dflash.decoding.DFlashProposer`) computes the same logits for a
+The decoding path (`dflash.dflash.proposer.DFlashProposer`) computes the same logits for a
 block one block at a time with a drafter KV cache; tests/training/test_equivalence.py
 holds the two together.
 """

@@ -45,7 +45,6 @@ import torch
 
 from dflash.errors import require
 from dflash.progress import budget_timer
-from dflash.specs import TargetSpec, load_target
 from dflash.target import TargetModel
 from dflash.training.config import TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
@@ -68,18 +67,18 @@ class DrafterTrainingModule(L.LightningModule):
     real tokens), and `row_index` (b,) from `DFlashDataModule` for the state caches.
 
     Args:
-        target: where the frozen target comes from.
-        objective: builds the method's `Objective` for the loaded target.
+        target: the frozen target (`dflash.specs.load_target`).
+        objective: the method's `Objective` for this target (`Method.build_objective`).
         training: optimizer, schedule and cache settings.
-        hparams: what the checkpoint records as hyper-parameters (the method's settings).
+        hparams: what the checkpoint records as hyper-parameters (the run's settings).
     """
 
-    def __init__(self, target: TargetSpec, objective: Callable[[TargetModel], Objective], training: TrainingConfig, hparams: dict):
+    def __init__(self, target: TargetModel, objective: Objective, training: TrainingConfig, hparams: dict):
         super().__init__()
         self.save_hyperparameters(hparams)
         self.training_config = training
-        self.target = load_target(target)
-        self.objective = objective(self.target)
+        self.target = target
+        self.objective = objective
         self.drafter = self.objective.drafter
         gib = training.target_cache_gib
         self.state_cache = TargetStateCache(int(gib * 2**30)) if gib > 0 and training.target_cache_dir is None else None
@@ -110,7 +109,7 @@ class DrafterTrainingModule(L.LightningModule):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
         taps = self.objective.taps()
         states = self.states(batch, attention_mask, taps) if taps else None
-        return self.objective.loss(self, batch, states, generator, full_vocab)
+        return self.objective.loss(self.target, batch, states, generator, full_vocab)
 
     def states(self, batch: dict, attention_mask: torch.Tensor, taps: list[int]) -> torch.Tensor:
         """(b, S, len(taps) * D) target states of the batch: read from the disk cache, kept
@@ -125,15 +124,10 @@ class DrafterTrainingModule(L.LightningModule):
             return self.state_cache.get(batch.get("row_index"), attention_mask, compute)
         return compute()
 
-    def training_rows(self):
-        """(rows, train_set) of the trainer's `DFlashDataModule`, or (None, None) without one."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        return getattr(datamodule, "rows", None), getattr(datamodule, "train_set", None)
-
     def setup(self, stage: str) -> None:
         self.setup_disk_cache()
         if self._trainer is not None:
-            self.objective.setup(self)
+            self.objective.setup(self.target, getattr(self.trainer, "datamodule", None))
         # Before the strategy wraps the drafter: FSDP turns every parameter into a 1-D view
         # of its rank's shard, so the optimizer's groups are chosen here, on the real shapes.
         self._matrices = {id(p) for p in self.drafter.parameters() if p.dim() >= 2}

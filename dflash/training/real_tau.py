@@ -5,7 +5,7 @@ held-out prompts and checked against the target's own greedy output, logged as
 
 `RealTauCallback` schedules and logs; what decodes is a probe built above this layer
 (`dflash.eval.tau_real.TauRealProbe`: `.settings`, `.measure(target, drafter_dir, prompts)`),
-so every trained method is measured through its own evaluation (`TrainedMethod.evaluation`).
+so every trained method is measured through its own evaluation (`Method.evaluation`).
 
 Invariants:
 - Prompts: chosen once, at the first evaluation: `num_prompts` rows of the validation
@@ -13,7 +13,7 @@ Invariants:
   first response token (the prompt the target answered; `held_out_prompts`). The same
   prompts at every evaluation, resumed runs included.
 - Weights: the ones the export would write at that step: the module's full state dict
-  (gathered onto rank 0 under any strategy) written by the method's `TrainedMethod.export`
+  (gathered onto rank 0 under any strategy) written by the method's `Method.export`
   (in `checkpoint.export_dtype`) into a temporary directory and read back by the method's
   evaluation in the target's dtype, as the evaluation after training reads `drafter/`.
 - tau is results.json's `tau`: tokens emitted per verify step, bonus token counted, pooled
@@ -80,7 +80,7 @@ class RealTauCallback(Callback):
 
     probe: `.settings` (`TauRealSettings`) and `.measure(target, drafter_dir, prompts)` ->
         {"tau", "lossless", "first_mismatch", "num_tokens", "baseline_seconds"}.
-    export: the method's `TrainedMethod.export`; export_dtype: `checkpoint.export_dtype` as a
+    export: the method's `Method.export`; export_dtype: `checkpoint.export_dtype` as a
         torch dtype (None: the training dtype).
     """
 

@@ -40,6 +40,7 @@ import os
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import lightning as L
 import torch
@@ -52,7 +53,7 @@ from dflash.errors import ConfigError, require
 from dflash.fileio import remove_partial_writes, write_text
 from dflash.locks import DirectoryLock
 from dflash.progress import training_progress
-from dflash.specs import DrafterSpec, TargetSpec
+from dflash.specs import DrafterSpec, TargetSpec, load_target
 from dflash.training.after_train import log_evaluation
 from dflash.training.checkpoints import (
     LAST_CHECKPOINT,
@@ -66,7 +67,7 @@ from dflash.training.checkpoints import (
 )
 from dflash.training.config import TrainingConfig
 from dflash.training.model_card import read_results, write_model_card
-from dflash.training.objective import TrainedMethod, dflash_trained_method
+from dflash.training.module import DrafterTrainingModule
 from dflash.training.real_tau import RealTauCallback
 from dflash.training.settings import (  # noqa: F401 - CHECKPOINT_DIR etc. are read from here too
     CHECKPOINT_DIR,
@@ -88,7 +89,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainJob:
-    """Everything a training run needs. `config` is the resolved run config, logged as is."""
+    """Everything a training run needs. `config` is the resolved run config, logged as is.
+
+    method: the trained method (`dflash.methods.Method`: `build_objective`, `export`, ...);
+    method_settings: its `method` group (`Method.train_settings`; DFlash reads none).
+    """
 
     target: TargetSpec
     drafter: DrafterSpec
@@ -96,18 +101,16 @@ class TrainJob:
     training: TrainingConfig
     trainer: TrainerSettings
     output_dir: str
+    method: Any
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     logger: LoggerSettings = field(default_factory=LoggerSettings)
     evaluation: object | None = None  # `dflash.eval.after_train.AfterTrainEval`: `.run(target, drafter_dir, output_dir, config)`
     tau_real: object | None = None  # `dflash.eval.tau_real.TauRealProbe` (`.settings`, `.measure`); None: no val/tau_real
     seed: int = 0
     config: dict = field(default_factory=dict)
-    method: TrainedMethod | None = None  # the trained method's parts (`dflash.methods`); None: DFlash's
-    method_settings: object | None = None  # its `method` group (`Method.train_settings`; DFlash reads none)
+    method_settings: object | None = None
 
     def __post_init__(self):
-        if self.method is None:
-            self.method = dflash_trained_method()
         settings = None if self.tau_real is None else self.tau_real.settings
         check_tau_real(settings, self.validates, self.checkpoint.monitor, self.checkpoint.select)
 
@@ -172,9 +175,13 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     extra = [*measured, *watched, *progress, *callbacks]
     trainer = build_trainer(trainer_settings, output_dir, loggers, [checkpointer, *([best] if best else []), *extra])
 
-    device = trainer.strategy.root_device
-    target = dataclasses.replace(job.target, device=str(device))
-    module = job.method.module(target, job.method_settings, job.drafter, job.training)
+    target_spec = dataclasses.replace(job.target, device=str(trainer.strategy.root_device))
+    target = load_target(target_spec)
+    objective = job.method.build_objective(target, job.method_settings, job.drafter, job.training)
+    # recorded as hyper-parameters: the target, the groups that configure the method's drafter, training
+    own = {"drafter": job.drafter} if job.method.uses_dflash_drafter else {"method": job.method_settings}
+    hparams = {name: dataclasses.asdict(value) for name, value in {"target": target_spec, **own, "training": job.training}.items()}
+    module = DrafterTrainingModule(target, objective, job.training, hparams)
     if resume_path is not None:
         key = "run_name" if job.checkpoint.resume == "auto" else "checkpoint.resume"
         check_checkpoint_fits(resume_path, module, key)
@@ -311,8 +318,8 @@ def _wandb_logger(settings: LoggerSettings, output_dir: str):
     )
 
 
-def export_final_drafter(method: TrainedMethod, checkpoint: str, out_dir: str, dtype: str | None) -> str:
-    """Write the drafter of `checkpoint` as the method's drafter directory (`TrainedMethod.export`)."""
+def export_final_drafter(method, checkpoint: str, out_dir: str, dtype: str | None) -> str:
+    """Write the drafter of `checkpoint` as the method's drafter directory (`Method.export`)."""
     from dflash.training.export import read_checkpoint
 
     out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))

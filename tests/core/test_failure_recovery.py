@@ -30,6 +30,7 @@ from dflash.errors import ConfigError
 from dflash.eval import write_results
 from dflash.fileio import atomic_write, write_text
 from dflash.locks import LOCK_FILE, DirectoryLock
+from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
@@ -286,6 +287,7 @@ def tiny_job(
             max_epochs=None, max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0, enable_progress_bar=False
         ),
         output_dir=str(run_dir),
+        method=METHODS["dflash"],
         checkpoint=CheckpointSettings(every_n_train_steps=2, resume=resume),
         logger=LoggerSettings(kind="none"),
     )

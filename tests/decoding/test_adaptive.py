@@ -9,9 +9,8 @@ step accepts everything it verified except a lone wrong first slot.
 import pytest
 import torch
 
-from dflash.decoding import generate
-from dflash.decoding.adaptive import ThresholdProposer, confident_prefix_length
-from dflash.decoding.tree import generate_tree
+from dflash.decoding import TreeVerifier, generate
+from dflash.dflash.adaptive import ThresholdProposer, confident_prefix_length
 from dflash.errors import ConfigError
 from helpers.decoding import LONG_PROMPT, RunnerUpOracle, hf_greedy, record_paths
 
@@ -52,9 +51,7 @@ def test_tree_with_a_threshold_keeps_only_confident_nodes(tiny_target, monkeypat
     steps = record_paths(monkeypatch)
     ids = tiny_target.tokenizer(LONG_PROMPT, return_tensors="pt").input_ids
     oracle = RunnerUpOracle(tiny_target, seed=1)
-    result = generate_tree(
-        tiny_target, ids, max_new_tokens=40, proposer=oracle, block_size=8, tree_budget=16, draft_threshold=THRESHOLD
-    )
+    result = generate(tiny_target, ids, max_new_tokens=40, proposer=oracle, block_size=8, verifier=TreeVerifier(16, THRESHOLD))
     assert result.output_ids == hf_greedy(tiny_target, ids, 40)
     planned = oracle.planned_accepts
     assert [tree.size for tree, _ in steps[: len(planned)]] == [max(1, slot) for slot in planned]
@@ -66,12 +63,11 @@ def test_threshold_outside_zero_one_is_a_config_error(qwen3_target, threshold):
         ThresholdProposer(RunnerUpOracle(qwen3_target), threshold)
     ids = qwen3_target.tokenizer("x", return_tensors="pt").input_ids
     with pytest.raises(ConfigError, match="decoding.draft_threshold"):
-        generate_tree(
+        generate(
             qwen3_target,
             ids,
             max_new_tokens=4,
             proposer=RunnerUpOracle(qwen3_target),
             block_size=4,
-            tree_budget=4,
-            draft_threshold=threshold,
+            verifier=TreeVerifier(4, threshold),
         )

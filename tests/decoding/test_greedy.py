@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import dflash.decoding.engine
+import dflash.decoding.chain
 from dflash.decoding import generate
 from helpers.decoding import PROMPTS, OracleProposer, PartialOracleProposer, hf_greedy, lossy_verify, random_proposer
 
@@ -67,7 +67,7 @@ def test_partial_acceptance_with_random_slots_and_a_stop_token(tiny_target):
 
 def test_greedy_check_catches_a_verify_that_keeps_one_wrong_draft(tiny_target, monkeypatch):
     """Negative control: the equality check above fails for a lossy engine."""
-    monkeypatch.setattr(dflash.decoding.engine, "verify", lossy_verify)  # keeps the first rejected draft
+    monkeypatch.setattr(dflash.decoding.chain, "verify", lossy_verify)  # keeps the first rejected draft
     ids = tiny_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     with pytest.raises(AssertionError, match="differs from HF greedy"):
         check_partial_acceptance(tiny_target, ids, 4, 20, PartialOracleProposer(tiny_target))

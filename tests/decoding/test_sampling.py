@@ -12,7 +12,7 @@ tests/decoding/test_verify.py; here the engine's plumbing is under test.
 import pytest
 import torch
 
-import dflash.decoding.engine
+import dflash.decoding.chain
 from dflash.decoding import SamplingConfig, generate
 from dflash.decoding.sampling import probabilities
 from dflash.target import TargetModel
@@ -80,7 +80,7 @@ def test_sampled_outputs_follow_the_targets_distribution(two_layer_targets, rule
 def test_the_end_to_end_check_rejects_a_flawed_verifier(two_layer_targets, monkeypatch):
     """Negative control: the same check fails when verification multiplies by T."""
     arch, sampling = CASES["rejection"]
-    monkeypatch.setattr(dflash.decoding.engine, "verify", flawed_verify("temperature_multiplied"))
+    monkeypatch.setattr(dflash.decoding.chain, "verify", flawed_verify("temperature_multiplied"))
     with pytest.raises(AssertionError, match="do not follow"):
         check_generate_is_lossless(two_layer_targets[arch], sampling)
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 import dflash.decoding.tree
-from dflash.decoding import SamplingConfig
+from dflash.decoding import SamplingConfig, TreeVerifier, generate
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask
-from dflash.decoding.tree import generate_tree
 from dflash.errors import ConfigError
 from dflash.target import TargetModel, crop_cache
 from dflash.target.tiny import build_tiny_target
@@ -46,13 +45,13 @@ def leaves_first_choices(tree: TokenTree, path: list[int]) -> bool:
 def check_equals_hf(target, prompt, max_new, proposer, budget, stop=None):
     ids = target.tokenizer(prompt, return_tensors="pt").input_ids
     expected = hf_greedy(target, ids, max_new, eos=stop)
-    result = generate_tree(
+    result = generate(
         target,
         ids,
         max_new_tokens=max_new,
         proposer=proposer,
         block_size=BLOCK_SIZE,
-        tree_budget=budget,
+        verifier=TreeVerifier(budget),
         stop_token_ids=[stop] if stop is not None else [],
     )
     assert result.output_ids == expected, f"tree output differs from HF greedy (budget {budget})"
@@ -165,8 +164,14 @@ def test_unsupported_settings_are_one_line_errors(sampling, overrides, key):
         target.config._attn_implementation = attn
     ids = target.tokenizer("x", return_tensors="pt").input_ids
     with pytest.raises(ConfigError, match=key):
-        generate_tree(
-            target, ids, max_new_tokens=4, proposer=RunnerUpOracle(target), block_size=4, tree_budget=4, sampling=sampling
+        generate(
+            target,
+            ids,
+            max_new_tokens=4,
+            proposer=RunnerUpOracle(target),
+            block_size=4,
+            verifier=TreeVerifier(4),
+            sampling=sampling,
         )
 
 
@@ -178,13 +183,13 @@ def sample_tree_outputs(target: TargetModel, num_samples: int) -> list[tuple[int
     proposer = OracleProposer(target, greedy_oracle=False, sharpen=0.6)
     return [
         tuple(
-            generate_tree(
+            generate(
                 target,
                 ids,
                 max_new_tokens=OUTPUT_LENGTH,
                 proposer=proposer,
                 block_size=4,
-                tree_budget=4,
+                verifier=TreeVerifier(4),
                 sampling=MATCH,
                 generator=torch.Generator().manual_seed(seed),
             ).output_ids

@@ -200,7 +200,8 @@ def test_without_a_spare_row_an_unused_special_token_becomes_the_mask(caplog):
 
 
 def test_standalone_drafter_without_target_features_round_trips_and_decodes_losslessly(tiny_target, tmp_path):
-    from dflash.decoding import DFlashProposer, generate
+    from dflash.decoding import generate
+    from dflash.dflash.proposer import DFlashProposer
     from helpers.decoding import hf_greedy
 
     drafter = make_drafter(tiny_target, use_target_features=False, num_target_features=2).eval()

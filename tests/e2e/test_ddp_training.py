@@ -13,11 +13,12 @@ import torch
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.target.tiny import save_tiny_target
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from helpers.apps import run_python, write_conversations
 from helpers.training import (
     UNEVEN_ANCHORS,
     concatenated,
+    dflash_training_module,
     max_relative_difference,
     mean_of_means_gradients,
     uneven_rank_batches,
@@ -32,6 +33,7 @@ import json, sys
 import torch
 from lightning.pytorch.callbacks import Callback
 from dflash.data.config import DataSpec
+from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingConfig
 from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
@@ -51,6 +53,7 @@ job = TrainJob(
         val_check_interval=VAL_EVERY, check_val_every_n_epoch=None, enable_progress_bar=False,
     ),
     output_dir=out_dir,
+    method=METHODS["dflash"],
     JOB_FIELDS
 )
 outcome = run_training(job, callbacks=[Recorder()])
@@ -128,7 +131,8 @@ GLOBAL_BATCH_SCRIPT = textwrap.dedent(
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader, Dataset
     from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training import TrainingConfig, dflash_training_module
+    from dflash.training import TrainingConfig
+    from helpers.training import dflash_training_module
     from helpers.training import UNEVEN_ANCHORS, uneven_rank_batches
 
     torch.set_num_threads(1)
@@ -265,7 +269,7 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
 
 TAU_REAL_RECORDER = """
     from dflash.eval.tau_real import TauRealProbe
-    from dflash.training.objective import dflash_trained_method
+    from dflash.methods import METHODS
     from dflash.training.real_tau import TauRealSettings
 
 
@@ -280,7 +284,7 @@ TAU_REAL_RECORDER = """
 TAU_REAL_JOB_FIELDS = """
     checkpoint=CheckpointSettings(monitor="val/tau_real"),
     logger=LoggerSettings(kind="csv"),
-    tau_real=TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=16), dflash_trained_method(), None),"""
+    tau_real=TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=16), METHODS["dflash"], None),"""
 
 
 def test_tau_real_under_two_ranks_is_logged_once_and_ranks_agree(tmp_path):

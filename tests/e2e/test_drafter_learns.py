@@ -14,12 +14,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
+from helpers.training import dflash_training_module
 
 RANDOM_BYTES, WARMUP, CONTINUATION, BLOCK_SIZE = 8, 24, 64, 16
 PROMPT_LEN = RANDOM_BYTES + WARMUP

@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter
 from dflash.specs import TargetSpec, load_target
 from dflash.target.tiny import save_tiny_target

@@ -79,14 +79,14 @@ def test_lossless_verdict_allows_near_ties_only_below_float32():
 
 @pytest.mark.slow
 def test_lossless_section_says_fail_when_verification_keeps_wrong_drafts(monkeypatch):
-    import dflash.decoding.engine as engine
+    import dflash.decoding.chain as chain
 
     def accept_everything(target_logits, drafts, sampling, generator):
         accepted = drafts.tokens.numel()
         return accepted, int(target_logits[accepted].argmax())
 
     sizes = gpu_check.sizes_for(torch.device("cpu"), quick=True, layers=None)
-    monkeypatch.setattr(engine, "verify", accept_everything)
+    monkeypatch.setattr(chain, "verify", accept_everything)
     monkeypatch.setattr(gpu_check, "BLOCK_SIZES", (4,))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny shapes: extra threads only contend on shared CI cores
@@ -100,7 +100,7 @@ def test_lossless_section_says_fail_when_verification_keeps_wrong_drafts(monkeyp
 
 @pytest.mark.parametrize("p, expected_tau", [(1.0, 4.0), (0.0, 1.0)])
 def test_controlled_double_sets_acceptance(p, expected_tau):
-    from dflash.decoding.engine import generate
+    from dflash.decoding import generate
     from dflash.target import TargetModel
     from dflash.target.tiny import build_tiny_target
 

@@ -27,16 +27,18 @@ from omegaconf import OmegaConf
 from dflash.data.chat import prompt_token_ids
 from dflash.data.generators import HFGenerator
 from dflash.data.tokenize import TokenizeSettings, tokenize_conversations
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter, save_drafter
 from dflash.eval import BenchmarkSpec, load_benchmark
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target import gguf
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from helpers import REPO
 from helpers.decoding import hf_greedy
 from helpers.loader_probe import probe
+from helpers.training import dflash_training_module
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ def test_training_steps_equal_the_decoding_chain(qwen3_target):
         prompt[:, :-1], torch.arange(prompt.shape[1] - 1).unsqueeze(0), None, proposer.target_layer_ids
     ).features
     sampling = SamplingConfig(temperature=1.0)
-    drafts = proposer.draft(prompt, features, k, sampling, torch.Generator().manual_seed(0))
+    drafts = proposer.draft(prompt, features, k + 1, k, sampling, torch.Generator().manual_seed(0))
     sequence = torch.cat([prompt, drafts.tokens.unsqueeze(0)], dim=1)
     with torch.no_grad():
         all_features = target_features(target, sequence, proposer.target_layer_ids)

@@ -13,7 +13,6 @@ from safetensors import safe_open
 
 from dflash.cli.train import job_from_config
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
-from dflash.eagle3.objective import eagle3_training_module
 from dflash.errors import ConfigError
 from dflash.methods.dflash import DFlashTrainSettings
 from dflash.methods.eagle3 import Eagle3TrainSettings
@@ -22,6 +21,7 @@ from dflash.target.rope_keys import full_attention_rope
 from dflash.training.checkpoints import check_checkpoint_fits
 from dflash.training.config import TrainingConfig
 from helpers.apps import compose_train
+from helpers.training import eagle3_training_module
 
 STACKED = [
     (".qkv_proj", ".q_proj"),

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from dflash.decoding import SamplingConfig, engine
+from dflash.decoding import SamplingConfig, chain
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.results import GenerationRecord, build_results
 from dflash.specs import DrafterSpec, build_drafter
@@ -38,7 +38,7 @@ class RecordingPartialOracle(PartialOracleProposer):
 
 def evaluate_with(target, proposer, monkeypatch, hf_generate=False) -> dict:
     """A greedy `evaluate()` of SAMPLES at block size BLOCK_SIZE with `proposer` as the drafter."""
-    monkeypatch.setattr("dflash.decoding.DFlashProposer", lambda *args: proposer)  # the dflash method builds it
+    monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer", lambda *args: proposer)  # the dflash method builds it
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=BLOCK_SIZE), target)
     decoding = DecodingSettings(block_size=BLOCK_SIZE, max_new_tokens=MAX_NEW_TOKENS)
     settings = EvalSettings(decoding=decoding, hf_generate=hf_generate, warmup_tokens=WARMUP_TOKENS)
@@ -82,7 +82,7 @@ def test_tau_histogram_and_per_prompt_tau_follow_the_accepted_drafts(tiny_target
 
 
 def test_lossy_engine_is_reported_with_its_first_mismatch(qwen3_target, monkeypatch):
-    monkeypatch.setattr(engine, "verify", lossy_verify)
+    monkeypatch.setattr(chain, "verify", lossy_verify)
     proposer = RecordingPartialOracle(qwen3_target, seed=1)
     results = evaluate_with(qwen3_target, proposer, monkeypatch, hf_generate=True)
     assert results["lossless"] is False

@@ -15,13 +15,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-import dflash.decoding.engine as engine
+import dflash.decoding.chain as chain
 import dflash.decoding.tree as tree
 import dflash.eval.evaluator as evaluator
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import TreeVerifier, generate
 from dflash.decoding.token_tree import ROOT
 from dflash.decoding.tree import accepted_path as exact_walk
-from dflash.decoding.tree import generate_tree
+from dflash.dflash.proposer import DFlashProposer
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.divergence import (
     BUG,
@@ -108,8 +108,8 @@ def test_replay_issues_the_runs_forwards_and_reproduces_its_logits_bit_for_bit(b
     runs = {
         "autoregressive": lambda: generate(bf16_target, input_ids, max_new_tokens=14),
         "chain": lambda: generate(bf16_target, input_ids, max_new_tokens=14, block_size=4, proposer=proposer),
-        "tree": lambda: generate_tree(
-            bf16_target, input_ids, max_new_tokens=14, proposer=proposer, block_size=4, tree_budget=6
+        "tree": lambda: generate(
+            bf16_target, input_ids, max_new_tokens=14, proposer=proposer, block_size=4, verifier=TreeVerifier(6)
         ),  # fmt: skip
     }
     run, issued, replayed_calls = run_and_replay(bf16_target, monkeypatch, runs[method])
@@ -160,7 +160,7 @@ def test_bf16_divergences_are_near_ties_and_results_json_says_so(bf16_target, tm
 
 def test_a_verifier_that_keeps_a_wrong_draft_is_a_bug(bf16_target, monkeypatch):
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), bf16_target)
-    monkeypatch.setattr(engine, "verify", lossy_verify)  # keeps the first rejected draft
+    monkeypatch.setattr(chain, "verify", lossy_verify)  # keeps the first rejected draft
     samples = [Sample(turns=["def add(a, b):"], index=7)]
     results = evaluate(bf16_target, drafter, samples, bf16_settings(10, hf_generate=False), progress=False)
     assert results["lossless"] is False and results["lossless_up_to_ties"] is False

@@ -8,8 +8,8 @@ import torch
 from dflash.drafter import save_drafter
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.tau_real import TauRealProbe
+from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, build_drafter
-from dflash.training.objective import dflash_trained_method
 from dflash.training.real_tau import TauRealSettings
 
 TEXTS = ["def add(a, b):", "hello there", "x = [1, 2, 3]"]
@@ -19,7 +19,7 @@ def test_baseline_once_lossless_check_and_the_evaluators_tau(qwen3_target, tmp_p
     target = qwen3_target
     save_drafter(build_drafter(DrafterSpec(num_layers=1, block_size=4, seed=0), target), str(tmp_path / "drafter"))
     prompts = [torch.tensor([target.tokenizer(text)["input_ids"]]) for text in TEXTS]
-    probe = TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=12), dflash_trained_method(), None)
+    probe = TauRealProbe(TauRealSettings(every_n_validations=1, max_new_tokens=12), METHODS["dflash"], None)
 
     first = probe.measure(target, str(tmp_path / "drafter"), prompts)
     assert first["lossless"] and first["first_mismatch"] is None and first["baseline_seconds"] > 0

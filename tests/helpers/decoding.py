@@ -9,10 +9,11 @@ from dataclasses import replace
 import torch
 
 import dflash.decoding.tree
-from dflash.decoding import DFlashProposer
 from dflash.decoding.sampling import probabilities, sample
 from dflash.decoding.token_tree import TokenTree
+from dflash.decoding.verify import propose_tokens
 from dflash.decoding.verify import verify as exact_verify
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.errors import require
 from dflash.target import TargetModel
@@ -65,6 +66,9 @@ class OracleProposer:
         if key not in self._next_logits:
             self._next_logits[key] = self.target.model(ids, attention_mask=torch.ones_like(ids)).logits[0, -1].float()
         return self._next_logits[key]
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
 
     def propose(self, committed_ids, new_features, block_size, num_drafts):
         self.calls += 1

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id, save_drafter
 from dflash.errors import ConfigError
 from dflash.target import TargetModel

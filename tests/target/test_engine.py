@@ -176,7 +176,7 @@ def test_drafts_read_a_bfloat16_head_and_the_output_stays_the_targets():
     assert not torch.equal(drafted, exact) and torch.allclose(drafted, exact, atol=0.05 * float(exact.abs().max()))
     with torch.inference_mode():
         assert torch.equal(eager.draft_logits(hidden), eager.logits(hidden))
-    from dflash.decoding import DFlashProposer
+    from dflash.dflash.proposer import DFlashProposer
 
     ids = eager.tokenizer(PROMPTS[3], return_tensors="pt").input_ids
     drafter = random_proposer(fast).drafter

@@ -14,10 +14,11 @@ import torch
 from dflash.data.datamodule import DFlashDataModule
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.forward import target_features
 from dflash.training.module import open_disk_cache
+from helpers.training import dflash_training_module
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +205,8 @@ def test_a_missing_layer_file_while_reading_names_the_cache(tmp_path, target):
 
 
 def test_eagle3_trains_from_the_same_cache_without_the_target(tmp_path, target_spec):
-    from dflash.eagle3.objective import eagle3_training_module
     from dflash.methods.eagle3 import Eagle3TrainSettings
+    from helpers.training import eagle3_training_module
 
     losses = []
     for cache_dir in (None, str(tmp_path)):

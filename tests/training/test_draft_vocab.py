@@ -55,7 +55,7 @@ def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_pa
     class DataModule:
         rows, train_set = Rows(), type("Split", (), {"indices": np.array([0, 1])})()
 
-    module._trainer = type("Trainer", (), {"datamodule": DataModule()})()
+    module.objective.setup(module.target, DataModule())
     full_module = module_for(tmp_path, "training.num_anchors=512")
     full_module.drafter.load_state_dict(module.drafter.state_dict())
     torch.manual_seed(0)

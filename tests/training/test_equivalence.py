@@ -9,7 +9,9 @@ it). This guards the off-by-one that gives 98% training accuracy and 10% accepta
 import pytest
 import torch
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.decoding.verify import propose_tokens
+from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
@@ -90,6 +92,9 @@ class RecordingProposer:
         self.inner.reset()
         if self.drafts_from is not None:
             self.drafts_from.reset()
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
 
     def propose(self, committed_ids, new_features, block_size, num_drafts):
         logits = self.inner.propose(committed_ids, new_features, block_size, num_drafts)

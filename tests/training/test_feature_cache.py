@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader
 
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from dflash.training.feature_cache import TargetStateCache
+from helpers.training import dflash_training_module
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,7 @@ def artifacts(tmp_path_factory):
 
 def recorded(module, data, monkeypatch):
     """compute_loss's result, and the blocks and drafter hidden states it scored."""
-    import dflash.training.objective as module_code
+    import dflash.dflash.objective as module_code
 
     seen = {}
     real_block_loss = module_code.block_loss

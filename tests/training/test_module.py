@@ -7,12 +7,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dflash.decoding import DFlashProposer, generate
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter, save_drafter
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.training import TrainingConfig, dflash_training_module, export_checkpoint, export_drafter
+from dflash.training import TrainingConfig, export_checkpoint, export_drafter
 from dflash.training.module import warmup_cosine_schedule
+from helpers.training import dflash_training_module
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,16 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from dflash.eagle3.objective import eagle3_training_module
 from dflash.methods.eagle3 import Eagle3TrainSettings
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig, dflash_training_module
+from dflash.training import TrainingConfig
 from dflash.training.loss import BlockLoss
 from dflash.training.normalisation import GlobalLossScale
 from helpers.training import (
     UNEVEN_ANCHORS,
     concatenated,
+    dflash_training_module,
+    eagle3_training_module,
     max_relative_difference,
     mean_of_means_gradients,
     micro_batch,

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dflash.cli.train import job_from_config
-from dflash.training import DrafterTrainingModule, dflash_training_module
+from dflash.training import DrafterTrainingModule
 from helpers.apps import compose_train
-from helpers.training import batch, module_for
+from helpers.training import batch, dflash_training_module, module_for
 
 # float32 sums over a few hundred weighted slots: relative rounding well below 1e-5
 SUM_TOLERANCE = 1e-5
@@ -76,7 +76,7 @@ def valid_positions(loss_mask: torch.Tensor, block_size: int) -> list[int]:
 def anchors_used(module: DrafterTrainingModule, data: dict, monkeypatch, seed: int | None = 0) -> list[list[int]]:
     """The anchor positions per sequence that the module's blocks were built at (seed None:
     drawn from torch's global generator, as training steps draw them)."""
-    import dflash.training.objective as module_code
+    import dflash.dflash.objective as module_code
 
     seen = []
     real_build_blocks = module_code.build_blocks

@@ -2,13 +2,13 @@
 
 import torch
 
-from dflash.decoding import DFlashProposer
+from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.forward import draft_blocks
-from dflash.training.objective import dflash_training_module
+from helpers.training import dflash_training_module
 
 
 def test_standalone_training_logits_equal_decoding_logits(tmp_path):

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash.decoding.proposer import Proposer
+from dflash.decoding.proposer import BlockProposer
+from dflash.decoding.verify import propose_tokens
 from dflash.errors import require
 
 
@@ -32,7 +33,7 @@ class ThresholdProposer:
     propose returns (k, V) logits with 1 <= k <= num_drafts.
     """
 
-    def __init__(self, proposer: Proposer, threshold: float):
+    def __init__(self, proposer: BlockProposer, threshold: float):
         require(0 <= threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {threshold}")
         self.proposer = proposer
         self.threshold = threshold
@@ -40,6 +41,9 @@ class ThresholdProposer:
 
     def reset(self) -> None:
         self.proposer.reset()
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
 
     def propose(self, committed_ids, new_features, block_size, num_drafts):
         logits = self.proposer.propose(committed_ids, new_features, block_size, num_drafts)

@@ -1,0 +1,121 @@
+"""DFlash's objective (`dflash.training.objective.Objective`): random anchors in the
+response, blocks under the sparse mask drafted in one pass, position-weighted loss
+(`dflash.training.anchors` .. `dflash.training.loss`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash.errors import require
+from dflash.specs import DrafterSpec, build_drafter
+from dflash.target import TargetModel
+from dflash.training.anchors import sample_anchors
+from dflash.training.blocks import build_blocks
+from dflash.training.config import TrainingConfig
+from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
+from dflash.training.forward import draft_blocks, set_attention_implementation, training_attention_implementation
+from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
+
+BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
+
+
+class DFlashObjective:
+    """DFlash: blocks at random anchors in the response, drafted in one pass, scored by
+    the position-weighted loss over the target's LM head."""
+
+    def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingConfig):
+        if drafter.path is None:
+            require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
+        self.training = training
+        self.drafter = build_drafter(drafter, target)
+        block_size = self.drafter.block_size
+        require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
+        self.slots = block_size
+        self.loss_settings = LossSettings(
+            block_size=block_size,
+            objective=training.loss,
+            position_weights=training.position_weights,
+            gamma=resolve_gamma(training.loss_gamma, block_size),
+            dpace_alpha=training.dpace_alpha,
+            chunk_rows=training.loss_chunk_rows,
+        )
+        self.num_target_layers = target.num_layers
+        self.hidden_size = target.hidden_size
+        self.draft_vocab: DraftVocab | None = None  # counted on the first training step
+        self.datamodule = None  # the trainer's (`setup`): the vocabulary counts its training rows
+
+    def feature_layers(self) -> list[int]:
+        config = self.drafter.config
+        return list(config.target_layer_ids) if config.use_target_features else []
+
+    def taps(self) -> list[int]:
+        """The drafter's taps, plus the final hidden states for losses that read the target's
+        logits: HF's last hidden state ("layer L-1" here) is taken after the final norm, so
+        target.logits() of it are the target's own logits (tests/training/test_losses.py)."""
+        layers = self.feature_layers()
+        return [*layers, self.num_target_layers - 1] if self.loss_settings.reads_target else layers
+
+    def on_device(self, device: torch.device) -> None:
+        implementation = training_attention_implementation(self.training.attention, device)
+        if self.drafter.config.attn_implementation != implementation:
+            set_attention_implementation(self.drafter, implementation)
+
+    def setup(self, target: TargetModel, datamodule) -> None:
+        self.datamodule = datamodule
+
+    def checkpoint_config(self) -> dict:
+        return self.drafter.config.to_hf_dict()
+
+    def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
+        input_ids = batch["input_ids"]
+        attention_mask = batch["attention_mask"].bool()
+        loss_mask = batch["loss_mask"].bool() & attention_mask
+        config = self.drafter.config
+        split = len(self.feature_layers()) * self.hidden_size
+        features = states[..., :split] if states is not None and split else None
+        final_hidden = states[..., split:] if states is not None and self.loss_settings.reads_target else None
+        if not config.use_target_features:  # standalone-drafter ablation: the context is the prefix's own token embeddings
+            features = target.embed(input_ids)
+        anchors = sample_anchors(loss_mask, config.block_size, self.training.num_anchors, self.training.anchor_sampling, generator)
+        blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
+        hidden = draft_blocks(self.drafter, target.embed, features, attention_mask, anchors, blocks)
+        vocab = None if full_vocab else self.training_vocab(target)
+        if vocab is None:
+            return block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden)
+        to_logits = lambda rows: target.logits(rows, head_rows=vocab.head_rows)  # noqa: E731
+        return block_loss(hidden, to_logits, blocks, self.loss_settings, final_hidden, vocab.lookup)
+
+    def training_vocab(self, target: TargetModel) -> DraftVocab | None:
+        """The training vocabulary (`training.draft_vocab_size`) on the target's device, or None."""
+        size = self.training.draft_vocab_size
+        if size is None or size >= target.embedding_rows:
+            return None
+        if self.draft_vocab is None:
+            rows, train_set = getattr(self.datamodule, "rows", None), getattr(self.datamodule, "train_set", None)
+            require(
+                rows is not None and train_set is not None,
+                "training.draft_vocab_size",
+                "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+            )
+            ids = frequent_response_tokens(
+                rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows
+            )
+            self.draft_vocab = DraftVocab.build(ids, target.head_rows_of(ids), target.embedding_rows)
+        if self.draft_vocab.ids.device != target.device:
+            self.draft_vocab = self.draft_vocab.to(target.device)
+        return self.draft_vocab
+
+
+def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingConfig) -> None:
+    """The drafter's block fits the data before any model loads; a drafter directory is
+    read now, so a damaged or mismatched one fails before the target loads."""
+    from dflash.drafter.io import check_drafter_dir
+    from dflash.training.config import check_block_fits
+
+    if drafter.path is None:
+        require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
+        block_size = drafter.block_size
+    else:
+        block_size = check_drafter_dir(drafter.path).block_size
+    check_block_fits(block_size, data.max_length, training.num_anchors)

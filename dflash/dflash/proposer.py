@@ -1,0 +1,64 @@
+"""DFlash drafting in the decoding loop: one drafter forward over [anchor, mask x (B-1)]
+gives the logits of a whole block (`dflash.decoding.proposer.BlockProposer`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dflash.decoding.verify import propose_tokens
+from dflash.drafter.model import DFlashDrafter, DrafterCache
+
+
+class DFlashProposer:
+    """Drafts with a DFlash drafter and the target's frozen embedding and LM head.
+
+    Args:
+        embed: token ids (1, q) -> (1, q, D) embeddings as the target's first layer sees
+            them (`TargetModel.embed`).
+        logits: hidden (..., D) -> (..., V) logits through the target's head transform
+            (`TargetModel.logits`).
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        logits: Callable[[torch.Tensor], torch.Tensor],
+    ):
+        self.drafter = drafter.eval()
+        self.embed = embed
+        self.logits = logits
+        self.mask_token_id = drafter.config.mask_token_id
+        # A drafter without target features reads the prefix's token embeddings instead.
+        self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
+        self.cache = DrafterCache(drafter.config.num_hidden_layers)
+
+    def reset(self) -> None:
+        self.cache = DrafterCache(self.drafter.config.num_hidden_layers)
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)
+
+    @torch.inference_mode()
+    def propose(self, committed_ids, new_features, block_size, num_drafts):
+        device = committed_ids.device
+        anchor_pos = committed_ids.shape[1] - 1
+        context_start = self.cache.length
+        if self.target_layer_ids is None:
+            new_features = self.embed(committed_ids[:, context_start:anchor_pos])
+        if new_features is None:
+            raise RuntimeError("the drafter needs target features of the context; the target returned none")
+        if context_start + new_features.shape[1] != anchor_pos:
+            raise RuntimeError(
+                f"drafter context covers {context_start + new_features.shape[1]} positions, "
+                f"expected {anchor_pos} (all before the anchor)"
+            )
+        block_ids = torch.full((1, block_size), self.mask_token_id, dtype=torch.long, device=device)
+        block_ids[0, 0] = committed_ids[0, -1]
+        block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
+        context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
+        hidden = self.drafter(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
+        self.cache.crop(anchor_pos)
+        return self.logits(hidden[0, 1 : 1 + num_drafts]).float()
