@@ -24,7 +24,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -96,7 +99,7 @@ def small_gemm():
         return None
     import sys
 
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -104,7 +107,19 @@ def small_gemm():
     log.info("engine: loading our AVX-512 small-row kernel (built on first use on a machine: about 30 s)")
     flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
     try:
-        return load("dflash_small_gemm", [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        # One build directory per source and flags: two checkouts with other sources never
+        # rebuild over each other. torch's own build lock is a file that a killed build leaves
+        # behind, on which every later process would wait forever; a flock dies with its
+        # process, so whoever holds ours knows that lock file is stale.
+        with open(source, "rb") as f:
+            digest = hashlib.sha256(f.read() + " ".join(flags).encode()).hexdigest()[:12]
+        name = f"dflash_small_gemm_{digest}"
+        build_dir = _get_build_directory(name, verbose=False)
+        with open(os.path.join(build_dir, "dflash-build.lock"), "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(build_dir, "lock"))
+            return load(name, [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
     except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
         log.warning("engine: could not build the AVX-512 kernel (%s); measuring the library kernels only", str(error)[:200])
         return None

@@ -2,6 +2,7 @@
 back to it with one log line where it cannot."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -92,6 +93,28 @@ def test_engine_eager_keeps_the_hf_forward_and_a_bad_engine_is_one_line():
 
     with pytest.raises(ConfigError, match="target.engine"):
         TargetModel(*build_tiny_target("llama", seed=0), engine="turbo")
+
+
+def test_a_killed_kernel_build_does_not_block_the_next_one(tmp_path, monkeypatch):
+    """torch's build lock file, left by a build that was killed, made every later process
+    wait forever (a test run hung on it); the build directory is also per source."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    seen = []
+
+    def fake_load(name, sources, build_directory, **_):
+        seen.append((name, os.listdir(build_directory)))
+        return "built"
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    probe = kernels.small_gemm.__wrapped__
+    if probe() is None:
+        pytest.skip("this machine does not build our kernel")
+    ((name, files),) = seen
+    (tmp_path / name / "lock").write_text("")  # the stale lock of a killed build
+    assert probe() == "built"
+    assert seen[1] == (name, ["dflash-build.lock"]) and name.startswith("dflash_small_gemm_")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
