@@ -71,6 +71,20 @@ def write_json(path: str, data, **dump_options) -> str:
     return write_text(path, json.dumps(data, **dump_options) + "\n")
 
 
+def write_jsonl(path: str, rows, **dump_options) -> str:
+    """Write `rows` as JSON lines to `path` atomically; returns `path`."""
+    return write_text(path, "".join(json.dumps(row, **dump_options) + "\n" for row in rows))
+
+
+def read_json(path: str):
+    """The JSON value in `path`; None when the file is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def remove_partial_writes(directory: str) -> list[str]:
     """Delete the temporary files that killed writers left in `directory`; returns their paths.
 

@@ -82,7 +82,7 @@ from datetime import datetime, timezone
 import torch
 
 from dflash.eval.divergence import BUG, NUMERICAL, diagnose, first_difference
-from dflash.fileio import write_json
+from dflash.layout import Results
 
 METHOD = "dflash"
 BASELINE = "autoregressive"
@@ -287,45 +287,45 @@ def build_results(
     per_method = {name: method_record(records, name, info, greedy) for name, info in methods.items()}
     top = per_method[primary]
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
-    return {
-        "benchmark": benchmark,
-        "benchmark_source": benchmark_source,
-        "method": primary,
-        "target": target,
-        "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
-        "kernel_path": kernel_path,
-        "drafter": drafter,
-        "block_size": block_size,
-        "drafter_block_size": drafter_block_size,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "verify_rule": sampling.verify_rule,
-        "max_new_tokens": max_new_tokens,
-        "num_prompts": len({r.prompt_index for r in records}),
-        "num_generations": len(records),
-        "tau": top["tau"],
-        "tau_per_prompt_mean": top["tau_per_prompt_mean"],
-        "acceptance_histogram": top["acceptance_histogram"],
-        "tokens_per_s": {method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
-        "speedup": top["speedup"],
-        "speedup_decode_only": top["speedup_decode_only"],
-        "lossless": top["lossless"],
-        "first_mismatch": top["first_mismatch"],
-        "lossless_up_to_ties": top["lossless_up_to_ties"],
-        "divergences": top["divergences"],
-        "hf_generate_matches": (hf_mismatch is None) if greedy and ran_hf else None,
-        "hf_generate_first_mismatch": hf_mismatch,
-        "hf_generate_divergences": divergences(records, "hf_generate") if greedy and ran_hf else None,
-        "methods": per_method,
-        "families": family_records(records, methods, greedy),
-        "stop_token_ids": list(stop_token_ids),
-        "per_prompt": [_per_prompt(r, list(methods)) for r in records],
-        "device": describe_device(device),
-        "versions": versions(),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config,
-    }
+    return Results(
+        benchmark=benchmark,
+        benchmark_source=benchmark_source,
+        method=primary,
+        target=target,
+        target_dtype=str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
+        kernel_path=kernel_path,
+        drafter=drafter,
+        block_size=block_size,
+        drafter_block_size=drafter_block_size,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        verify_rule=sampling.verify_rule,
+        max_new_tokens=max_new_tokens,
+        num_prompts=len({r.prompt_index for r in records}),
+        num_generations=len(records),
+        tau=top["tau"],
+        tau_per_prompt_mean=top["tau_per_prompt_mean"],
+        acceptance_histogram=top["acceptance_histogram"],
+        tokens_per_s={method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
+        speedup=top["speedup"],
+        speedup_decode_only=top["speedup_decode_only"],
+        lossless=top["lossless"],
+        first_mismatch=top["first_mismatch"],
+        lossless_up_to_ties=top["lossless_up_to_ties"],
+        divergences=top["divergences"],
+        hf_generate_matches=(hf_mismatch is None) if greedy and ran_hf else None,
+        hf_generate_first_mismatch=hf_mismatch,
+        hf_generate_divergences=divergences(records, "hf_generate") if greedy and ran_hf else None,
+        methods=per_method,
+        families=family_records(records, methods, greedy),
+        stop_token_ids=list(stop_token_ids),
+        per_prompt=[_per_prompt(r, list(methods)) for r in records],
+        device=describe_device(device),
+        versions=versions(),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        config=config,
+    ).to_json()
 
 
 def family_records(records: list[GenerationRecord], methods: dict[str, MethodInfo], greedy: bool) -> dict | None:
@@ -391,5 +391,5 @@ def versions() -> dict:
 
 
 def write_results(results: dict, path: str) -> str:
-    """Write `results` as JSON to `path` atomically (temp file + rename); returns `path`."""
-    return write_json(path, results, indent=2)
+    """Write the results.json dictionary `results` to `path` atomically; returns `path`."""
+    return Results.from_json(results).write(path)

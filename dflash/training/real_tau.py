@@ -47,6 +47,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.errors import require
+from dflash.layout import DRAFTER_DIR
 from dflash.training.settings import KEY, TauRealSettings, check_tau_real  # noqa: F401 - read from here too
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class RealTauCallback(Callback):
             stack.enter_context(torch.inference_mode(False))
             stack.enter_context(torch.autocast(device.type, enabled=False))
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="dflash-tau-real-"))
-            drafter_dir = self.export(checkpoint, os.path.join(directory, "drafter"), self.export_dtype)
+            drafter_dir = self.export(checkpoint, os.path.join(directory, DRAFTER_DIR), self.export_dtype)
             result = self.probe.measure(pl_module.target, drafter_dir, self.prompts)
         seconds = time.perf_counter() - start
         step = trainer.global_step

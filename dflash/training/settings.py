@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.errors import ConfigError, require
+from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR  # noqa: F401 - read from here by the run driver
 
-CHECKPOINT_DIR = "checkpoints"
 SELECT_CHOICES = ("best", "last")
-DRAFTER_DIR = "drafter"
 WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "tensorboard", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
