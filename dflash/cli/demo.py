@@ -56,6 +56,7 @@ from dflash.cli.pipeline import (
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
+from dflash.timing import timed
 
 TRAIN_MINUTES = "demo_train_minutes.json"
 FAMILIES = ("humaneval", "math", "chat")
@@ -85,16 +86,14 @@ def prepare_target(target_cfg: dict, threads: int) -> float:
     torch.set_num_threads(threads)
     target = load_target(TargetSpec(**target_cfg))
     ids = torch.randint(100, 20_000, (1, 257), generator=torch.Generator().manual_seed(0))
-    times = []
+
+    def one_token() -> float:
+        cache = target.new_cache()
+        target.forward(ids[:, :256], torch.arange(256).unsqueeze(0), cache, logits_to_keep=1)
+        return timed(lambda: target.forward(ids[:, 256:], torch.tensor([[256]]), cache, logits_to_keep=1))[1]
+
     with torch.inference_mode():
-        for repeat in range(12):
-            cache = target.new_cache()
-            target.forward(ids[:, :256], torch.arange(256).unsqueeze(0), cache, logits_to_keep=1)
-            started = time.perf_counter()
-            target.forward(ids[:, 256:], torch.tensor([[256]]), cache, logits_to_keep=1)
-            if repeat >= 2:  # the first calls warm up
-                times.append(time.perf_counter() - started)
-    forward_s = statistics.median(times)
+        forward_s = statistics.median([one_token() for _ in range(12)][2:])  # the first calls warm up
     print(
         f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads"
     )
