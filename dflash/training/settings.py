@@ -1,6 +1,6 @@
 """The training app's settings that are plain dataclasses: the `trainer`, `logger` and
 `checkpoint` groups and `eval.tau_real`, with their checks. Kept apart from the run driver
-(`dflash.training.run`) and the real-tau callback (`dflash.training.real_tau`), which
+(`dflash.training.run`) and the tau_real callback (`dflash.training.tau_real`), which
 import Lightning: reading and checking a config imports neither (`dflash.schema`)."""
 
 from __future__ import annotations

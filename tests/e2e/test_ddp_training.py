@@ -266,7 +266,7 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
 TAU_REAL_RECORDER = """
     from dflash.eval.tau_real import TauRealProbe
     from dflash.training.objective import dflash_trained_method
-    from dflash.training.real_tau import TauRealSettings
+    from dflash.training.tau_real import TauRealSettings
 
 
     class Recorder(Callback):

@@ -3,7 +3,7 @@ is at a validation, decoded greedily by the real speculative loop on a fixed set
 held-out prompts and checked against the target's own greedy output, logged as
 `val/tau_real` beside the simulated `val/tau_sim`.
 
-`RealTauCallback` schedules and logs; what decodes is a probe built above this layer
+`TauRealCallback` schedules and logs; what decodes is a probe built above this layer
 (`dflash.eval.tau_real.TauRealProbe`: `.settings`, `.measure(target, drafter_dir, prompts)`),
 so every trained method is measured through its own evaluation (`TrainedMethod.evaluation`).
 
@@ -72,7 +72,7 @@ def held_out_prompts(rows, indices, count: int) -> list[torch.Tensor]:
     return prompts
 
 
-class RealTauCallback(Callback):
+class TauRealCallback(Callback):
     """Logs `val/tau_real`, `val/tau_real_lossless` (1.0: every output equals the target's
     greedy one) and `val/tau_real_seconds` (the call's wall time on rank 0, the stall of
     training) at the scheduled validations (module invariants), and the same at the end of
@@ -96,6 +96,10 @@ class RealTauCallback(Callback):
         self.last_step: int | None = None  # the step of the latest evaluation
         self.prompts: list[torch.Tensor] | None = None
         self._measured: float | None = None  # tau_real of the running validation, for its history entry
+
+    @property
+    def state_key(self) -> str:
+        return "RealTauCallback"  # its name before the rename: older checkpoints resume with their history
 
     # --- schedule -----------------------------------------------------------------------
 
