@@ -30,45 +30,46 @@ LOG_FILE = "job.log"  # a sweep job's stdout and stderr
 
 @dataclass
 class Results:
-    """results.json, field by field (meanings: `dflash.eval.results` and docs/results-file.md)."""
+    """results.json, field by field (how each figure is aggregated: `dflash.eval.results`;
+    every nested key: docs/results-file.md)."""
 
     benchmark: str | None = None
-    benchmark_source: dict | None = None
-    method: str | None = None
+    benchmark_source: dict | None = None  # where the prompts came from: {kind, dataset, config, split, files, revision}
+    method: str | None = None  # the primary method (the first run): the top-level figures are its own
     target: str | None = None
-    target_dtype: str | None = None
-    kernel_path: str | None = None
-    drafter: str | None = None
-    block_size: int | None = None
-    drafter_block_size: int | None = None
+    target_dtype: str | None = None  # e.g. "bfloat16"
+    kernel_path: str | None = None  # the forward every method decoded with ("hf", or "fast: ..."; invariant 25)
+    drafter: str | None = None  # the primary's label: drafter path or "random"
+    block_size: int | None = None  # the primary's verify width
+    drafter_block_size: int | None = None  # the block size it was trained with; None without one
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     verify_rule: str | None = None
     max_new_tokens: int | None = None
     num_prompts: int | None = None
-    num_generations: int | None = None
-    tau: float | None = None
-    tau_per_prompt_mean: float | None = None
-    acceptance_histogram: list[int] | None = None
-    tokens_per_s: dict[str, float | None] | None = None
-    speedup: dict[str, float | None] | None = None
-    speedup_decode_only: dict[str, float | None] | None = None
-    lossless: bool | None = None
-    first_mismatch: dict | None = None
-    lossless_up_to_ties: bool | None = None
-    divergences: dict | None = None
-    hf_generate_matches: bool | None = None
+    num_generations: int | None = None  # one per turn
+    tau: float | None = None  # pooled over every verify step, bonus token counted (invariants 16, 17)
+    tau_per_prompt_mean: float | None = None  # the mean over generations of their own tau (the paper's harness)
+    acceptance_histogram: list[int] | None = None  # entry k-1: verify steps that emitted k tokens
+    tokens_per_s: dict[str, float | None] | None = None  # {each method, autoregressive, hf_generate}, prefill included
+    speedup: dict[str, float | None] | None = None  # end to end: {vs_autoregressive, vs_hf_generate}
+    speedup_decode_only: dict[str, float | None] | None = None  # the paper's: {vs_autoregressive}
+    lossless: bool | None = None  # greedy: every output equals the autoregressive one; None when sampling
+    first_mismatch: dict | None = None  # {prompt_index, turn, position, expected, got}
+    lossless_up_to_ties: bool | None = None  # greedy: every divergence is numerical
+    divergences: dict | None = None  # greedy: {numerical, bug, details} (`dflash.eval.divergence`)
+    hf_generate_matches: bool | None = None  # the same three checks for HF generate against autoregressive
     hf_generate_first_mismatch: dict | None = None
     hf_generate_divergences: dict | None = None
-    methods: dict[str, dict] | None = None
-    families: dict[str, dict] | None = None
+    methods: dict[str, dict] | None = None  # {name: that method's figures}, in the order run
+    families: dict[str, dict] | None = None  # per family of a mixed benchmark, else None
     stop_token_ids: list[int] | None = None
-    per_prompt: list[dict] | None = None
+    per_prompt: list[dict] | None = None  # one entry per generation: tokens, seconds and tau per method
     device: str | None = None
-    versions: dict[str, str] | None = None
-    timestamp: str | None = None
-    config: dict[str, Any] | None = None
+    versions: dict[str, str] | None = None  # {dflash, torch, transformers, python}
+    timestamp: str | None = None  # UTC, ISO 8601
+    config: dict[str, Any] | None = None  # the resolved config
 
     def to_json(self) -> dict:
         """The file's dictionary, in the file's key order."""

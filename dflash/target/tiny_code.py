@@ -71,9 +71,8 @@ class TinyCodeConfig:
     `seq_len` tokens; linear warm-up over `warmup_steps`, cosine decay to lr/10.
     Corpus: at most `max_corpus_bytes` of stdlib functions, `heldout_fraction` of it
     (whole files) held out; validation loss is averaged over at most `val_windows` windows.
-    num_threads: torch threads while pre-training: 2 is 1.4x faster than 1 on two idle
-        cores (measured 2026-11-23), but several-fold slower when another busy process
-        shares them; set 1 on a shared machine.
+    num_threads: torch threads while pre-training: 2 are faster than 1 on two idle cores,
+        several-fold slower when a busy process shares them; set 1 on a shared machine.
     """
 
     seed: int = 0
