@@ -14,6 +14,7 @@ Invariants (docs/design.md invariant 20; every writer of an output file uses `at
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import socket
@@ -74,6 +75,12 @@ def write_json(path: str, data, **dump_options) -> str:
 def write_jsonl(path: str, rows, **dump_options) -> str:
     """Write `rows` as JSON lines to `path` atomically; returns `path`."""
     return write_text(path, "".join(json.dumps(row, **dump_options) + "\n" for row in rows))
+
+
+def json_digest(data, length: int | None = None, **dump_options) -> str:
+    """The sha256 of `data` as JSON with sorted keys, in hex (its first `length` digits): a
+    stable name for settings. dump_options: passed to `json.dumps` (default, ensure_ascii)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, **dump_options).encode()).hexdigest()[:length]
 
 
 def read_json(path: str):

@@ -8,8 +8,6 @@ interrupted at any point and run again; names of outputs hash the settings that 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +15,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from dflash.fileio import read_json, write_json
+from dflash.fileio import json_digest, read_json, write_json
 from dflash.layout import CHECKPOINT_DIR, DEMO_SUMMARY, DRAFTER_DIR, RESULTS_FILE
 
 NUM_STAGES = 5
@@ -59,7 +57,7 @@ def _minutes(seconds: float) -> str:
 
 
 def short_hash(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return json_digest(parts, 10, default=str)
 
 
 def recipe(name: str) -> str:

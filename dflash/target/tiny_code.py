@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import hashlib
-import json
 import os
 import random
 import sys
@@ -36,6 +34,7 @@ import time
 from dataclasses import dataclass
 
 from dflash.errors import require
+from dflash.fileio import json_digest
 from dflash.target.builds import Say, build_once, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
@@ -146,7 +145,7 @@ class TinyCodeConfig:
             "format": BUILD_FORMAT_VERSION,
             "python": f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}",
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return json_digest(payload, 16)
 
 
 def stdlib_source_files() -> list[str]:

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import logging
 import os
 import shutil
 
-from dflash.fileio import read_json, write_json
+from dflash.fileio import json_digest, read_json, write_json
 from dflash.layout import CSV_DIR, DRAFTER_DIR, RESULTS_FILE, Results
 
 log = logging.getLogger(__name__)
@@ -59,8 +58,7 @@ def cell_config(config: dict) -> dict:
 
 def fingerprint(config: dict) -> str:
     """A hash of `cell_config(config)`: equal for jobs that train and evaluate the same."""
-    text = json.dumps(cell_config(config), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return json_digest(cell_config(config), 20, default=str)
 
 
 def mark_cell(output_dir: str, config: dict) -> str:
