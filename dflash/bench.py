@@ -33,9 +33,9 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
+
+from dflash.timing import interleaved_ms, median_seconds
 
 #: verify widths measured unless --widths says otherwise
 WIDTHS = (1, 2, 3, 4, 8, 16)
@@ -129,10 +129,10 @@ def read_bandwidth(device) -> float:
     if device.type == "cuda":
         source = torch.empty(256 * 1024**2, dtype=torch.float32, device=device)
         target = torch.empty_like(source)
-        seconds = _median(lambda: target.copy_(source), 10, device)
+        seconds = median_seconds(lambda: target.copy_(source), 10, device)
         return 2 * source.numel() * 4 / seconds
     buffer = torch.ones(256 * 1024**2, dtype=torch.float32)
-    seconds = _median(buffer.sum, 5, device)
+    seconds = median_seconds(buffer.sum, 5, device)
     return buffer.numel() * 4 / seconds
 
 
@@ -142,42 +142,7 @@ def matmul_flops(dtype, device) -> float:
 
     a = torch.randn(512, 576, dtype=dtype, device=device)
     b = torch.randn(576, 4096, dtype=dtype, device=device)
-    return 2 * 512 * 576 * 4096 / _median(lambda: a @ b, 10, device)
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median(fn, repeats: int, device) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def interleaved_ms(steps: dict, repeats: int, device) -> dict:
-    """Median milliseconds of each step; the steps take turns within each repeat."""
-    for step in steps.values():
-        step()
-        step()
-    times: dict = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            _sync(device)
-            start = time.perf_counter()
-            step()
-            _sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+    return 2 * 512 * 576 * 4096 / median_seconds(lambda: a @ b, 10, device)
 
 
 def step_costs(target, drafter, args) -> tuple[dict, dict]:
@@ -244,14 +209,16 @@ def generation(target, args) -> dict:
     with torch.inference_mode():
         if target.fast is not None:
             greedy_batch(target.fast, rows[:2], 2, never, 0)
-            seconds = _median(lambda: greedy_batch(target.fast, rows, args.new_tokens, never, 0), 1, target.device)
+            seconds = median_seconds(lambda: greedy_batch(target.fast, rows, args.new_tokens, never, 0), 1, target.device)
             results["fast"] = args.batch * args.new_tokens / seconds
         ids = torch.tensor([row[-48:] for row in rows], device=target.device)
         options = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
         target.model.generate(
             ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**options, "max_new_tokens": 2, "min_new_tokens": 2}
         )
-        seconds = _median(lambda: target.model.generate(ids, attention_mask=torch.ones_like(ids), **options), 1, target.device)
+        seconds = median_seconds(
+            lambda: target.model.generate(ids, attention_mask=torch.ones_like(ids), **options), 1, target.device
+        )
         results["hf"] = args.batch * args.new_tokens / seconds
     return results
 

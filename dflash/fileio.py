@@ -14,6 +14,7 @@ Invariants (docs/design.md invariant 20; every writer of an output file uses `at
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import socket
@@ -69,6 +70,26 @@ def write_json(path: str, data, **dump_options) -> str:
     dump_options: passed to `json.dumps` (indent, sort_keys, ...).
     """
     return write_text(path, json.dumps(data, **dump_options) + "\n")
+
+
+def write_jsonl(path: str, rows, **dump_options) -> str:
+    """Write `rows` as JSON lines to `path` atomically; returns `path`."""
+    return write_text(path, "".join(json.dumps(row, **dump_options) + "\n" for row in rows))
+
+
+def json_digest(data, length: int | None = None, **dump_options) -> str:
+    """The sha256 of `data` as JSON with sorted keys, in hex (its first `length` digits): a
+    stable name for settings. dump_options: passed to `json.dumps` (default, ensure_ascii)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, **dump_options).encode()).hexdigest()[:length]
+
+
+def read_json(path: str):
+    """The JSON value in `path`; None when the file is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def remove_partial_writes(directory: str) -> list[str]:

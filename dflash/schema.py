@@ -66,7 +66,7 @@ class AfterTrainEvalConfig:
         compare against the autoregressive loop only).
     warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
     tau_real: the real loop's tau on held-out prompts during training, logged as
-        val/tau_real (`dflash.training.real_tau.TauRealSettings`; off by default).
+        val/tau_real (`dflash.training.tau_real.TauRealSettings`; off by default).
     """
 
     benchmark: BenchmarkSpec = MISSING

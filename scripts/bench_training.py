@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
 import torch
+
+from dflash.timing import interleaved_ms
 
 
 def bench_recipe(data_path: str | None, steps: int, warmup: int, precision: str = "32-true") -> dict:
@@ -194,7 +195,7 @@ def bench_attention(
     }
     if compile_flex:
         max_abs_diff["flex_compiled"] = float((compiled_forward() - reference).abs().max())
-    times = interleaved_median_ms(steps, repeats)
+    times = interleaved_ms(steps, repeats, warmup=1)
     kv_len = seq_len + num_queries
     density = float(dense.float().mean())
     return {
@@ -206,21 +207,6 @@ def bench_attention(
         "max_abs_diff_vs_sdpa": max_abs_diff,
         **{f"{name}_ms": value for name, value in times.items()},
     }
-
-
-def interleaved_median_ms(steps: dict, repeats: int, warmup: int = 1) -> dict:
-    """Median wall-clock milliseconds of each `steps[name]()`, the steps taking turns in
-    each repeat so that load from other processes falls on all of them alike."""
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(1000 * (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 import sys
 from datetime import datetime
+
+from dflash.fileio import read_json
+from dflash.layout import LOG_FILE, RESULTS_FILE
+from dflash.training.reuse import REUSED_FILE
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+\]")
 PROGRESS = re.compile(r"train: step (\d+)/(\d+).*?elapsed (\d+):(\d\d):(\d\d)")
@@ -33,19 +36,18 @@ def _stamps(path: str) -> list[datetime]:
 def job_budget(job: str) -> dict:
     """{steps, train_min, eval_min, job_min, reused_from} of one job directory (None where unknown)."""
     reused = None
-    if os.path.isfile(os.path.join(job, "reused_from.json")):
-        with open(os.path.join(job, "reused_from.json")) as f:
-            reused = json.load(f)["job"]
+    if os.path.isfile(os.path.join(job, REUSED_FILE)):
+        reused = read_json(os.path.join(job, REUSED_FILE))["job"]
     source = reused or job
     steps = train_s = None
-    with open(os.path.join(source, "job.log"), errors="replace") as f:
+    with open(os.path.join(source, LOG_FILE), errors="replace") as f:
         for line in f:
             if m := PROGRESS.search(line):
                 steps = int(m.group(1))
                 train_s = int(m.group(3)) * 3600 + int(m.group(4)) * 60 + int(m.group(5))
-    stamps = _stamps(os.path.join(source, "job.log"))
+    stamps = _stamps(os.path.join(source, LOG_FILE))
     train_end = _stamps(os.path.join(source, "train.log"))
-    finished = datetime.fromtimestamp(os.path.getmtime(os.path.join(source, "results.json")))  # written last
+    finished = datetime.fromtimestamp(os.path.getmtime(os.path.join(source, RESULTS_FILE)))  # written last
     job_s = (finished - stamps[0]).total_seconds() if stamps else None
     eval_s = (finished - train_end[-1]).total_seconds() if train_end else None
     return {
@@ -64,7 +66,7 @@ def table(root: str, sweeps: list[str]) -> tuple[str, float]:
     ]
     total = 0.0
     for sweep in sweeps:
-        for results in sorted(glob.glob(os.path.join(root, sweep, "*", "results.json"))):
+        for results in sorted(glob.glob(os.path.join(root, sweep, "*", RESULTS_FILE))):
             job = os.path.dirname(results)
             b = job_budget(job)
             if b["reused_from"] is None and b["job_min"] is not None:

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash.timing import timed
+
 # Hub config values (Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct config.json); depth is cut by --layers.
 FAMILIES = {
     "qwen3-8b": dict(
@@ -178,46 +180,49 @@ def build_drafter(target, layers: int, block_size: int, dtype: torch.dtype):
     return place_drafter(drafter, target.device, dtype)  # weights in dtype, rotary frequencies in float32
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(device: torch.device, fn):
-    sync(device)
-    start = time.perf_counter()
-    value = fn()
-    sync(device)
-    return value, time.perf_counter() - start
-
-
 # ---------------------------------------------------------------------------- a. training step
 
 
-def training_step(target, drafter, batch: dict, path: str, backward: bool) -> dict:
-    """One step's loss and gradient norms under attention `path` ("dense", "factored", "flex")."""
-    from dflash.training.anchors import sample_anchors
-    from dflash.training.blocks import build_blocks
-    from dflash.training.forward import set_attention_implementation, target_features
-    from dflash.training.loss import LossSettings, block_loss, default_gamma
-    from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask
+def training_objective(target, drafter, num_anchors: int):
+    """The trainer's own `DFlashObjective` (defaults of the `training` group, `num_anchors`
+    anchors) on a copy of `drafter`, read back from a drafter directory as `drafter.path`."""
+    import tempfile
 
-    config = drafter.config
-    set_attention_implementation(drafter, "flex_attention" if path == "flex" else "sdpa")
+    from dflash.drafter import save_drafter
+    from dflash.specs import DrafterSpec
+    from dflash.training.config import TrainingConfig
+    from dflash.training.objective import DFlashObjective
+
+    with tempfile.TemporaryDirectory() as directory:
+        save_drafter(drafter, directory)
+        return DFlashObjective(target, DrafterSpec(path=directory), TrainingConfig(num_anchors=num_anchors))
+
+
+def training_step(target, objective, batch: dict, path: str, backward: bool) -> dict:
+    """One training step's loss, gradient norms and drafter hidden states, as the trainer
+    computes them (`objective.loss`: anchors, blocks, block mask, position-weighted loss), under
+    attention `path`: "factored" (SDPA, the trainer's off CUDA), "flex" (flex_attention, the
+    trainer's on CUDA) or "dense" (SDPA with a dense bool mask for the factored one: the reference)."""
+    import contextlib
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from dflash.training import forward
+    from dflash.training.masks import dense_block_mask
+
+    drafter = objective.drafter
+    forward.set_attention_implementation(drafter, "flex_attention" if path == "flex" else "sdpa")
     drafter.zero_grad(set_to_none=True)
-    input_ids, loss_mask, real = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
-    features = target_features(target, input_ids, config.target_layer_ids)
-    generator = torch.Generator(device=input_ids.device).manual_seed(0)
-    anchors = sample_anchors(loss_mask, config.block_size, batch["num_anchors"], "random", generator)
-    blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
-    build = {"dense": dense_block_mask, "factored": factored_block_mask, "flex": flex_block_mask}[path]
-    mask = build(anchors.positions, real, config.block_size)
-    seq = input_ids.shape[1]
-    context_positions = torch.arange(seq, device=input_ids.device).expand(input_ids.shape[0], seq)
-    with torch.set_grad_enabled(backward):
-        hidden = drafter(target.embed(blocks.token_ids), blocks.positions, features, context_positions, mask=mask)
-        settings = LossSettings(block_size=config.block_size, gamma=default_gamma(config.block_size))  # chunked, as training
-        loss = block_loss(hidden, target.logits, blocks, settings).loss
+    states = forward.target_features(target, batch["input_ids"], objective.taps())
+    generator = torch.Generator(device=target.device).manual_seed(0)
+    hidden = []
+    hook = drafter.register_forward_hook(lambda module, inputs, output: hidden.append(output.detach()))
+    dense = mock.patch.object(forward, "factored_block_mask", dense_block_mask) if path == "dense" else contextlib.nullcontext()
+    try:
+        with torch.set_grad_enabled(backward), dense:
+            loss = objective.loss(SimpleNamespace(target=target), batch, states, generator, full_vocab=True).loss
+    finally:
+        hook.remove()
     grads = {}
     if backward:
         loss.backward()
@@ -225,7 +230,7 @@ def training_step(target, drafter, batch: dict, path: str, backward: bool) -> di
                  "last.down_proj": drafter.layers[-1].mlp.down_proj.weight}  # fmt: skip
         grads = {name: float(p.grad.float().norm()) for name, p in named.items()}
         grads["all"] = float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in drafter.parameters()])))
-    return {"loss": float(loss.detach()), "grads": grads, "hidden": hidden.detach()}
+    return {"loss": float(loss.detach()), "grads": grads, "hidden": hidden[0]}
 
 
 def training_batch(sizes: Sizes, vocab: int, device: torch.device) -> dict:
@@ -233,12 +238,12 @@ def training_batch(sizes: Sizes, vocab: int, device: torch.device) -> dict:
     input_ids = torch.randint(0, vocab - 2, (1, sizes.seq_len), generator=generator).to(device)
     loss_mask = torch.zeros_like(input_ids, dtype=torch.bool)
     loss_mask[:, sizes.seq_len // 8 :] = True  # a prompt, then the response the anchors live in
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask),
-            "num_anchors": sizes.num_anchors}  # fmt: skip
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": torch.ones_like(loss_mask)}
 
 
 def section_training(family: str, target, drafter, sizes: Sizes, device: torch.device, dtype: torch.dtype) -> list[str]:
     batch = training_batch(sizes, target.config.vocab_size, device)
+    objective = training_objective(target, drafter, sizes.num_anchors)
     cuda = device.type == "cuda"
     lines = [
         f"Sequence {sizes.seq_len}, {sizes.num_anchors} anchors x block {sizes.block_size}, batch 1, "
@@ -252,14 +257,14 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
     for path in ("dense", "factored", "flex"):
         backward = cuda or path != "flex"  # flex_attention has no CPU backward
         try:
-            training_step(target, drafter, batch, path, backward)  # warm-up (and compile)
+            training_step(target, objective, batch, path, backward)  # warm-up (and compile)
             times, peak, resident = [], 0.0, 0.0
             for _ in range(sizes.repeats):
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(device)
                     resident = torch.cuda.memory_allocated(device) / 2**30
                 result, seconds = timed(
-                    device, lambda path=path, backward=backward: training_step(target, drafter, batch, path, backward)
+                    lambda path=path, backward=backward: training_step(target, objective, batch, path, backward), device
                 )
                 times.append(seconds)
                 if cuda:
@@ -279,7 +284,7 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
             )
         except Exception as error:  # one path failing must not lose the others
             lines.append(f"| {path} | FAILED: {one_line(error)} | | | | |")
-        drafter.zero_grad(set_to_none=True)
+        objective.drafter.zero_grad(set_to_none=True)
         free_memory()  # after the except block, which kept the failed step's tensors alive
     return lines + [""] + checks
 
@@ -325,13 +330,13 @@ class ControlledAcceptanceProposer:
 
         device = committed_ids.device
         if self.drafter_proposer is not None:
-            _, seconds = timed(device, lambda: self.drafter_proposer.propose(committed_ids, new_features, block_size, num_drafts))
+            _, seconds = timed(lambda: self.drafter_proposer.propose(committed_ids, new_features, block_size, num_drafts), device)
             self.draft_seconds += seconds
         self.calls += 1
         emitted = committed_ids[0, self.prompt_len :].tolist()
         if emitted != self.reference[: len(emitted)]:
             rest = self.max_new_tokens - len(emitted)
-            continuation, seconds = timed(device, lambda: generate(self.target, committed_ids, max_new_tokens=rest).output_ids)
+            continuation, seconds = timed(lambda: generate(self.target, committed_ids, max_new_tokens=rest).output_ids, device)
             self.reference = emitted + continuation
             self.resync_seconds += seconds
             self.resyncs += 1
@@ -358,7 +363,7 @@ def verify_forward_seconds(target, prompt: torch.Tensor, length: int, layer_ids,
     times = []
     with decode_attention():
         for _ in range(repeats + 1):
-            _, seconds = timed(device, lambda: target.forward(ids, positions, cache, layer_ids))
+            _, seconds = timed(lambda: target.forward(ids, positions, cache, layer_ids), device)
             crop_cache(cache, prompt_len)
             times.append(seconds)
     return statistics.median(times[1:])
@@ -510,12 +515,12 @@ def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, comp
 
             ref = run(lambda: attend(q, k, v, factored, "sdpa"))
             _, compile_seconds = timed(
-                device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True))
+                lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)), device
             )
             out, flex_seconds = timed(
-                device, lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True))
+                lambda: run(lambda: kernel(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)), device
             )
-            _, sdpa_seconds = timed(device, lambda: run(lambda: attend(q, k, v, factored, "sdpa")))
+            _, sdpa_seconds = timed(lambda: run(lambda: attend(q, k, v, factored, "sdpa")), device)
             diff = float((out.float() - ref.float()).abs().max())
             tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
             lines.append(f"- compiled flex_attention vs factored SDPA on the training mask ({heads} heads, {queries} queries, "
@@ -532,8 +537,8 @@ def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, comp
             with torch.no_grad():
                 qd, kd, vd = q[:, :, : sizes.block_size].detach(), k.detach(), v.detach()
                 ref = attend(qd, kd, vd, None, "sdpa")
-                out, seconds = timed(device, lambda: attend(qd, kd, vd, None, "flash_attention_2"))
-                out, seconds = timed(device, lambda: attend(qd, kd, vd, None, "flash_attention_2"))
+                out, seconds = timed(lambda: attend(qd, kd, vd, None, "flash_attention_2"), device)
+                out, seconds = timed(lambda: attend(qd, kd, vd, None, "flash_attention_2"), device)
                 diff = float((out.float() - ref.float()).abs().max())
             lines.append(f"- flash-attn (decoding: one block of {sizes.block_size} over {kd.shape[2]} keys): "
                          f"{verdict(diff <= 2e-2)}: max abs diff vs SDPA {diff:.2e}; {seconds * 1e3:.2f} ms")  # fmt: skip

@@ -30,6 +30,8 @@ import sys
 import numpy as np
 
 from dflash.data.datamodule import split_conversations
+from dflash.fileio import write_jsonl
+from dflash.layout import CSV_DIR, DRAFTER_DIR, RESULTS_FILE, Results
 
 FAMILIES = ("humaneval", "math", "chat")
 VAL_FAMILIES = {"builtin:code": "code (val)", "builtin:math": "math (val)", "builtin:chat": "chat (val)"}
@@ -39,7 +41,7 @@ GAP = 0.10
 def best_tau_sim(job: str) -> tuple[float | None, int | None]:
     """(the highest val/tau_sim logged, its step): the checkpoint the job exported."""
     best = (None, None)
-    for path in sorted(glob.glob(os.path.join(job, "csv", "version_*", "metrics.csv"))):
+    for path in sorted(glob.glob(os.path.join(job, CSV_DIR, "version_*", "metrics.csv"))):
         with open(path) as f:
             for row in csv.DictReader(f):
                 value = row.get("val/tau_sim")
@@ -51,20 +53,19 @@ def best_tau_sim(job: str) -> tuple[float | None, int | None]:
 def job_rows(root: str, sweeps: list[str]) -> list[dict]:
     rows = []
     for sweep in sweeps:
-        for job in sorted(glob.glob(os.path.join(root, sweep, "*", "results.json"))):
+        for job in sorted(glob.glob(os.path.join(root, sweep, "*", RESULTS_FILE))):
             job_dir = os.path.dirname(job)
-            with open(job) as f:
-                results = json.load(f)
+            results = Results.read(job)
             tau_sim, step = best_tau_sim(job_dir)
-            families = results.get("families") or {}
+            families = results.families or {}
             rows.append(
                 {
                     "sweep": sweep,
                     "job": os.path.basename(job_dir),
                     "tau_sim": tau_sim,
                     "step": step,
-                    "block": results.get("block_size"),
-                    "all": results.get("tau"),
+                    "block": results.block_size,
+                    "all": results.tau,
                     **{family: (families.get(family) or {}).get("tau") for family in FAMILIES},
                 }
             )
@@ -121,34 +122,33 @@ def validation_prompts(config: dict, out: str) -> str:
     for source in data["sources"]:
         ends += source["limit"]
         sources.append((ends, VAL_FAMILIES.get(source["path"], source["path"])))
-    with open(out, "w") as f:
-        for index in held_out:
-            family = next(name for end, name in sources if index < end)
-            prompt = next(m["content"] for m in conversations[index]["messages"] if m["role"] == "user")
-            f.write(json.dumps({"turns": [prompt], "family": family}) + "\n")
-    return out
+    rows = []
+    for index in held_out:
+        family = next(name for end, name in sources if index < end)
+        rows.append(
+            {"turns": [next(m["content"] for m in conversations[index]["messages"] if m["role"] == "user")], "family": family}
+        )
+    return write_jsonl(out, rows)
 
 
 def decode_validation(job: str, out_dir: str, python: str, tokens: tuple[int, ...]) -> dict[int, dict]:
     """Decode the job's held-out training prompts with its drafter into `out_dir`; {max_new_tokens: results}."""
-    with open(os.path.join(job, "results.json")) as f:
-        config = json.load(f)["config"]
+    config = Results.read(os.path.join(job, RESULTS_FILE)).config
     os.makedirs(out_dir, exist_ok=True)
     prompts = validation_prompts(config, os.path.join(out_dir, "val_prompts.jsonl"))
     found = {}
     for n in tokens:
         run_dir = os.path.join(out_dir, f"val_{n}")
-        results_path = os.path.join(run_dir, "results.json")
+        results_path = os.path.join(run_dir, RESULTS_FILE)
         if not os.path.isfile(results_path):
             command = [
-                python, "-m", "dflash.evaluate", "target=smollm2_135m", f"drafter.path='{os.path.join(job, 'drafter')}'",
+                python, "-m", "dflash.evaluate", "target=smollm2_135m", f"drafter.path='{os.path.join(job, DRAFTER_DIR)}'",
                 "benchmark=jsonl", f"benchmark.path='{prompts}'", "benchmark.name=smollm2_val", "benchmark.prompt_format=raw",
                 f"decoding.max_new_tokens={n}", "hf_generate=false", "cpu_threads=1", f"hydra.run.dir='{run_dir}'",
             ]  # fmt: skip
             print("$ " + " ".join(command[1:]), flush=True)
             subprocess.run(command, check=True)
-        with open(results_path) as f:
-            found[n] = json.load(f)
+        found[n] = Results.read(results_path).to_json()
     return found
 
 

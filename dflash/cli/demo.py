@@ -30,11 +30,9 @@ Configuration: `dflash/conf/demo.yaml` (budget, data, evaluation) and `dflash/co
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import sys
 import time
 
 import hydra
@@ -42,18 +40,24 @@ from omegaconf import DictConfig
 
 from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
 from dflash.cli.pipeline import (
-    SUMMARY,
     StageClock,
+    app_command,
     check_stage_overrides,
+    evaluate_stage,
+    finish,
     quiet_progress_bars,
-    read_json,
+    recipe,
     run_stage,
     short_hash,
+    shown,
     stage,
+    train_stage,
 )
 from dflash.errors import ConfigError, require
+from dflash.fileio import read_json, write_json, write_jsonl
+from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
+from dflash.timing import timed
 
-RESULTS = "results.json"
 TRAIN_MINUTES = "demo_train_minutes.json"
 FAMILIES = ("humaneval", "math", "chat")
 STARTED_ENV = "DFLASH_DEMO_STARTED"
@@ -82,16 +86,14 @@ def prepare_target(target_cfg: dict, threads: int) -> float:
     torch.set_num_threads(threads)
     target = load_target(TargetSpec(**target_cfg))
     ids = torch.randint(100, 20_000, (1, 257), generator=torch.Generator().manual_seed(0))
-    times = []
+
+    def one_token() -> float:
+        cache = target.new_cache()
+        target.forward(ids[:, :256], torch.arange(256).unsqueeze(0), cache, logits_to_keep=1)
+        return timed(lambda: target.forward(ids[:, 256:], torch.tensor([[256]]), cache, logits_to_keep=1))[1]
+
     with torch.inference_mode():
-        for repeat in range(12):
-            cache = target.new_cache()
-            target.forward(ids[:, :256], torch.arange(256).unsqueeze(0), cache, logits_to_keep=1)
-            started = time.perf_counter()
-            target.forward(ids[:, 256:], torch.tensor([[256]]), cache, logits_to_keep=1)
-            if repeat >= 2:  # the first calls warm up
-                times.append(time.perf_counter() - started)
-    forward_s = statistics.median(times)
+        forward_s = statistics.median([one_token() for _ in range(12)][2:])  # the first calls warm up
     print(
         f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads"
     )
@@ -109,10 +111,8 @@ def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
     if read_json(os.path.join(meta_dir, "complete.json")) is not None:
         stage(2, "data", f"done already in {data_dir}")
         return data_dir
-    command = [
-        sys.executable,
-        "-m",
-        "dflash.regenerate",
+    command = app_command(
+        "regenerate",
         f"target={target_option()}",
         f"data={cfg.data}",
         f"data.path={data_dir}",
@@ -120,12 +120,11 @@ def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
         f"hydra.run.dir={os.path.join(meta_dir, 'logs')}",
         *(f"regenerate.{key}={value}" for key, value in settings.items()),
         *data_overrides,
-    ]
+    )
     stage(2, "data", f"the target answers the {cfg.data} prompts -> {data_dir}")
-    print("    " + " ".join(["python", *command[1:]]), flush=True)
+    print("    " + shown(command), flush=True)
     run_stage(2, "data", command)
-    with open(os.path.join(meta_dir, "complete.json"), "w") as f:
-        json.dump({"command": command[1:]}, f)
+    write_json(os.path.join(meta_dir, "complete.json"), {"command": command[1:]})
     return data_dir
 
 
@@ -137,11 +136,7 @@ def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
     paths = {}
     for family in ("math", "chat"):
         path = os.path.join(data_dir + "-demo", f"heldout_{family}.jsonl")
-        with open(path + ".tmp", "w") as f:
-            for prompt in heldout_prompts(family, counts[family], training):
-                f.write(json.dumps({"turns": [prompt]}) + "\n")
-        os.replace(path + ".tmp", path)
-        paths[family] = path
+        paths[family] = write_jsonl(path, ({"turns": [prompt]} for prompt in heldout_prompts(family, counts[family], training)))
     return paths
 
 
@@ -165,9 +160,7 @@ def train_minutes(cfg: DictConfig, run_dir: str, forward_s: float) -> float:
             f"{cfg.margin_s / 60:.1f} margin -> {minutes:.1f} min of training{note}",
             flush=True,
         )
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, TRAIN_MINUTES), "w") as f:
-        json.dump({"minutes": minutes}, f)
+    write_json(os.path.join(run_dir, TRAIN_MINUTES), {"minutes": minutes})
     return minutes
 
 
@@ -180,34 +173,19 @@ def evaluation_reserve_s(cfg: DictConfig, forward_s: float) -> float:
 
 def train(cfg: DictConfig, data_dir: str, artifacts: str, forward_s: float) -> str:
     """Stage 3: the train app for the budget's minutes (resumable); returns the run dir."""
-    with open(os.path.join(CONF_DIR, "experiment", "smollm2.yaml")) as f:
-        recipe = f.read()
     overrides = list(cfg.train_overrides)
-    run_dir = os.path.join(artifacts, "runs", f"demo-smollm2-{short_hash(os.path.basename(data_dir), overrides, recipe)}")
-    if os.path.isfile(os.path.join(run_dir, "drafter", "model.safetensors")):
-        stage(3, "train", f"done already in {run_dir}")
-        return run_dir
-    minutes = train_minutes(cfg, run_dir, forward_s)
-    command = [
-        sys.executable,
-        "-m",
-        "dflash.train",
-        "experiment=smollm2",
-        f"run_name={os.path.basename(run_dir)}",
-        f"target={target_option()}",
-        f"data={cfg.data}",
-        f"data.path={data_dir}",
-        f"paths.artifacts={artifacts}",
-        "eval.after_train=false",
-        "trainer.max_steps=-1",
-        "trainer.max_epochs=null",
-        f"trainer.max_minutes={minutes}",
-        *cfg.data_overrides,
-        *overrides,
-    ]
-    stage(3, "train", " ".join(["python", *command[1:]]))
-    run_stage(3, "train", command)
-    return run_dir
+    run_dir = os.path.join(
+        artifacts, "runs", f"demo-smollm2-{short_hash(os.path.basename(data_dir), overrides, recipe('smollm2'))}"
+    )
+
+    def command() -> list[str]:
+        minutes = train_minutes(cfg, run_dir, forward_s)
+        arguments = [f"run_name={os.path.basename(run_dir)}", f"target={target_option()}", f"data={cfg.data}"]
+        arguments += [f"data.path={data_dir}", f"paths.artifacts={artifacts}", "eval.after_train=false"]
+        arguments += ["trainer.max_steps=-1", "trainer.max_epochs=null", f"trainer.max_minutes={minutes}"]
+        return app_command("train", "experiment=smollm2", *arguments, *cfg.data_overrides, *overrides)
+
+    return train_stage(run_dir, command)
 
 
 def evaluate(cfg: DictConfig, run_dir: str, data_dir: str, artifacts: str) -> dict[str, str]:
@@ -220,53 +198,31 @@ def evaluate(cfg: DictConfig, run_dir: str, data_dir: str, artifacts: str) -> di
     }
     results = {}
     for family in FAMILIES:
-        eval_dir = os.path.join(run_dir, "eval", family)
-        results_path = os.path.join(eval_dir, RESULTS)
-        command = [
-            sys.executable,
-            "-m",
-            "dflash.evaluate",
-            f"target={target_option()}",
-            f"drafter.path={os.path.join(run_dir, 'drafter')}",
-            *per_family[family],
-            f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}",
-            "hf_generate=false",
-            f"cpu_threads={cfg.cpu_threads}",
-            f"paths.artifacts={artifacts}",
-            f"hydra.run.dir={eval_dir}",
-            *cfg.eval_overrides,
-        ]
-        settings_path = os.path.join(eval_dir, "demo_eval_command.json")
-        if os.path.isfile(results_path) and read_json(settings_path) == command[2:]:
-            stage(4, "evaluate", f"{family}: done already in {eval_dir}")
-        else:
-            stage(4, "evaluate", f"{family}: " + " ".join(["python", *command[1:]]))
-            run_stage(4, "evaluate", command)
-            with open(settings_path, "w") as f:
-                json.dump(command[2:], f)
-        results[family] = results_path
+        eval_dir = os.path.join(run_dir, EVAL_DIR, family)
+        arguments = [f"drafter.path={os.path.join(run_dir, DRAFTER_DIR)}", *per_family[family]]
+        arguments += [f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}", "hf_generate=false"]
+        arguments += [f"cpu_threads={cfg.cpu_threads}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}"]
+        command = app_command("evaluate", f"target={target_option()}", *arguments, *cfg.eval_overrides)
+        results[family] = evaluate_stage(eval_dir, command, f"{family}: ")
     return results
 
 
-def family_row(results: dict) -> dict:
+def family_row(results: Results) -> dict:
     return {
-        "num_prompts": results["num_prompts"],
-        "tau": results["tau"],
-        "tau_per_prompt_mean": results["tau_per_prompt_mean"],
-        "speedup": results["speedup"]["vs_autoregressive"],
-        "speedup_decode_only": results["speedup_decode_only"]["vs_autoregressive"],
-        "tokens_per_s": results["tokens_per_s"],
-        "acceptance_histogram": results["acceptance_histogram"],
-        "lossless": results["lossless"],
+        "num_prompts": results.num_prompts,
+        "tau": results.tau,
+        "tau_per_prompt_mean": results.tau_per_prompt_mean,
+        "speedup": results.speedup["vs_autoregressive"],
+        "speedup_decode_only": results.speedup_decode_only["vs_autoregressive"],
+        "tokens_per_s": results.tokens_per_s,
+        "acceptance_histogram": results.acceptance_histogram,
+        "lossless": results.lossless,
     }
 
 
 def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budget: dict) -> dict:
     """Stage 5: the table per family and the stage times; writes demo_summary.json."""
-    rows = {}
-    for family, path in results_paths.items():
-        with open(path) as f:
-            rows[family] = family_row(json.load(f))
+    rows = {family: family_row(Results.read(path)) for family, path in results_paths.items()}
     stage(5, "report", f"SmolLM2-135M-Instruct, {budget['train_minutes']:.1f} min of training")
     header = f"  {'family':<11}{'prompts':>8}{'tau pooled':>12}{'tau/prompt':>12}{'speedup':>9}{'decode-only':>13}{'DFlash tok/s':>14}{'AR tok/s':>10}  lossless"
     print(header)
@@ -280,19 +236,13 @@ def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budge
     print("  speedup is end to end over the autoregressive loop in the same run; decode-only leaves out prefill")
     summary = {
         "target": "SmolLM2-135M-Instruct (float32)",
-        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
+        "stage_wall_time_s": clock.totals(),
         **budget,
         "families": rows,
         "lossless": all(row["lossless"] for row in rows.values()),
         "results": results_paths,
     }
-    with open(os.path.join(run_dir, SUMMARY), "w") as f:
-        json.dump(summary, f, indent=2)
-    print("\nwall time per stage:")
-    print(clock.table())
-    print(
-        f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), eval/<family>/{RESULTS}, {SUMMARY}, checkpoints/, csv/"
-    )
+    finish(run_dir, summary, clock, "wall time per stage", f"{EVAL_DIR}/<family>", "csv/")
     return summary
 
 

@@ -26,9 +26,7 @@ Configuration: `dflash/conf/demo_tiny.yaml` (stages 1, 2 and 4) and `dflash/conf
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -41,33 +39,33 @@ from dflash.cli.common import (
     run_app,
 )
 from dflash.cli.pipeline import (
-    SUMMARY,
     StageClock,
+    app_command,
     check_stage_overrides,
+    evaluate_stage,
+    finish,
     quiet_progress_bars,
-    read_json,
-    run_stage,
+    recipe,
     short_hash,
     stage,
+    train_stage,
 )
 from dflash.errors import require
+from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
 from dflash.structured import check_arguments, typed
-
-RESULTS = "results.json"
-EVAL_DIR = "eval"
 
 
 def build_target(target_cfg: dict):
     """Stage 1: the tiny code target (built once per build config), loaded."""
     from dflash.specs import TargetSpec, load_target
+    from dflash.target.builds import read_build_info
     from dflash.target.tiny_code import TinyCodeConfig, is_current
 
     config = TinyCodeConfig.from_dict(target_cfg["build"])
     current = is_current(target_cfg["path"], config)
     stage(1, "target", f"{'reusing' if current else 'building'} the tiny code LM at {target_cfg['path']}")
     target = load_target(TargetSpec(**target_cfg))
-    with open(os.path.join(target_cfg["path"], "build_info.json")) as f:
-        info = json.load(f)
+    info = read_build_info(target_cfg["path"]) or {}
     print(f"    {target.num_layers} layers, hidden {target.hidden_size}; validation loss {info.get('val_loss', float('nan')):.3f}")
     return target, config.build_hash()
 
@@ -91,88 +89,41 @@ def train(target_path: str, data_dir: str, train_overrides: list[str], artifacts
     The train app loads the target that stage 1 built (`target.build=null`): composing
     `target=tiny_code` afresh would not see this demo's build overrides.
     """
-    # The recipe's text is part of the name: editing dflash/conf/experiment/demo.yaml trains anew.
-    with open(os.path.join(CONF_DIR, "experiment", "demo.yaml")) as f:
-        recipe = f.read()
-    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe)}"
+    run_name = f"demo-{short_hash(os.path.basename(data_dir), train_overrides, recipe('demo'))}"
+    arguments = [f"run_name={run_name}", f"target.path={target_path}", "target.build=null", "eval.after_train=false"]
+    arguments += [f"data.path={data_dir}", f"paths.artifacts={artifacts}", *train_overrides]
     run_dir = os.path.join(artifacts, "runs", run_name)
-    command = [
-        sys.executable,
-        "-m",
-        "dflash.train",
-        "experiment=demo",
-        f"run_name={run_name}",
-        f"target.path={target_path}",
-        "target.build=null",
-        "eval.after_train=false",
-        f"data.path={data_dir}",
-        f"paths.artifacts={artifacts}",
-        *train_overrides,
-    ]
-    if os.path.isfile(os.path.join(run_dir, "drafter", "config.json")) and os.path.isfile(
-        os.path.join(run_dir, "drafter", "model.safetensors")
-    ):
-        stage(3, "train", f"done already in {run_dir}")
-        return run_dir
-    stage(3, "train", " ".join(["python", *command[1:]]))
-    run_stage(3, "train", command)
-    return run_dir
+    return train_stage(run_dir, lambda: app_command("train", "experiment=demo", *arguments))
 
 
 def evaluate(target_path: str, run_dir: str, eval_overrides: list[str], artifacts: str) -> str:
     """Stage 4: `python -m dflash.evaluate` on the exported drafter; returns results.json."""
     eval_dir = os.path.join(run_dir, EVAL_DIR)
-    results_path = os.path.join(eval_dir, RESULTS)
-    command = [
-        sys.executable,
-        "-m",
-        "dflash.evaluate",
-        "target=tiny_code",
-        f"target.path={target_path}",
-        "target.build=null",
-        f"drafter.path={os.path.join(run_dir, 'drafter')}",
-        f"paths.artifacts={artifacts}",
-        f"hydra.run.dir={eval_dir}",
-        *eval_overrides,
-    ]
-    # The overrides are part of the check: evaluating under other settings runs again.
-    settings_path = os.path.join(eval_dir, "demo_eval_overrides.json")
-    if os.path.isfile(results_path) and read_json(settings_path) == command[2:]:
-        stage(4, "evaluate", f"done already in {eval_dir}")
-        return results_path
-    stage(4, "evaluate", " ".join(["python", *command[1:]]))
-    run_stage(4, "evaluate", command)
-    with open(settings_path, "w") as f:
-        json.dump(command[2:], f)
-    return results_path
+    drafter = os.path.join(run_dir, DRAFTER_DIR)
+    arguments = [f"target.path={target_path}", "target.build=null", f"drafter.path={drafter}", f"paths.artifacts={artifacts}"]
+    return evaluate_stage(
+        eval_dir, app_command("evaluate", "target=tiny_code", *arguments, f"hydra.run.dir={eval_dir}", *eval_overrides)
+    )
 
 
 def report(run_dir: str, results_path: str, clock: StageClock) -> None:
     """Stage 5: print the evaluation table and the stage times; write demo_summary.json."""
     from dflash.eval import format_results
 
-    with open(results_path) as f:
-        results = json.load(f)
-    stage(5, "report", f"HumanEval, {results['num_prompts']} prompts")
+    results = Results.read(results_path)
+    stage(5, "report", f"HumanEval, {results.num_prompts} prompts")
     print(format_results(results))
     summary = {
-        "stage_wall_time_s": {**clock.seconds, "total": round(sum(clock.seconds.values()), 1)},
-        "tau": results["tau"],
-        "tau_per_prompt_mean": results["tau_per_prompt_mean"],
-        "speedup": results["speedup"],
-        "speedup_decode_only": results["speedup_decode_only"],
-        "tokens_per_s": results["tokens_per_s"],
-        "lossless": results["lossless"],
+        "stage_wall_time_s": clock.totals(),
+        "tau": results.tau,
+        "tau_per_prompt_mean": results.tau_per_prompt_mean,
+        "speedup": results.speedup,
+        "speedup_decode_only": results.speedup_decode_only,
+        "tokens_per_s": results.tokens_per_s,
+        "lossless": results.lossless,
         "results": results_path,
     }
-    summary_path = os.path.join(run_dir, SUMMARY)
-    with open(summary_path, "w") as f:
-        json.dump(summary, f, indent=2)
-    print("\nwall time per stage (the install before it not counted):")
-    print(clock.table())
-    print(
-        f"\nrun directory: {run_dir}\n  drafter/ (load with drafter.path=...), {EVAL_DIR}/{RESULTS}, {SUMMARY}, checkpoints/, logs"
-    )
+    finish(run_dir, summary, clock, "wall time per stage (the install before it not counted)", EVAL_DIR, "logs")
 
 
 def check_app_overrides(cfg: DictConfig) -> None:

@@ -25,10 +25,10 @@ from dflash.cli.common import (
     run_app,
     set_cpu_threads,
 )
+from dflash.layout import RESULTS_FILE
 from dflash.locks import DirectoryLock
 from dflash.structured import build
 
-RESULTS_FILE = "results.json"
 LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.run.dir=DIR)"
 
 

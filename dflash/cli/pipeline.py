@@ -1,5 +1,6 @@
-"""What both demos share: stage headers, wall time per stage, subprocess stages,
-stable names for a stage's output, and progress bars fit for a log file.
+"""What both demos share: stage headers, wall time per stage, subprocess stages (the
+train stage's and evaluate stage's "done" checks among them), stable names for a stage's
+output, the summary file, and progress bars fit for a log file.
 
 Invariant: a stage whose output exists and is current is skipped, so each demo can be
 interrupted at any point and run again; names of outputs hash the settings that made them.
@@ -7,16 +8,18 @@ interrupted at any point and run again; names of outputs hash the settings that 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
-SUMMARY = "demo_summary.json"
+from dflash.fileio import json_digest, read_json, write_json
+from dflash.layout import CHECKPOINT_DIR, DEMO_SUMMARY, DRAFTER_DIR, RESULTS_FILE
+
 NUM_STAGES = 5
+EVAL_COMMAND = "demo_eval_command.json"  # beside results.json: the evaluate arguments it answers
 PROGRESS_INTERVAL_S = 30  # how often progress bars may redraw in a log that is not a terminal
 
 
@@ -38,6 +41,10 @@ class StageClock:
         finally:
             self.seconds[name] = round(time.perf_counter() - started, 1)
 
+    def totals(self) -> dict[str, float]:
+        """Seconds per stage, then the total (demo_summary.json `stage_wall_time_s`)."""
+        return {**self.seconds, "total": round(sum(self.seconds.values()), 1)}
+
     def table(self) -> str:
         """One line per stage, `name  M min S s`, then the total."""
         rows = [*self.seconds.items(), ("total", sum(self.seconds.values()))]
@@ -50,7 +57,25 @@ def _minutes(seconds: float) -> str:
 
 
 def short_hash(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return json_digest(parts, 10, default=str)
+
+
+def recipe(name: str) -> str:
+    """The text of dflash/conf/experiment/`name`.yaml: part of a run's name, so that editing
+    the recipe trains anew."""
+    from dflash import CONF_DIR
+
+    with open(os.path.join(CONF_DIR, "experiment", f"{name}.yaml")) as f:
+        return f.read()
+
+
+def app_command(app: str, *arguments: str) -> list[str]:
+    """`python -m dflash.<app> arguments...` in this interpreter."""
+    return [sys.executable, "-m", f"dflash.{app}", *arguments]
+
+
+def shown(command: list[str]) -> str:
+    return " ".join(["python", *command[1:]])
 
 
 def run_stage(number: int, name: str, command: list[str]) -> None:
@@ -61,12 +86,40 @@ def run_stage(number: int, name: str, command: list[str]) -> None:
         sys.exit(status)
 
 
-def read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+def train_stage(run_dir: str, command: Callable[[], list[str]]) -> str:
+    """Stage 3: the train app (which resumes and exports the drafter), unless the run's
+    drafter directory is complete; `command` is called only when it runs. Returns `run_dir`."""
+    drafter = os.path.join(run_dir, DRAFTER_DIR)
+    if all(os.path.isfile(os.path.join(drafter, name)) for name in ("config.json", "model.safetensors")):
+        stage(3, "train", f"done already in {run_dir}")
+        return run_dir
+    arguments = command()
+    stage(3, "train", shown(arguments))
+    run_stage(3, "train", arguments)
+    return run_dir
+
+
+def evaluate_stage(eval_dir: str, command: list[str], label: str = "") -> str:
+    """Stage 4: the evaluate app `command` into `eval_dir`, unless its results.json exists
+    and answers the same arguments (other settings evaluate again); returns results.json."""
+    results_path, marker = os.path.join(eval_dir, RESULTS_FILE), os.path.join(eval_dir, EVAL_COMMAND)
+    if os.path.isfile(results_path) and read_json(marker) == command[2:]:
+        stage(4, "evaluate", f"{label}done already in {eval_dir}")
+        return results_path
+    stage(4, "evaluate", label + shown(command))
+    run_stage(4, "evaluate", command)
+    write_json(marker, command[2:])
+    return results_path
+
+
+def finish(run_dir: str, summary: dict, clock: StageClock, heading: str, evaluation: str, logs: str) -> None:
+    """Write `summary` as the run's demo_summary.json; print the stage times under `heading`
+    and what the run directory holds (`evaluation`: where results.json is, `logs`)."""
+    write_json(os.path.join(run_dir, DEMO_SUMMARY), summary, indent=2)
+    print(f"\n{heading}:")
+    print(clock.table())
+    files = f"{evaluation}/{RESULTS_FILE}, {DEMO_SUMMARY}, {CHECKPOINT_DIR}/, {logs}"
+    print(f"\nrun directory: {run_dir}\n  {DRAFTER_DIR}/ (load with drafter.path=...), {files}")
 
 
 def check_stage_overrides(cfg, stages) -> None:

@@ -23,8 +23,6 @@ inserts its DistributedSampler.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from dflash.data.sources import SourceSpec, iter_conversations
 from dflash.data.token_ids import tokenizer_fingerprint
 from dflash.data.tokenize import TokenizedRows, TokenizeSettings, tokenize_conversations
 from dflash.errors import require
+from dflash.fileio import json_digest
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +238,8 @@ class DFlashDataModule(L.LightningDataModule):
                 files = [path] if os.path.isfile(path) else []
             parts["files"] = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
         else:
-            parts["rows"] = hashlib.sha256(json.dumps(self.source, sort_keys=True).encode()).hexdigest()
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+            parts["rows"] = json_digest(self.source)
+        return json_digest(parts, 20, default=str)
 
     def _check_regenerated_directory(self) -> None:
         """Regenerated data must be complete (or `allow_partial`) and use the thinking mode

@@ -34,7 +34,7 @@ from dflash.data.generators import Generated, Generator, HFGenerator, ServerGene
 from dflash.data.sources import split_prompt
 from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifest
 from dflash.errors import ConfigError, require
-from dflash.fileio import atomic_write, remove_partial_writes, write_json
+from dflash.fileio import remove_partial_writes, write_json, write_jsonl
 from dflash.locks import DirectoryLock
 
 log = logging.getLogger(__name__)
@@ -220,20 +220,15 @@ def _shard_path(out_dir: str, start: int, stop: int) -> str:
 
 
 def _write_shard(out_dir, start, stop, prompts, answers, fingerprint: str | None) -> None:
-    lines = []
+    rows = []
     for prompt, answer in zip(prompts, answers):
         row = {"messages": prompt + [{"role": "assistant", "content": answer.text}]}
         if answer.response_ids is not None:
             if fingerprint is None:
                 raise ValueError("the generator returns token ids but has no `tokenizer` to fingerprint them with")
             row[TOKEN_IDS] = token_ids_record(answer.prompt_ids, answer.response_ids, fingerprint)
-        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
-
-    def write(temporary: str) -> None:
-        with open(temporary, "w") as handle:
-            handle.writelines(lines)
-
-    atomic_write(_shard_path(out_dir, start, stop), write)
+        rows.append(row)
+    write_jsonl(_shard_path(out_dir, start, stop), rows, ensure_ascii=False)
 
 
 def _prompt_chars(prompt: list[dict]) -> int:

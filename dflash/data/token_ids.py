@@ -18,8 +18,9 @@ Row layout: `{"messages": [...], "token_ids": {"tokenizer": FINGERPRINT, "prompt
 
 from __future__ import annotations
 
-import hashlib
 import json
+
+from dflash.fileio import json_digest
 
 TOKEN_IDS = "token_ids"
 
@@ -46,7 +47,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
         }
     state["chat_template"] = getattr(tokenizer, "chat_template", None)
     state["vocab_size"] = len(tokenizer)
-    return hashlib.sha256(json.dumps(state, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+    return json_digest(state, 16, ensure_ascii=False)
 
 
 def tokenizer_manifest(tokenizer) -> dict:

@@ -28,8 +28,7 @@ class FactoredBlockMask:
     block and none of another's).
 
     Under it `attend` scores each query against S + B keys instead of the dense mask's
-    S + N*B: a training step's attention (forward + backward) took 1.55x less time at
-    the demo's shape and 1.17x less at S=2048 with 256 blocks (docs/training.md).
+    S + N*B (its measured gain: docs/design.md, "Measured figures").
 
     sees_context: (b, 1, N*B, S) bool, True = may attend to that context key.
     block_size: B.

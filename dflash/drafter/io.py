@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from dflash.drafter.config import DrafterConfig
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError, reading, require
-from dflash.fileio import atomic_write
+from dflash.fileio import atomic_write, write_json
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -59,9 +59,9 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
     state = {name: tensor.detach().to(dtype or tensor.dtype).contiguous().cpu() for name, tensor in drafter.state_dict().items()}
     config = drafter.config.to_hf_dict()
     config["dtype"] = str(dtype or next(drafter.parameters()).dtype).removeprefix("torch.")
-    _atomic_write(directory, WEIGHTS_NAME, lambda path: save_file(state, path, metadata={"format": "pt"}))
-    _atomic_write(directory, MODELING_NAME, lambda path: shutil.copyfile(_MODELING_SOURCE, path))
-    _atomic_write(directory, CONFIG_NAME, lambda path: _write_json(path, config))
+    atomic_write(os.path.join(directory, WEIGHTS_NAME), lambda path: save_file(state, path, metadata={"format": "pt"}))
+    atomic_write(os.path.join(directory, MODELING_NAME), lambda path: shutil.copyfile(_MODELING_SOURCE, path))
+    write_json(os.path.join(directory, CONFIG_NAME), config, indent=2, sort_keys=True)
 
 
 def load_drafter_config(directory: str, attn_implementation: str = "sdpa") -> DrafterConfig:
@@ -143,13 +143,3 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
             fix = f"set {key}={wanted}" if key else "it was trained for another target"
             raise ConfigError("drafter.init_from", f"{name} is {theirs} in {directory!r} but {ours} here; {fix}")
     drafter.load_state_dict(source.state_dict())
-
-
-def _write_json(path: str, data: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def _atomic_write(directory: str, name: str, write) -> None:
-    atomic_write(os.path.join(directory, name), write)

@@ -13,7 +13,7 @@ import torch
 from dflash.eagle3.config import Eagle3Config
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.errors import ConfigError, reading, require
-from dflash.fileio import atomic_write, write_text
+from dflash.fileio import atomic_write, write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -40,7 +40,7 @@ def save_eagle3(drafter: Eagle3Drafter, out_dir: str, dtype: torch.dtype | None 
     config["torch_dtype"] = str(state["fc.weight"].dtype).removeprefix("torch.")
     # atomic, and readable by others (safetensors alone writes 0600)
     atomic_write(os.path.join(out_dir, WEIGHTS_FILE), lambda path: save_file(state, path, metadata={"format": "pt"}))
-    write_text(os.path.join(out_dir, CONFIG_FILE), json.dumps(config, indent=2) + "\n")
+    write_json(os.path.join(out_dir, CONFIG_FILE), config, indent=2)
     return out_dir
 
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-RESULTS_FILE = "results.json"
+from dflash.layout import RESULTS_FILE
 
 
 @dataclass

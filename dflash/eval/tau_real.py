@@ -1,4 +1,4 @@
-"""What `eval.tau_real` decodes while training (`dflash.training.real_tau.RealTauCallback`
+"""What `eval.tau_real` decodes while training (`dflash.training.tau_real.TauRealCallback`
 schedules and logs it): a drafter directory the training run just exported, through the
 trained method's evaluation (`Method.evaluation`: DFlash at its trained block size,
 EAGLE-3 with its own drafter), greedy, on fixed prompt ids, with the evaluator's code
@@ -24,7 +24,7 @@ from dflash.eval.evaluator import run_method
 from dflash.eval.prompts import stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, first_mismatch, mean_acceptance_length
 from dflash.methods import METHODS, EvalContext, build_method
-from dflash.training.real_tau import TauRealSettings
+from dflash.training.tau_real import TauRealSettings
 
 GREEDY = SamplingConfig()
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import logging
 import os
 
 import yaml
 
+from dflash.fileio import read_json
+from dflash.layout import CSV_DIR, ERROR_FILE, HYDRA_CONFIG, RESULTS_FILE, Results
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, results_from_config
 
 log = logging.getLogger(__name__)
 
-RESULTS_FILE = "results.json"
-ERROR_FILE = "error.json"
-HYDRA_CONFIG = os.path.join(".hydra", "config.yaml")
 ACCURACY_PREFIXES = ("val", "train")
 
 
@@ -53,16 +51,14 @@ def read_run(run_dir: str) -> RunRecord:
     error_path = os.path.join(run_dir, ERROR_FILE)
     config = _read_hydra_config(run_dir)
     if os.path.isfile(results_path):
-        with open(results_path) as f:
-            results = json.load(f)
-        config = results.get("config") or config
+        results = Results.read(results_path).to_json()
+        config = results["config"] or config
         status, error = FINISHED, None
     else:
         results = results_from_config(config)
         status, error = PENDING, None
         if os.path.isfile(error_path):
-            with open(error_path) as f:
-                error = json.load(f).get("exception") or "failed"
+            error = (read_json(error_path) or {}).get("exception") or "failed"
             status = FAILED
     return RunRecord(run_dir, status, config, results, error, read_accuracies(run_dir))
 
@@ -73,7 +69,7 @@ def read_accuracies(run_dir: str) -> dict[str, list[float]]:
     Versions are read in order (a resumed run logs into a new version), so the last
     value wins; {} when the run logged no CSV metrics.
     """
-    paths = sorted(glob.glob(os.path.join(glob.escape(run_dir), "csv", "version_*", "metrics.csv")), key=_version_number)
+    paths = sorted(glob.glob(os.path.join(glob.escape(run_dir), CSV_DIR, "version_*", "metrics.csv")), key=_version_number)
     latest: dict[str, list[float]] = {}
     for path in paths:
         with open(path, newline="") as f:

@@ -17,11 +17,11 @@ for uploads.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 
-from dflash.reports.collect import ACCURACY_PREFIXES, RESULTS_FILE, accuracies_from_metrics
+from dflash.layout import RESULTS_FILE, Results
+from dflash.reports.collect import ACCURACY_PREFIXES, accuracies_from_metrics
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, results_from_config
 
 FAILED_STATES = ("failed", "crashed", "killed")
@@ -70,8 +70,7 @@ def _uploaded_results(run) -> dict | None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         run.file(RESULTS_FILE).download(root=tmp, replace=True)
-        with open(os.path.join(tmp, RESULTS_FILE)) as f:
-            return json.load(f)
+        return Results.read(os.path.join(tmp, RESULTS_FILE)).to_json()
 
 
 def _summary_items(summary):

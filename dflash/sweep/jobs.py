@@ -27,12 +27,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from dflash.eval.results import write_results
+from dflash.fileio import write_json
+from dflash.layout import ERROR_FILE, LOG_FILE, RESULTS_FILE
 from dflash.sweep.pool import Slot
 
-RESULTS_FILE = "results.json"
-ERROR_FILE = "error.json"
-LOG_FILE = "job.log"
 # Read only the end of a job's log for its traceback: logs of long trainings are large.
 LOG_TAIL_BYTES = 64 * 1024
 TRACEBACK_START = "Traceback (most recent call last):"
@@ -152,7 +150,7 @@ class JobRunner:
             self.on_event(f"finished {job.describe()} in {duration:.0f}s")
             return JobOutcome(job, "completed", slot, 0, None, duration)
         record = error_record(job, slot, returncode, _read_tail(log_path), log_path, duration)
-        write_json_atomic(error_path, record)
+        write_json(error_path, record, indent=2)
         self.on_event(f"FAILED {job.describe()}: {record['exception']} (see {error_path})")
         return JobOutcome(job, "failed", slot, returncode, record, duration)
 
@@ -216,11 +214,6 @@ def last_exception(log_text: str) -> tuple[str | None, str | None]:
         return block[-1].strip(), "\n".join(block)
     errors = [line.strip() for line in lines if line.startswith("error: ")]
     return (errors[-1], None) if errors else (None, None)
-
-
-def write_json_atomic(path: str, data: dict) -> str:
-    """Write `data` as JSON to `path` via a temporary file and a rename."""
-    return write_results(data, path)
 
 
 def _read_tail(path: str) -> str:

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 
 from dflash.errors import ConfigError, require
-from dflash.fileio import write_text
-from dflash.sweep.jobs import write_json_atomic
+from dflash.fileio import read_json, write_json, write_jsonl
 
 
 def artifacts_root() -> str:
@@ -52,8 +50,8 @@ def write_tiny_code_prompts(path: str, count: int, seed: int = 0) -> bool:
     if _unchanged(path, stamp):
         return False
     prompts = stdlib_code_prompts(count, seed=seed, doctest_first=stamp["doctest_first"])
-    write_text(path, "".join(json.dumps({"prompt": prompt}) + "\n" for prompt in prompts))
-    write_json_atomic(path + ".meta.json", stamp)
+    write_jsonl(path, ({"prompt": prompt} for prompt in prompts))
+    write_json(path + ".meta.json", stamp, indent=2)
     return True
 
 
@@ -77,16 +75,13 @@ def write_mixed_eval_prompts(path: str, data_dir: str, count: int, seed: int = 0
     rows = [{"turns": sample.turns, "family": "humaneval"} for sample in code]
     for family in EVAL_FAMILIES[1:]:
         rows += [{"turns": [prompt], "family": family} for prompt in heldout_prompts(family, count, training)]
-    write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
-    write_json_atomic(path + ".meta.json", stamp)
+    write_jsonl(path, rows)
+    write_json(path + ".meta.json", stamp, indent=2)
     return True
 
 
 def _unchanged(path: str, stamp: dict) -> bool:
-    if not (os.path.isfile(path) and os.path.isfile(path + ".meta.json")):
-        return False
-    with open(path + ".meta.json") as f:
-        return json.load(f) == stamp
+    return os.path.isfile(path) and read_json(path + ".meta.json") == stamp
 
 
 def _digest(texts: list[str]) -> str:

@@ -25,17 +25,15 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
+from dflash.fileio import read_json, write_json
+
 BUILD_INFO = "build_info.json"
 
 
 def read_build_info(out_dir: str) -> dict | None:
     """`out_dir/build_info.json` as a dict, or None when it is missing or not JSON, or the
     directory holds no config.json (then it is no model)."""
-    try:
-        with open(os.path.join(out_dir, BUILD_INFO)) as handle:
-            info = json.load(handle)
-    except (OSError, ValueError):
-        return None
+    info = read_json(os.path.join(out_dir, BUILD_INFO))
     if not isinstance(info, dict) or not os.path.isfile(os.path.join(out_dir, "config.json")):
         return None
     return info
@@ -85,10 +83,8 @@ def save_atomically(out_dir: str, model, tokenizer, info: dict, config_keys: dic
             config_path = os.path.join(staging, "config.json")
             with open(config_path) as handle:
                 config = json.load(handle)
-            with open(config_path, "w") as handle:
-                json.dump({**config, **config_keys}, handle, indent=2, sort_keys=True)
-        with open(os.path.join(staging, BUILD_INFO), "w") as handle:
-            json.dump(info, handle, indent=2)
+            write_json(config_path, {**config, **config_keys}, indent=2, sort_keys=True)
+        write_json(os.path.join(staging, BUILD_INFO), info, indent=2)
         stale = None
         if os.path.exists(out_dir):
             # rename() cannot replace a non-empty directory: move the stale build aside first.

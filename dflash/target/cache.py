@@ -14,9 +14,7 @@ path's entries behind the anchor before the crop.
 
 Forwards over a growing cache run under `decode_attention()`: every SDPA kernel but
 cuDNN's. cuDNN builds an execution graph for each new key length, and decoding meets a
-new key length at every step: on an H100 in bf16 that cost 50-85 ms a step until the
-process had run each length once, up to ten times the forward itself
-(docs/results/decode-profile-2026-11-24-h100.md).
+new key length at every step: several times the forward itself (docs/design.md, "Measured figures").
 """
 
 from __future__ import annotations

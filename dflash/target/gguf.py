@@ -1,10 +1,9 @@
 """GGUF targets: a GGUF file converted once to an ordinary HF model directory.
 
-transformers reads GGUF (`from_pretrained(dir, gguf_file=name)`, with the `gguf`
-package) by dequantising every tensor: 15 s for the 98 MB SmolLM2-135M-Instruct file
-on 2 CPU cores, at every load. `convert_gguf` does that once and saves the result as
-float32 safetensors with the tokenizer and its chat template; later stages load the
-directory in well under a second (`TargetModel.load`, like any HF directory).
+transformers reads GGUF (`from_pretrained(dir, gguf_file=name)`, with the `gguf` package)
+by dequantising every tensor at every load (docs/design.md, "Measured figures").
+`convert_gguf` does that once and saves the result as float32 safetensors with the
+tokenizer and its chat template; later stages load the directory (`TargetModel.load`).
 
 A GGUF source is named by `target.gguf_file`:
 - a path to a `.gguf` file, or

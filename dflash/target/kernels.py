@@ -1,13 +1,9 @@
 """Weight matmuls of the fast engine: per row count, the fastest kernel measured here.
 
-No CPU kernel wins everywhere. On the AMD EPYC (Zen 4) MKL's float32 GEMM runs at 3 GB/s
-at 2-3 rows, where oneDNN's prepacked weights run near memory bandwidth (the issue's
-figures); on the Intel Xeon MKL's float32 falls to 10 GB/s from 4-8 rows on, and oneDNN's
-bfloat16 reads its weights at about half the bandwidth at 1 row. Our own AVX-512 kernel
-(`csrc/small_gemm.cpp`, built here once) reads the weight once at any row count: 70-100%
-of the measured bandwidth at 1-4 rows in both dtypes on the Xeon, less from 8 rows on,
-where it is bound by arithmetic. So
-`tune` measures each candidate on the real weights of each shape, streamed the way a
+No CPU kernel wins everywhere: MKL's float32 GEMM falls far below memory bandwidth at a
+few rows on some CPUs, oneDNN's bfloat16 at one row, and our own AVX-512 kernel
+(`csrc/small_gemm.cpp`, built here once) is bound by arithmetic from 8 rows on (figures:
+docs/design.md, "Measured figures"). So `tune` measures each candidate on the real weights of each shape, streamed the way a
 forward streams them, and `Linear` calls the winner for each row count
 (docs/results/engine-2026-11-26-xeon/).
 

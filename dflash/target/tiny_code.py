@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import hashlib
-import json
 import os
 import random
 import sys
@@ -36,6 +34,7 @@ import time
 from dataclasses import dataclass
 
 from dflash.errors import require
+from dflash.fileio import json_digest
 from dflash.target.builds import Say, build_once, read_build_info, save_atomically
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|MASK|>"]
@@ -71,9 +70,8 @@ class TinyCodeConfig:
     `seq_len` tokens; linear warm-up over `warmup_steps`, cosine decay to lr/10.
     Corpus: at most `max_corpus_bytes` of stdlib functions, `heldout_fraction` of it
     (whole files) held out; validation loss is averaged over at most `val_windows` windows.
-    num_threads: torch threads while pre-training: 2 is 1.4x faster than 1 on two idle
-        cores (measured 2026-11-23), but several-fold slower when another busy process
-        shares them; set 1 on a shared machine.
+    num_threads: torch threads while pre-training: 2 are faster than 1 on two idle cores,
+        several-fold slower when a busy process shares them; set 1 on a shared machine.
     """
 
     seed: int = 0
@@ -147,7 +145,7 @@ class TinyCodeConfig:
             "format": BUILD_FORMAT_VERSION,
             "python": f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}",
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return json_digest(payload, 16)
 
 
 def stdlib_source_files() -> list[str]:

@@ -4,21 +4,21 @@ also gets results.json as a run file)."""
 
 from __future__ import annotations
 
-import json
 import os
+
+from dflash.layout import Results
 
 
 def log_evaluation(loggers: list, results_path: str, step: int) -> None:
     """Log tau and speedups of results.json (both aggregations) as `eval/...` scalars at
     training step `step`; a wandb run also gets results.json itself as a run file (what
     `dflash.tables` reads from wandb: the acceptance histogram, per-prompt numbers, lossless)."""
-    with open(results_path) as f:
-        results = json.load(f)
-    metrics = {"eval/tau": results["tau"], "eval/tau_per_prompt_mean": results["tau_per_prompt_mean"]}
-    metrics.update({f"eval/speedup_{name}": value for name, value in results["speedup"].items() if value is not None})
-    speedups = results["speedup_decode_only"].items()
+    results = Results.read(results_path)
+    metrics = {"eval/tau": results.tau, "eval/tau_per_prompt_mean": results.tau_per_prompt_mean}
+    metrics.update({f"eval/speedup_{name}": value for name, value in results.speedup.items() if value is not None})
+    speedups = results.speedup_decode_only.items()
     metrics.update({f"eval/speedup_decode_only_{name}": value for name, value in speedups if value is not None})
-    metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results["tokens_per_s"].items() if value is not None})
+    metrics.update({f"eval/tokens_per_s_{name}": value for name, value in results.tokens_per_s.items() if value is not None})
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
         if type(logger).__name__ == "WandbLogger":

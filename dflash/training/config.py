@@ -39,9 +39,8 @@ class TrainingConfig:
         backward; None holds all of them (the dense reference path).
     attention: the kernel of the drafter's training block mask: "auto" (flex_attention on
         CUDA, SDPA with the factored mask elsewhere), "flex_attention" (likewise: it has no
-        CPU backward) or "sdpa" (the factored mask everywhere: on an H100 at the paper's
-        shape, 1.7x the step time and 3x the memory of flex; docs/training.md). The
-        drafter's own `attn_implementation` is its decoding kernel.
+        CPU backward) or "sdpa" (the factored mask everywhere: slower and larger than flex on
+        a GPU; docs/design.md, "Measured figures"). The drafter's own `attn_implementation` is its decoding kernel.
     learning_rate, betas, weight_decay, eps: AdamW.
     warmup_ratio: fraction of the trainer's estimated total steps spent in linear warm-up
         before the cosine decay.

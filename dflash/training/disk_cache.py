@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dflash.errors import ConfigError, require
-from dflash.fileio import atomic_write, write_json
+from dflash.fileio import atomic_write, json_digest, write_json
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class DiskStateCache:
             "storage_dtype": dtype,
             "shard_rows": shard_rows,
         }
-        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        key = json_digest(identity, 16)
         directory = os.path.join(os.path.abspath(os.path.expanduser(root)), key)
         manifest = {
             **identity,

@@ -1,9 +1,8 @@
 """A training vocabulary (`training.draft_vocab_size`): each training step scores the drafter
 over the K most frequent response tokens of the training rows instead of the whole vocabulary.
 
-Why: on a small target the frozen head dominates a training step. SmolLM2-135M's head is
-49,152 x 576, and its logits and cross-entropy cost about 1 ms per supervised position on
-2 CPU cores, nearly all of a step; the target's answers to the demo's prompts use about
+Why: on a small target the frozen head dominates a training step (SmolLM2-135M's 49,152 x
+576 head: nearly all of a CPU step; docs/design.md, "Measured figures"); the target's answers to the demo's prompts use about
 4,000 distinct tokens. EAGLE-3 trains and drafts over a reduced vocabulary for the same reason;
 here only training does: the drafter's weights and files are unchanged, and decoding
 still takes the argmax over the whole vocabulary.

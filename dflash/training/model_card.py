@@ -19,6 +19,7 @@ import re
 import yaml
 
 from dflash.fileio import write_text
+from dflash.layout import HYDRA_CONFIG, RESULTS_FILE, Results
 
 CARD_NAME = "README.md"
 LIBRARY_NAME = "transformers"  # AutoModel.from_pretrained(dir, trust_remote_code=True) builds the drafter
@@ -36,30 +37,27 @@ def hub_id(value) -> str | None:
     return value
 
 
-def write_model_card(drafter_dir: str, run_config: dict | None = None, results: dict | None = None) -> str:
+def write_model_card(drafter_dir: str, run_config: dict | None = None, results: Results | None = None) -> str:
     """Write `drafter_dir`/README.md for the drafter directory; returns its path."""
     with open(os.path.join(drafter_dir, "config.json")) as f:
         drafter = json.load(f)
     return write_text(os.path.join(drafter_dir, CARD_NAME), model_card(drafter, run_config or {}, results, drafter_dir))
 
 
-def read_results(path: str | None) -> dict | None:
-    """results.json at `path` as a dict; None when there is none."""
-    if path is None or not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+def read_results(path: str | None) -> Results | None:
+    """results.json at `path`; None when there is none."""
+    return Results.read(path) if path is not None and os.path.isfile(path) else None
 
 
-def run_files(run_dir: str) -> tuple[dict | None, dict | None]:
+def run_files(run_dir: str) -> tuple[dict | None, Results | None]:
     """(config, results.json) of the training run directory `run_dir`, each None when
     absent: the config is Hydra's `.hydra/config.yaml`, each interpolation resolved where
     it can be outside the app: `${hydra:...}` from the run's own `.hydra/hydra.yaml` (not
     from the Hydra app reading it), the others left as written when they do not resolve."""
     from omegaconf import OmegaConf
 
-    path = os.path.join(run_dir, ".hydra", "config.yaml")
-    results = read_results(os.path.join(run_dir, "results.json"))
+    path = os.path.join(run_dir, HYDRA_CONFIG)
+    results = read_results(os.path.join(run_dir, RESULTS_FILE))
     if not os.path.isfile(path):
         return None, results
     with open(path) as f:
@@ -91,7 +89,7 @@ def _resolve_leaves(node, data, prefix: str) -> None:
                 pass
 
 
-def model_card(drafter: dict, run: dict, results: dict | None, location: str) -> str:
+def model_card(drafter: dict, run: dict, results: Results | None, location: str) -> str:
     """The card's text for drafter config.json `drafter`, resolved run config `run` and results.json `results`."""
     method = "eagle3" if "eagle_config" in drafter or any("Eagle3" in a for a in drafter.get("architectures", [])) else "dflash"
     target = run.get("target") or {}
@@ -139,25 +137,25 @@ def _shape(drafter: dict, method: str) -> list[str]:
     return ["## Drafter", "", *_table(rows), ""]
 
 
-def _measured(results: dict | None) -> list[str]:
+def _measured(results: Results | None) -> list[str]:
     lines = ["## Measured", ""]
-    if not results:
+    if results is None:
         return [
             *lines,
             "Not measured yet: `python -m dflash.evaluate drafter.path=THIS_DIRECTORY` measures tau and the speed-up.",
             "",
         ]
-    speedup = results.get("speedup") or {}
+    speedup = results.speedup or {}
     rows = [
-        ("benchmark", results.get("benchmark")),
-        ("prompts", results.get("num_prompts")),
-        ("tau (tokens per target forward, pooled)", _number(results.get("tau"))),
-        ("tau (mean over prompts)", _number(results.get("tau_per_prompt_mean"))),
+        ("benchmark", results.benchmark),
+        ("prompts", results.num_prompts),
+        ("tau (tokens per target forward, pooled)", _number(results.tau)),
+        ("tau (mean over prompts)", _number(results.tau_per_prompt_mean)),
         ("speed-up vs autoregressive (end to end)", _times(speedup.get("vs_autoregressive"))),
-        ("speed-up vs autoregressive (decode only)", _times((results.get("speedup_decode_only") or {}).get("vs_autoregressive"))),
+        ("speed-up vs autoregressive (decode only)", _times((results.speedup_decode_only or {}).get("vs_autoregressive"))),
         ("speed-up vs HF generate", _times(speedup.get("vs_hf_generate"))),
-        ("lossless", results.get("lossless")),
-        ("device", results.get("device")),
+        ("lossless", results.lossless),
+        ("device", results.device),
     ]
     return [*lines, "Batch 1, dflash's own decoding loop (an engine's figures differ; compare tau first).", "", *_table(rows), ""]
 

@@ -22,25 +22,25 @@ starts; `<job>/reused_from.json` {job, fingerprint} in a job that reused another
 
 from __future__ import annotations
 
+import dataclasses
 import glob
-import hashlib
 import json
 import logging
 import os
 import shutil
 
-from dflash.fileio import write_json
+from dflash.fileio import json_digest, read_json, write_json
+from dflash.layout import CSV_DIR, DRAFTER_DIR, RESULTS_FILE, Results
 
 log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
 REUSED_FILE = "reused_from.json"
-RESULTS_FILE = "results.json"
 # Top-level or dotted keys that name, place or log a job without changing what it trains
 # or how it is evaluated.
 IGNORED_KEYS = ("sweep", "logger", "run_name", "paths", "cpu_threads", "checkpoint.resume", "trainer.enable_progress_bar")
 # What a reusing job copies from the finished one besides its results (the checkpoints stay behind).
-COPIED_DIRS = ("drafter", "csv")
+COPIED_DIRS = (DRAFTER_DIR, CSV_DIR)
 
 
 def cell_config(config: dict) -> dict:
@@ -58,8 +58,7 @@ def cell_config(config: dict) -> dict:
 
 def fingerprint(config: dict) -> str:
     """A hash of `cell_config(config)`: equal for jobs that train and evaluate the same."""
-    text = json.dumps(cell_config(config), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return json_digest(cell_config(config), 20, default=str)
 
 
 def mark_cell(output_dir: str, config: dict) -> str:
@@ -80,12 +79,8 @@ def finished_twin(root: str, output_dir: str, digest: str) -> str | None:
             continue
         if os.path.isfile(os.path.join(job, REUSED_FILE)):
             continue  # a copy: reuse the job that trained
-        try:
-            with open(cell) as f:
-                if json.load(f).get("fingerprint") == digest:
-                    return job
-        except (OSError, ValueError):
-            continue  # a cell file being written or broken: not a twin
+        if (read_json(cell) or {}).get("fingerprint") == digest:  # a cell file being written or broken: not a twin
+            return job
     return None
 
 
@@ -106,11 +101,9 @@ def reuse_finished_cell(root: str, output_dir: str, config: dict) -> str | None:
         if os.path.isdir(source):
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(source, dest, copy_function=_link_or_copy)
-    with open(os.path.join(twin, RESULTS_FILE)) as f:
-        results = json.load(f)
-    results["config"] = config
+    results = dataclasses.replace(Results.read(os.path.join(twin, RESULTS_FILE)), config=config)
     write_json(os.path.join(output_dir, REUSED_FILE), {"job": twin, "fingerprint": digest}, indent=1)
-    write_json(os.path.join(output_dir, RESULTS_FILE), results, indent=2)  # last: the job counts as finished now
+    results.write(os.path.join(output_dir, RESULTS_FILE))  # last: the job counts as finished now
     log.info("reused the finished job %s: same training and evaluation config (%s)", twin, digest)
     return twin
 

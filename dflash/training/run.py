@@ -14,7 +14,7 @@ Invariants:
   directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
   `drafter/README.md` (its model card, `dflash.training.model_card`: rewritten with the
   measured tau once the evaluation after training ran), `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
-  val/tau_sim and val/tau_real against the step, `dflash.training.real_tau`), logger files.
+  val/tau_sim and val/tau_real against the step, `dflash.training.tau_real`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
 - One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
@@ -68,7 +68,6 @@ from dflash.training.checkpoints import (
 from dflash.training.config import TrainingConfig
 from dflash.training.model_card import read_results, write_model_card
 from dflash.training.module import DrafterTrainingModule
-from dflash.training.real_tau import RealTauCallback
 from dflash.training.settings import (  # noqa: F401 - CHECKPOINT_DIR etc. are read from here too
     CHECKPOINT_DIR,
     DRAFTER_DIR,
@@ -83,6 +82,7 @@ from dflash.training.settings import (  # noqa: F401 - CHECKPOINT_DIR etc. are r
     check_tau_real,
     weight_dtype,
 )
+from dflash.training.tau_real import TauRealCallback
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     measured = []
     if job.tau_real is not None and job.tau_real.settings.enabled:
         export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
-        measured.append(RealTauCallback(job.tau_real, job.method.export, export_dtype, output_dir))
+        measured.append(TauRealCallback(job.tau_real, job.method.export, export_dtype, output_dir))
     # the learning rate at every log step (train/lr/<param group>); Lightning refuses it without a logger
     watched = [LearningRateMonitor(logging_interval="step")] if loggers else []
     extra = [*measured, *watched, *progress, *callbacks]

@@ -1,6 +1,6 @@
 """The training app's settings that are plain dataclasses: the `trainer`, `logger` and
 `checkpoint` groups and `eval.tau_real`, with their checks. Kept apart from the run driver
-(`dflash.training.run`) and the real-tau callback (`dflash.training.real_tau`), which
+(`dflash.training.run`) and the tau_real callback (`dflash.training.tau_real`), which
 import Lightning: reading and checking a config imports neither (`dflash.schema`)."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.errors import ConfigError, require
+from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR  # noqa: F401 - read from here by the run driver
 
-CHECKPOINT_DIR = "checkpoints"
 SELECT_CHOICES = ("best", "last")
-DRAFTER_DIR = "drafter"
 WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "tensorboard", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 
-from dflash.sweep.jobs import ERROR_FILE, RESULTS_FILE, is_finished, write_json_atomic
+from dflash.fileio import write_json
+from dflash.sweep.jobs import ERROR_FILE, RESULTS_FILE, is_finished
 from hydra_plugins.dflash_launcher.common import job_config, job_output_dir, job_return, sweep_jobs
 
 log = logging.getLogger(__name__)
@@ -69,4 +70,4 @@ def _write_error(path: str, overrides, exception: str, trace: str | None) -> Non
         "overrides": list(overrides),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
-    write_json_atomic(path, record)
+    write_json(path, record, indent=2)

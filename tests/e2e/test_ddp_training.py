@@ -270,7 +270,7 @@ def test_hydra_multirun_with_ddp_runs_each_job_once(tmp_path):
 TAU_REAL_RECORDER = """
     from dflash.eval.tau_real import TauRealProbe
     from dflash.methods import METHODS
-    from dflash.training.real_tau import TauRealSettings
+    from dflash.training.tau_real import TauRealSettings
 
 
     class Recorder(Callback):

@@ -156,3 +156,27 @@ def test_tables_cli_rejects_an_unknown_metric(tmp_path):
     with pytest.raises(ConfigError, match="choose one of \\['pooled', 'paper'\\]") as info:
         TablesSettings(root=str(tmp_path), metric="paperish")
     assert info.value.key == "metric"
+
+
+FILE_KEYS = [
+    "benchmark", "benchmark_source", "method", "target", "target_dtype", "kernel_path", "drafter", "block_size",
+    "drafter_block_size", "temperature", "top_p", "top_k", "verify_rule", "max_new_tokens", "num_prompts",
+    "num_generations", "tau", "tau_per_prompt_mean", "acceptance_histogram", "tokens_per_s", "speedup",
+    "speedup_decode_only", "lossless", "first_mismatch", "lossless_up_to_ties", "divergences", "hf_generate_matches",
+    "hf_generate_first_mismatch", "hf_generate_divergences", "methods", "families", "stop_token_ids", "per_prompt",
+    "device", "versions", "timestamp", "config",
+]  # fmt: skip
+
+
+def test_results_file_round_trips_through_the_typed_record_unchanged(tmp_path):
+    from dflash.layout import Results
+
+    path = tmp_path / "results.json"
+    text = open(write_results(built(), str(path))).read()
+    assert list(json.loads(text)) == FILE_KEYS  # the file's keys, in the file's order (docs/results-file.md)
+    results = Results.read(str(path))
+    assert results.tau == pytest.approx((9 + 19) / (2 + 19)) and results.speedup["vs_autoregressive"] > 1
+    assert open(results.write(str(tmp_path / "again.json"))).read() == text
+    # a file written before a field existed reads it as None; a key it does not know is left out
+    old = Results.from_json({"tau": 2.5, "benchmark": "b", "unknown": 1})
+    assert (old.tau, old.benchmark, old.methods) == (2.5, "b", None) and "unknown" not in old.to_json()

@@ -10,7 +10,7 @@ from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.tau_real import TauRealProbe
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, build_drafter
-from dflash.training.real_tau import TauRealSettings
+from dflash.training.tau_real import TauRealSettings
 
 TEXTS = ["def add(a, b):", "hello there", "x = [1, 2, 3]"]
 

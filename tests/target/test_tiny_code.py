@@ -134,13 +134,13 @@ def test_changed_config_rebuilds_and_same_seed_reproduces_weights(mini_build, tm
 
 
 def test_interrupted_build_leaves_no_finished_looking_directory(tmp_path, monkeypatch):
-    import dflash.target.tiny_code as tiny_code
+    import dflash.target.builds as builds
 
     def crash_while_writing_build_info(*args, **kwargs):
         raise KeyboardInterrupt
 
     # Weights and tokenizer are already in the staging directory when this fires.
-    monkeypatch.setattr(tiny_code.json, "dump", crash_while_writing_build_info)
+    monkeypatch.setattr(builds, "write_json", crash_while_writing_build_info)
     out_dir = tmp_path / "tiny_code"
     with pytest.raises(KeyboardInterrupt):
         build_tiny_code_target(str(out_dir), MINI, progress=False)

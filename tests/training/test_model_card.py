@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from dflash.drafter import save_drafter
+from dflash.layout import Results
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.training.model_card import hub_id, write_model_card
 
@@ -45,7 +46,7 @@ def front_matter(path) -> dict:
 
 
 def test_card_front_matter_names_base_model_datasets_and_tags(drafter_dir):
-    card = write_model_card(str(drafter_dir), RUN, RESULTS)
+    card = write_model_card(str(drafter_dir), RUN, Results(**RESULTS))
     meta = front_matter(drafter_dir / "README.md")
     assert card == str(drafter_dir / "README.md")
     assert meta == {
@@ -57,7 +58,7 @@ def test_card_front_matter_names_base_model_datasets_and_tags(drafter_dir):
 
 
 def test_card_gives_measured_figures_recipe_and_serve_commands(drafter_dir):
-    write_model_card(str(drafter_dir), RUN, RESULTS)
+    write_model_card(str(drafter_dir), RUN, Results(**RESULTS))
     text = (drafter_dir / "README.md").read_text()
     assert "| tau (tokens per target forward, pooled) | 6.43 |" in text
     assert "| speed-up vs autoregressive (decode only) | 4.25x |" in text
@@ -101,7 +102,7 @@ def test_run_files_resolve_what_resolves_outside_the_app(tmp_path):
     (tmp_path / "results.json").write_text('{"tau": 2.5}')
     config, results = run_files(str(tmp_path))
     assert config["target"]["path"] == "/a/targets/t" and config["paths"]["root"] == "${hydra.runtime.cwd}"
-    assert results == {"tau": 2.5}
+    assert results == Results(tau=2.5)
     # ${hydra:...} is the run's own, from its .hydra/hydra.yaml, whatever app reads it
     (tmp_path / ".hydra" / "hydra.yaml").write_text("hydra: {runtime: {cwd: /where/it/ran}}\n")
     assert run_files(str(tmp_path))[0]["paths"] == {"artifacts": "/a", "root": "/where/it/ran"}

@@ -1,4 +1,4 @@
-"""The real loop's tau while training (`eval.tau_real`, dflash/training/real_tau.py): logged
+"""The real loop's tau while training (`eval.tau_real`, dflash/training/tau_real.py): logged
 at the scheduled validations and at the end as another program reads metrics.csv, equal
 to the standalone evaluator's tau on the exported drafter, able to rank checkpoints,
 plotted, and without effect on what is trained.
@@ -24,8 +24,8 @@ from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.specs import TargetSpec, load_target
 from dflash.target.tiny import save_tiny_target
-from dflash.training.real_tau import PLOT_FILE, TauRealSettings, check_tau_real, held_out_prompts
 from dflash.training.run import run_training
+from dflash.training.tau_real import PLOT_FILE, TauRealSettings, check_tau_real, held_out_prompts
 from helpers.training import checkpoint, training_job
 
 MAX_NEW_TOKENS = 24
@@ -35,7 +35,7 @@ TAU_REAL = ["eval.tau_real.every_n_validations=1", f"eval.tau_real.max_new_token
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     """The tiny target where the tiny recipe looks for it, and its greedy answers to 32 prompts."""
-    root = tmp_path_factory.mktemp("real_tau")
+    root = tmp_path_factory.mktemp("tau_real")
     target_dir = root / "artifacts" / "targets" / "tiny_qwen3_random"
     save_tiny_target(str(target_dir), arch="qwen3", seed=0)
     target = load_target(TargetSpec(path=str(target_dir)))

@@ -3,7 +3,7 @@ is at a validation, decoded greedily by the real speculative loop on a fixed set
 held-out prompts and checked against the target's own greedy output, logged as
 `val/tau_real` beside the simulated `val/tau_sim`.
 
-`RealTauCallback` schedules and logs; what decodes is a probe built above this layer
+`TauRealCallback` schedules and logs; what decodes is a probe built above this layer
 (`dflash.eval.tau_real.TauRealProbe`: `.settings`, `.measure(target, drafter_dir, prompts)`),
 so every trained method is measured through its own evaluation (`Method.evaluation`).
 
@@ -47,6 +47,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.errors import require
+from dflash.layout import DRAFTER_DIR
 from dflash.training.settings import KEY, TauRealSettings, check_tau_real  # noqa: F401 - read from here too
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def held_out_prompts(rows, indices, count: int) -> list[torch.Tensor]:
     return prompts
 
 
-class RealTauCallback(Callback):
+class TauRealCallback(Callback):
     """Logs `val/tau_real`, `val/tau_real_lossless` (1.0: every output equals the target's
     greedy one) and `val/tau_real_seconds` (the call's wall time on rank 0, the stall of
     training) at the scheduled validations (module invariants), and the same at the end of
@@ -95,6 +96,10 @@ class RealTauCallback(Callback):
         self.last_step: int | None = None  # the step of the latest evaluation
         self.prompts: list[torch.Tensor] | None = None
         self._measured: float | None = None  # tau_real of the running validation, for its history entry
+
+    @property
+    def state_key(self) -> str:
+        return "RealTauCallback"  # its name before the rename: older checkpoints resume with their history
 
     # --- schedule -----------------------------------------------------------------------
 
@@ -157,7 +162,7 @@ class RealTauCallback(Callback):
             stack.enter_context(torch.inference_mode(False))
             stack.enter_context(torch.autocast(device.type, enabled=False))
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="dflash-tau-real-"))
-            drafter_dir = self.export(checkpoint, os.path.join(directory, "drafter"), self.export_dtype)
+            drafter_dir = self.export(checkpoint, os.path.join(directory, DRAFTER_DIR), self.export_dtype)
             result = self.probe.measure(pl_module.target, drafter_dir, self.prompts)
         seconds = time.perf_counter() - start
         step = trainer.global_step
