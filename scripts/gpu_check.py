@@ -188,10 +188,10 @@ def training_objective(target, drafter, num_anchors: int):
     anchors) on a copy of `drafter`, read back from a drafter directory as `drafter.path`."""
     import tempfile
 
+    from dflash.dflash.objective import DFlashObjective
     from dflash.drafter import save_drafter
     from dflash.specs import DrafterSpec
     from dflash.training.config import TrainingConfig
-    from dflash.training.objective import DFlashObjective
 
     with tempfile.TemporaryDirectory() as directory:
         save_drafter(drafter, directory)
@@ -204,7 +204,6 @@ def training_step(target, objective, batch: dict, path: str, backward: bool) -> 
     attention `path`: "factored" (SDPA, the trainer's off CUDA), "flex" (flex_attention, the
     trainer's on CUDA) or "dense" (SDPA with a dense bool mask for the factored one: the reference)."""
     import contextlib
-    from types import SimpleNamespace
     from unittest import mock
 
     from dflash.training import forward
@@ -220,7 +219,7 @@ def training_step(target, objective, batch: dict, path: str, backward: bool) -> 
     dense = mock.patch.object(forward, "factored_block_mask", dense_block_mask) if path == "dense" else contextlib.nullcontext()
     try:
         with torch.set_grad_enabled(backward), dense:
-            loss = objective.loss(SimpleNamespace(target=target), batch, states, generator, full_vocab=True).loss
+            loss = objective.loss(target, batch, states, generator, full_vocab=True).loss
     finally:
         hook.remove()
     grads = {}
