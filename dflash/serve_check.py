@@ -3,7 +3,7 @@ on this CPU, beside plain llama.cpp and our own loop, greedy, on the demo's held
 
     python -m dflash.serve_check --drafter artifacts/runs/demo-smollm2-<hash>/drafter
     python -m dflash.serve_check --drafter DIR --families chat --prompts-per-family 4
-    python -m dflash.serve_check --drafter DIR --prompts prompts.jsonl --out check.json
+    python -m dflash.serve_check --drafter DIR --dtype bfloat16 --out check.json
 
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
 `llama.cpp/b11434/`, and reused when its output is there:
@@ -29,6 +29,7 @@ Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifac
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -52,7 +53,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--families", default="math,chat", help="held-out prompt families of the demo, comma-separated")
     parser.add_argument("--prompts-per-family", type=int, default=8)
-    parser.add_argument("--prompts", default=None, help="a JSONL file of {'turns': [text]} rows instead of the families")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="the JSON report (default: <artifacts>/serve_check/<drafter>.json)")
@@ -199,27 +199,6 @@ def same_tokens(tokenizer, text: str, ids: list[int], stop_ids: list[int]) -> bo
     return tokenizer(text, add_special_tokens=False)["input_ids"] == ids
 
 
-def load_prompts(args) -> list[tuple[str, str]]:
-    """(family, user text) pairs: --prompts, or the demo's held-out families (its draw:
-    `dflash.data.builtin_prompts.heldout_prompts`; without the demo's training rows at
-    hand, none is left out, and the generators' other seed keeps them apart)."""
-    from dflash.data.builtin_prompts import heldout_prompts
-    from dflash.errors import ConfigError, reading
-
-    if args.prompts:
-        with reading("--prompts", args.prompts, "give a JSONL file of {'turns': [text]} rows"):
-            with open(args.prompts) as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-        if not rows or any(not row.get("turns") for row in rows):
-            raise ConfigError("--prompts", f"{args.prompts} needs rows of {{'turns': [text, ...]}}")
-        return [(row.get("family", "file"), row["turns"][0]) for row in rows]
-    return [
-        (family, text)
-        for family in args.families.split(",")
-        for text in heldout_prompts(family.strip(), args.prompts_per_family, [])
-    ]
-
-
 def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args, block_size: int) -> tuple[dict, dict]:
     """(speculative, plain) runs of llama.cpp on one prompt."""
     common = ["-m", target_gguf, "-p", text, "--no-escape", "--temp", "0", "--top-k", "1", "--seed", "0"]
@@ -241,6 +220,7 @@ def check(args) -> dict:
     import torch
 
     from dflash.bench import cpu_model, target_spec
+    from dflash.data.builtin_prompts import heldout_prompts
     from dflash.decoding import SamplingConfig
     from dflash.errors import require
     from dflash.eval.evaluator import run_method
@@ -249,10 +229,10 @@ def check(args) -> dict:
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
     require(os.path.isfile(os.path.join(args.drafter, "config.json")), "--drafter", f"{args.drafter} has no config.json")
-    prompts = load_prompts(args)
+    # the demo's held-out draw; without its training rows at hand none is left out (another seed keeps them apart)
+    prompts = [(f, text) for f in args.families.split(",") for text in heldout_prompts(f.strip(), args.prompts_per_family, [])]
     spec = target_spec(args.target, args.dtype, "auto")
-    artifacts = os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
-    root = os.path.join(artifacts, "llama.cpp", "b11434")
+    root = os.path.join(artifacts_root(), "llama.cpp", "b11434")
     os.makedirs(root, exist_ok=True)
     torch.set_num_threads(args.threads)
     target = load_target(spec)  # converts an offline target first: its HF directory is the converter's input
@@ -282,13 +262,13 @@ def check(args) -> dict:
         tokens = ours["ar"].output_ids
         row = {
             "family": family,
-            "prompt_tokens": {"ours": ids.shape[1], "llama.cpp": served["prompt_tokens"]},
             "served": {k: v for k, v in served.items() if k != "text"},
             "plain": {k: v for k, v in plain.items() if k != "text"},
             "ours": {
                 name: {"tokens": len(r.output_ids), "steps": r.num_steps, "seconds": r.decode_time_s} for name, r in ours.items()
             },
             "identical": {
+                "prompt_tokens": served["prompt_tokens"] == ids.shape[1],
                 "ours_dflash": ours["dflash"].output_ids == tokens,
                 "llama_plain": same_tokens(target.tokenizer, plain["text"], tokens, stops),
                 "llama_dflash": same_tokens(target.tokenizer, served["text"], tokens, stops),
@@ -303,45 +283,33 @@ def check(args) -> dict:
 def summarize(rows: list[dict], args, cpu: str, block_size: int, target_path: str) -> dict:
     """Pooled figures over every prompt."""
 
-    def total(path: str) -> float:
-        where, key = path.rsplit(".", 1)
-        return sum(_dig(row, where)[key] for row in rows)
+    def total(*keys: str) -> float:
+        return sum(functools.reduce(dict.__getitem__, keys, row) for row in rows)
 
-    served_tokens, accepted = total("served.tokens"), total("served.accepted")
-    ours_tokens = total("ours.dflash.tokens")
+    served, accepted, ours, n = total("served", "tokens"), total("served", "accepted"), total("ours", "dflash", "tokens"), len(rows)
     return {
         "drafter": os.path.abspath(args.drafter),
         "target": target_path,
         "dtype": args.dtype,
         "block_size": block_size,
-        "prompts": len(rows),
+        "prompts": n,
         "max_new_tokens": args.max_new_tokens,
         "llama_cpp": SDIST,
         "cpu": cpu,
         "threads": args.threads,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "tau": {
-            "served": served_tokens / (served_tokens - accepted),
-            # ours: the prefill's first token is not a verify step
-            "ours": (ours_tokens - len(rows)) / total("ours.dflash.steps"),
-        },
-        "served_acceptance": accepted / total("served.drafted"),
+        # ours: the prefill's token is no verify step, and its time is not decoding time
+        "tau": {"served": served / (served - accepted), "ours": (ours - n) / total("ours", "dflash", "steps")},
+        "served_acceptance": accepted / total("served", "drafted"),
         "tokens_per_s": {
-            "llama.cpp plain": total("plain.forwards") / total("plain.seconds"),
-            "llama.cpp + drafter": served_tokens / total("served.seconds"),
-            # ours: the tokens after the prefill's, over the seconds after it
-            "ours plain": (total("ours.ar.tokens") - len(rows)) / total("ours.ar.seconds"),
-            "ours DFlash": (ours_tokens - len(rows)) / total("ours.dflash.seconds"),
+            "llama.cpp plain": total("plain", "forwards") / total("plain", "seconds"),
+            "llama.cpp + drafter": served / total("served", "seconds"),
+            "ours plain": (total("ours", "ar", "tokens") - n) / total("ours", "ar", "seconds"),
+            "ours DFlash": (ours - n) / total("ours", "dflash", "seconds"),
         },
         "identical": all(all(row["identical"].values()) for row in rows),
         "per_prompt": rows,
     }
-
-
-def _dig(row: dict, path: str):
-    for part in path.split("."):
-        row = row[part]
-    return row
 
 
 def report(summary: dict) -> str:
@@ -357,16 +325,19 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def artifacts_root() -> str:
+    return os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
+
+
 def main(argv=None) -> None:
     from dflash.cli.common import exits_on_config_error
+    from dflash.fileio import atomic_write
 
     args = parse_args(argv)
     summary = exits_on_config_error(check)(args)
     print(report(summary))
-    artifacts = os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
     tag = hashlib.sha256(summary["drafter"].encode()).hexdigest()[:10]
-    out = args.out or os.path.join(artifacts, "serve_check", f"{tag}-{args.dtype}.json")
-    from dflash.fileio import atomic_write
+    out = args.out or os.path.join(artifacts_root(), "serve_check", f"{tag}-{args.dtype}.json")
 
     def write(path: str) -> None:
         with open(path, "w") as f:

@@ -74,7 +74,7 @@ def _row(tokens, accepted, drafted, ours_tokens, ours_steps, identical=True):
             "ar": {"tokens": ours_tokens, "steps": ours_tokens - 1, "seconds": 4.0},
             "dflash": {"tokens": ours_tokens, "steps": ours_steps, "seconds": 2.0},
         },
-        "identical": {"ours_dflash": True, "llama_plain": True, "llama_dflash": identical},
+        "identical": {"prompt_tokens": True, "ours_dflash": True, "llama_plain": True, "llama_dflash": identical},
     }
 
 
