@@ -192,18 +192,20 @@ def parse_completion(stdout: str, stderr: str) -> dict:
 
 
 def same_tokens(tokenizer, text: str, ids: list[int], stop_ids: list[int]) -> bool:
-    """Whether llama.cpp's `text` is our output `ids` token for token (a final stop token,
-    which llama.cpp does not print, left out)."""
-    if ids and ids[-1] in stop_ids:
-        ids = ids[:-1]
-    return tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    """Whether llama.cpp's `text` is our output `ids` token for token: without a final stop
+    token (llama.cpp does not print it); at the length limit, to our length (the speculative
+    run's last step may go up to block - 1 tokens past it)."""
+    stopped = bool(ids) and ids[-1] in stop_ids
+    ids = ids[:-1] if stopped else ids
+    theirs = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return theirs == ids if stopped else theirs[: len(ids)] == ids
 
 
 def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args, block_size: int) -> tuple[dict, dict]:
     """(speculative, plain) runs of llama.cpp on one prompt."""
     common = ["-m", target_gguf, "-p", text, "--no-escape", "--temp", "0", "--top-k", "1", "--seed", "0"]
     common += ["-t", str(args.threads), "-tb", str(args.threads), "-c", "4096"]
-    # speculative-simple stops after more than -n tokens: -n N - 1 gives N
+    # speculative-simple stops once it has more than -n tokens: -n N - 1 gives N or a few more
     speculative = [os.path.join(bindir, BINARIES[0]), *common, "-md", drafter_gguf, "--spec-type", "draft-dflash"]
     speculative += ["--spec-draft-n-max", str(block_size - 1), "-n", str(args.max_new_tokens - 1)]
     plain = [os.path.join(bindir, BINARIES[1]), *common, "-n", str(args.max_new_tokens), "-no-cnv", "--no-display-prompt"]
