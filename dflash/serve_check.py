@@ -184,11 +184,12 @@ def parse_completion(stdout: str, stderr: str) -> dict:
     """What `llama-completion --no-display-prompt` reports: the text, the decoding forwards
     (the first token comes from the prompt's forward) and their seconds."""
     text = stdout.removesuffix("\n\n").removesuffix(" [end of text]\n")
-    runs = r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs"
-    found = re.search(runs, stderr)
-    if found is None:
-        raise ValueError("llama-completion printed no eval time")
-    return {"text": text, "forwards": int(found.group(2)), "seconds": float(found.group(1)) / 1000}
+    forwards = int(_number(r"\beval time =\s+[\d.]+ ms /\s+(\d+) runs", stderr, "eval runs"))
+    return {
+        "text": text,
+        "forwards": forwards,
+        "seconds": _number(r"\beval time =\s+([\d.]+) ms /\s+\d+ runs", stderr, "eval time") / 1000,
+    }
 
 
 def same_tokens(tokenizer, text: str, ids: list[int], stop_ids: list[int]) -> bool:
