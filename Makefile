@@ -11,7 +11,7 @@ TF4_STAMP := $(TF4)/.install-stamp
 # A GPU machine without nvidia-smi on PATH: make install-gpu.
 CONSTRAINTS := -c constraints/$(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu).txt
 
-.PHONY: install install-gpu lint test test-fast demo demo-tiny bench gpu-check tables clean
+.PHONY: install install-gpu lint test test-fast demo demo-tiny bench serve-check gpu-check tables clean
 
 install: $(STAMP)
 
@@ -54,6 +54,11 @@ demo-tiny: install
 
 bench: install
 	$(PY) -m dflash.bench $(ARGS)
+
+# A drafter served by llama.cpp (built once from a pinned source into artifacts/llama.cpp) beside
+# plain llama.cpp and our loop (DRAFTER: a drafter directory, default the demo's; ARGS='--families chat').
+serve-check: install
+	$(PY) -m dflash.serve_check --drafter $(or $(DRAFTER),$(lastword $(wildcard artifacts/runs/demo-smollm2-*/drafter))) $(ARGS)
 
 # Checks the GPU paths on random 8B-width targets and writes docs/results/gpu-check-<date>.md
 # (ARGS='--quick', '--out PATH'; without CUDA: a tiny float32 smoke run).
