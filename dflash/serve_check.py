@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -334,19 +333,14 @@ def artifacts_root() -> str:
 
 def main(argv=None) -> None:
     from dflash.cli.common import exits_on_config_error
-    from dflash.fileio import atomic_write
+    from dflash.fileio import write_json
 
     args = parse_args(argv)
     summary = exits_on_config_error(check)(args)
     print(report(summary))
     tag = hashlib.sha256(summary["drafter"].encode()).hexdigest()[:10]
     out = args.out or os.path.join(artifacts_root(), "serve_check", f"{tag}-{args.dtype}.json")
-
-    def write(path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(summary, f, indent=1)
-
-    atomic_write(out, write)
+    write_json(out, summary, indent=1)
     say(f"report: {out}")
 
 
