@@ -271,7 +271,7 @@ def test_a_limited_hub_source_is_a_seeded_sample_not_the_first_rows(tmp_path, hu
 def test_a_small_shuffle_buffer_still_draws_the_shards_in_a_seeded_order(tmp_path, hub):
     _nemotron(tmp_path, hub, chat_shards=8, rows_per_shard=10)
     spec = SourceSpec(path=NEMOTRON, split="chat", data_files="data/chat-*.parquet", limit=5, shuffle_buffer=1)
-    first_shards = {_source_of(load_conversations(dataclasses.replace(spec, seed=seed))[0]) for seed in range(8)}
+    first_shards = {_source_of(load_conversations(dataclasses.replace(spec, seed=seed))[0]) for seed in range(3)}
     assert len(first_shards) > 1  # not always shard 0
 
 
