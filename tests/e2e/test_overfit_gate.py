@@ -17,12 +17,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from dflash.decoding import generate
+from dflash.dflash import objective as dflash_objective
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec, load_target
 from dflash.target.tiny import save_tiny_target
 from dflash.training import TrainingConfig, export_drafter
-from dflash.dflash import objective as dflash_objective
 from dflash.training.blocks import build_blocks
 from dflash.training.metrics import BlockMetrics
 from helpers.tf4 import probe_under_transformers_4
