@@ -35,6 +35,7 @@ import os
 import platform
 import sys
 
+from dflash.layout import artifacts_root
 from dflash.timing import interleaved_ms, median_seconds
 
 #: verify widths measured unless --widths says otherwise
@@ -84,8 +85,7 @@ def target_spec(name: str, dtype: str | None, engine: str):
     elif os.path.isfile(config_file):
         node = OmegaConf.load(config_file)
         node.pop("defaults", None)
-        artifacts = os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
-        merged = OmegaConf.merge({"paths": {"artifacts": artifacts}}, {"target": node})
+        merged = OmegaConf.merge({"paths": {"artifacts": artifacts_root()}}, {"target": node})
         fields = OmegaConf.to_container(merged.target, resolve=True)
     else:
         names = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "target")) if not f.startswith("_"))
@@ -295,13 +295,9 @@ def main(argv=None) -> None:
     text = exits_on_config_error(report)(args)
     print(text, end="")
     if args.out:
-        from dflash.fileio import atomic_write
+        from dflash.fileio import write_text
 
-        def write(path: str) -> None:
-            with open(path, "w") as f:
-                f.write(text)
-
-        atomic_write(args.out, write)
+        write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@ ERROR_FILE = "error.json"  # a failed sweep job's error record
 LOG_FILE = "job.log"  # a sweep job's stdout and stderr
 
 
+def artifacts_root() -> str:
+    """Where outputs go for the apps outside Hydra (bench, serve_check): as `paths.artifacts`,
+    DFLASH_ARTIFACTS, else ./artifacts."""
+    return os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
+
+
 @dataclass
 class Results:
     """results.json, field by field (how each figure is aggregated: `dflash.eval.results`;

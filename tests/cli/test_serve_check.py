@@ -138,3 +138,11 @@ def test_a_drafter_without_config_is_one_line_before_anything_loads(tmp_path, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --drafter: ") and "has no config.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_build_tool_is_one_line_naming_it(tmp_path, monkeypatch):
+    from dflash.errors import ConfigError
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cmake on it
+    with pytest.raises(ConfigError, match="^cmake: is not installed here"):
+        serve_check.build(str(tmp_path), str(tmp_path / "src"))
