@@ -11,7 +11,7 @@ from dflash.errors import require
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.training.anchors import sample_anchors
-from dflash.training.blocks import build_blocks
+from dflash.training.blocks import build_blocks, on_policy_blocks
 from dflash.training.config import TrainingConfig
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.forward import draft_blocks, set_attention_implementation, training_attention_implementation
@@ -32,9 +32,12 @@ class DFlashObjective:
         block_size = self.drafter.block_size
         require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
         self.slots = block_size
+        # with the agreement mask, the blocks' labels are the target's greedy tokens already
+        relabelled = training.agreement_mask and training.loss == "ce_target_argmax"
+        self.reads_target = training.loss != "ce"
         self.loss_settings = LossSettings(
             block_size=block_size,
-            objective=training.loss,
+            objective="ce" if relabelled else training.loss,
             position_weights=training.position_weights,
             gamma=resolve_gamma(training.loss_gamma, block_size),
             dpace_alpha=training.dpace_alpha,
@@ -54,7 +57,7 @@ class DFlashObjective:
         logits: HF's last hidden state ("layer L-1" here) is taken after the final norm, so
         target.logits() of it are the target's own logits (tests/training/test_losses.py)."""
         layers = self.feature_layers()
-        return [*layers, self.num_target_layers - 1] if self.loss_settings.reads_target else layers
+        return [*layers, self.num_target_layers - 1] if self.reads_target else layers
 
     def on_device(self, device: torch.device) -> None:
         implementation = training_attention_implementation(self.training.attention, device)
@@ -74,11 +77,13 @@ class DFlashObjective:
         config = self.drafter.config
         split = len(self.feature_layers()) * self.hidden_size
         features = states[..., :split] if states is not None and split else None
-        final_hidden = states[..., split:] if states is not None and self.loss_settings.reads_target else None
+        final_hidden = states[..., split:] if states is not None and self.reads_target else None
         if not config.use_target_features:  # standalone-drafter ablation: the context is the prefix's own token embeddings
             features = target.embed(input_ids)
         anchors = sample_anchors(loss_mask, config.block_size, self.training.num_anchors, self.training.anchor_sampling, generator)
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, config.mask_token_id)
+        if self.training.agreement_mask:
+            blocks = on_policy_blocks(blocks, greedy_tokens(target, final_hidden, blocks), config.block_size)
         hidden = draft_blocks(self.drafter, target.embed, features, attention_mask, anchors, blocks)
         vocab = None if full_vocab else self.training_vocab(target)
         if vocab is None:
@@ -105,6 +110,20 @@ class DFlashObjective:
         if self.draft_vocab.ids.device != target.device:
             self.draft_vocab = self.draft_vocab.to(target.device)
         return self.draft_vocab
+
+
+def greedy_tokens(target: TargetModel, final_hidden: torch.Tensor, blocks, chunk_rows: int = 1024) -> torch.Tensor:
+    """(b, N*B) long: at each valid slot, the target's argmax over its whole vocabulary at the
+    position before the slot's (0 elsewhere), from its final hidden states (b, S, D)."""
+    valid = blocks.label_valid
+    batch_index = torch.arange(valid.shape[0], device=valid.device)[:, None].expand_as(valid)[valid]
+    rows = final_hidden[batch_index, blocks.positions[valid] - 1]
+    greedy = torch.zeros_like(blocks.labels)
+    with torch.no_grad():
+        parts = [target.logits(rows[start : start + chunk_rows]).argmax(dim=-1) for start in range(0, rows.shape[0], chunk_rows)]
+    if parts:
+        greedy[valid] = torch.cat(parts)
+    return greedy
 
 
 def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingConfig) -> None:

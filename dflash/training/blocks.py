@@ -6,6 +6,12 @@ is labelled with the token AT position a + k (same-position labels) and slot 0 i
 a target. A slot's label is valid iff k >= 1, a + k < S, loss_mask[a + k] and the block
 is not padding. All blocks of a sequence are laid side by side: query index j*B + k is
 slot k of block j.
+
+On-policy labels (docs/design.md invariant 26, `on_policy_blocks`): with the target's greedy
+token g(p) for every position p (its argmax after the text up to p - 1), slot k is labelled
+g(a + k) and kept only while the text agrees with greedy decoding at slots 1..k-1. Then the
+text up to a + k - 1 is exactly what greedy decoding from the anchor would have produced, so
+g(a + k) is the token greedy decoding emits there: the label verification accepts.
 """
 
 from __future__ import annotations
@@ -67,3 +73,24 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anch
         label_valid=label_valid.view(batch, -1),
         slots=slot.repeat(num_blocks),
     )
+
+
+def on_policy_blocks(blocks: Blocks, greedy: torch.Tensor, block_size: int) -> Blocks:
+    """The blocks relabelled with the target's greedy tokens, masked where they stop being on-policy.
+
+    Args:
+        greedy: (b, N*B) long: for each slot, the target's argmax at the position before
+            it (the token greedy decoding puts at a + k after the text up to a + k - 1);
+            read only where `label_valid`.
+    Slot k stays valid iff it was valid and every slot 1..k-1 was valid with the text's
+    token equal to `greedy` there (slot 1 needs nothing); its label becomes `greedy`.
+    """
+    batch = blocks.labels.shape[0]
+    valid = blocks.label_valid.view(batch, -1, block_size)
+    agree = valid & (greedy.view_as(valid) == blocks.labels.view_as(valid))
+    agree[..., 0] = True  # the anchor is given, not drafted
+    before = torch.cumprod(agree.long(), dim=-1).bool()
+    prefix_agrees = torch.cat([torch.ones_like(before[..., :1]), before[..., :-1]], dim=-1)
+    label_valid = (valid & prefix_agrees).view_as(blocks.label_valid)
+    labels = torch.where(label_valid, greedy, blocks.labels)
+    return Blocks(blocks.token_ids, blocks.positions, labels, label_valid, blocks.slots)

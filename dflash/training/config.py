@@ -30,6 +30,11 @@ class TrainingConfig:
         "kl" (forward KL from the target's distribution to the drafter's) or
         "ce_target_argmax" (cross-entropy to the target's argmax). docs/training.md has
         the sources.
+    agreement_mask: on-policy labels (`dflash.training.blocks.on_policy_blocks`, docs/design.md
+        invariant 26): slot k is scored on the target's greedy token, and only while the
+        text's tokens at slots 1..k-1 are the target's greedy tokens. For text the target
+        did not write (`dflash.data.shipped_text`); needs a loss that reads the target
+        ("ce_target_argmax" or "kl"). Metrics then read the greedy labels.
     position_weights: "gamma" (w_k = exp(-(k-1)/gamma), published), "uniform" (ablation)
         or "dpace" (D-PACE, arXiv 2605.18810: weights from the drafter's confidences).
     loss_gamma: the decay of `position_weights=gamma`; "auto" picks the published value
@@ -63,6 +68,7 @@ class TrainingConfig:
     num_anchors: int = 512
     anchor_sampling: str = "random"
     loss: str = "ce"
+    agreement_mask: bool = False
     position_weights: str = "gamma"
     loss_gamma: Any = (
         "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
@@ -90,6 +96,11 @@ class TrainingConfig:
             f"unknown {self.anchor_sampling!r}; choose one of {list(ANCHOR_SAMPLING_MODES)}",
         )
         require(self.loss in OBJECTIVES, "loss", f"unknown {self.loss!r}; choose one of {list(OBJECTIVES)}")
+        require(
+            not self.agreement_mask or self.loss != "ce",
+            "agreement_mask",
+            "labels the target's greedy tokens: set training.loss=ce_target_argmax (or kl)",
+        )
         require(
             self.position_weights in POSITION_WEIGHTS,
             "position_weights",

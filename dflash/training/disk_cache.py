@@ -25,7 +25,10 @@ Invariants:
   match its rows' lengths is damaged: it is deleted and filled again, with a warning.
 - A row's states equal the target's states of that row in a training batch up to float
   rounding (and the storage dtype's rounding): fill batches are right-padded, and causal
-  attention keeps padding out of real positions, as in training.
+  attention keeps padding out of real positions, as in training. The fill runs under the
+  trainer's precision context, as a training step's target forward does (bf16-mixed:
+  autocast to bfloat16, about 2.7x faster on AMX or AVX512-BF16 CPUs); the autocast dtype
+  is part of the key, so a float32 fill and a bf16-mixed one are two caches.
 - Ranks split the fill by shard (shard i by rank i % world_size); the caller then waits for
   all ranks before reading (`DFlashTrainingModule.setup`). Processes filling the same share
   (jobs of a sweep started together) take turns on a file lock, so each file is computed once.
@@ -52,6 +55,13 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 STORAGE_DTYPES = {"bfloat16": (torch.bfloat16, np.int16), "float32": (torch.float32, np.float32)}
 _SAMPLE = 1024  # values per parameter end hashed by `weights_fingerprint`
+
+
+def _autocast(device_type: str) -> dict:
+    """{"autocast": dtype} when the fill runs under autocast (a mixed-precision trainer's), else {}."""
+    if not torch.is_autocast_enabled(device_type):
+        return {}
+    return {"autocast": str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")}
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -111,6 +121,7 @@ class DiskStateCache:
                 "dtype": str(target.dtype).removeprefix("torch."),
                 "hidden_size": target.hidden_size,
                 "num_layers": target.num_layers,
+                **_autocast(target.device.type),
             },
             "data": data_fingerprint,
             "storage_dtype": dtype,

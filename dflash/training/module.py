@@ -147,10 +147,11 @@ class DrafterTrainingModule(L.LightningModule):
             "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
         )
         self.prepare_device()
-        self.disk_cache = open_disk_cache(
-            config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
-            rank=self.trainer.global_rank, world_size=self.trainer.world_size,
-        )  # fmt: skip
+        with self.trainer.precision_plugin.forward_context():  # a training step's target forward runs in it too
+            self.disk_cache = open_disk_cache(
+                config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
+                rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+            )  # fmt: skip
         self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ after a killed fill and refill a damaged file."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import lightning as L
@@ -117,7 +118,7 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
 
 
 def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_target(tmp_path, target_spec):
-    def fit():
+    def fit(precision="32-true"):
         torch.manual_seed(0)
         module = dflash_training_module(
             target_spec,
@@ -128,6 +129,7 @@ def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_ta
         datamodule = DFlashDataModule(_conversations(10), module.target.tokenizer, batch_size=3, val_fraction=0.2, num_workers=0)
         trainer = L.Trainer(
             accelerator="cpu",
+            precision=precision,
             max_steps=4,
             logger=False,
             enable_checkpointing=False,
@@ -144,6 +146,11 @@ def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_ta
     assert first.disk_cache.directory == second.disk_cache.directory
     for name, tensor in first.drafter.state_dict().items():
         torch.testing.assert_close(second.drafter.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    # a bf16-mixed run fills under its autocast, as its training steps run the target: another cache
+    mixed, mixed_calls = fit("bf16-mixed")
+    assert mixed_calls > 0 and mixed.disk_cache.directory != first.disk_cache.directory
+    with open(os.path.join(mixed.disk_cache.directory, "manifest.json")) as handle:
+        assert json.load(handle)["target"]["autocast"] == "bfloat16"
 
 
 def test_runs_with_other_taps_fill_only_the_layers_they_add(tmp_path, target):
