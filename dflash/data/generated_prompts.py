@@ -9,7 +9,10 @@ distinct prompts is an error, not a silent repeat.
 
 from __future__ import annotations
 
+import functools
 import random
+import re
+from collections.abc import Collection
 
 NAMES = (
     "Ava",
@@ -54,8 +57,9 @@ PLACES = ("market", "bakery", "school fair", "bookshop", "garden centre", "toy s
 VEHICLES = (("a car", 60), ("a train", 90), ("a bicycle", 15), ("a bus", 45), ("a boat", 20))
 
 
-def _math_templates(rng: random.Random):
-    """One word problem from a random template (text only; the target writes the solution)."""
+def _math_templates(rng: random.Random) -> tuple[str, ...]:
+    """Every template filled with one draw of names, items and numbers (questions only; the
+    target writes the solution); the template id is the index."""
     a, b = rng.sample(NAMES, 2)
     (item, price), (other, other_price) = rng.sample(ITEMS, 2)
     n, m, k = rng.randint(3, 48), rng.randint(2, 19), rng.randint(2, 9)
@@ -63,7 +67,7 @@ def _math_templates(rng: random.Random):
     vehicle, speed = rng.choice(VEHICLES)
     hours = rng.randint(2, 7)
     place = rng.choice(PLACES)
-    templates = (
+    return (
         f"{a} has {n} {item}. {b} gives {a} {m} more, and then {a} shares them equally among {k} friends, "
         f"keeping whatever is left over. How many {item} does {a} keep?",
         f"At the {place}, {item} cost ${price:.2f} each and {other} cost ${other_price:.2f} each. {a} buys {n} {item} "
@@ -102,7 +106,6 @@ def _math_templates(rng: random.Random):
         f"{a} plants {n} seeds. {percent}% of them do not sprout, and each plant that grows gives {k} tomatoes. "
         f"How many tomatoes does {a} harvest?",
     )
-    return rng.choice(templates)
 
 
 TOPICS = (
@@ -181,12 +184,12 @@ ACTIVITIES = (
 )
 
 
-def _chat_templates(rng: random.Random) -> str:
+def _chat_templates(rng: random.Random) -> tuple[str, ...]:
     topic = rng.choice(TOPICS)
     first, second = rng.choice(PAIRS)
     audience, form, activity = rng.choice(AUDIENCES), rng.choice(FORMS), rng.choice(ACTIVITIES)
     count = rng.randint(3, 7)
-    templates = (
+    return (
         f"Explain {topic} to {audience}.",
         f"What is the difference between {first} and {second}?",
         f"Write {form} about {topic}.",
@@ -206,30 +209,68 @@ def _chat_templates(rng: random.Random) -> str:
         f"Create a short quiz with {count} multiple-choice questions about {topic}.",
         f"How would you explain the importance of {topic} to {audience}? Keep it under 150 words.",
     )
-    return rng.choice(templates)
+
+
+# Near-duplicates. Two prompts of one family are near-duplicates when they come from the
+# same template: they differ only in the names, items, places, topics and numbers filled
+# in. `skeleton` reads the template back from any text (every filler and number abstracted
+# out; one skeleton per template, tested). Templates that ask the same thing in other
+# words count as one (SAME_REQUEST). A quarter of each family's template groups, drawn
+# with a fixed seed, is held out for evaluation; training prompts never come from them
+# (docs/design.md invariant 27). Template ids are indices: add templates at the end.
+SAME_REQUEST = {"math": (), "chat": ((0, 17), (1, 10), (3, 4), (5, 13), (7, 11), (9, 16))}
+HELDOUT_SHARE = 0.25
+_FILLERS = {*NAMES, *PLACES, *TOPICS, *AUDIENCES, *FORMS, *ACTIVITIES, *(p for pair in PAIRS for p in pair), "full", "empty"}
+_FILLERS |= {w for item, _ in ITEMS for w in (item, item[:-1])} | {w for v, _ in VEHICLES for w in (v, v.capitalize())}
+_FILLER = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, _FILLERS), key=len, reverse=True)) + r")\b")
+_NUMBER = re.compile(r"\d+(?:[.:]\d+)?")
+
+
+def skeleton(text: str) -> str:
+    """`text` with its fillers replaced by `_` and its numbers by `#`: equal for near-duplicates."""
+    return _NUMBER.sub("#", _FILLER.sub("_", text))
+
+
+@functools.cache
+def heldout_templates(family: str, num_templates: int) -> frozenset[int]:
+    """The ids of `family`'s held-out templates: whole groups of SAME_REQUEST (the others
+    alone) in an order seeded by the family's name, until a quarter of the templates."""
+    grouped = {i for group in SAME_REQUEST[family] for i in group}
+    groups = [*SAME_REQUEST[family], *((i,) for i in range(num_templates) if i not in grouped)]
+    random.Random(f"dflash-heldout-{family}").shuffle(groups)
+    held: list[int] = []
+    for group in groups:
+        held += group if len(held) < HELDOUT_SHARE * num_templates else ()
+    return frozenset(held)
 
 
 MAX_MISSES = 20_000  # consecutive repeats after which a template family counts as exhausted
 
 
-def _distinct(make, count: int, seed: int, family: str) -> list[str]:
+def _distinct(make, count: int, seed: int, family: str, heldout: bool, exclude: Collection[str]) -> list[str]:
+    """`count` distinct prompts of the training (or held-out) templates, none whose skeleton is in `exclude`."""
     rng = random.Random(seed)
     prompts: dict[str, None] = {}
     misses = 0
     while len(prompts) < count:
         before = len(prompts)
-        prompts.setdefault(make(rng), None)
+        texts = make(rng)
+        held = heldout_templates(family, len(texts))
+        text = texts[rng.choice(sorted(held) if heldout else [i for i in range(len(texts)) if i not in held])]
+        if not exclude or skeleton(text) not in exclude:
+            prompts.setdefault(text, None)
         misses = misses + 1 if len(prompts) == before else 0
         if misses > MAX_MISSES:
             raise ValueError(f"the {family} templates gave only {len(prompts)} distinct prompts of the {count} asked for")
     return list(prompts)
 
 
-def math_word_problems(count: int, seed: int = 0) -> list[str]:
-    """`count` distinct grade-school word problems (questions only), seeded."""
-    return _distinct(_math_templates, count, seed, "math")
+def math_word_problems(count: int, seed: int = 0, heldout: bool = False, exclude: Collection[str] = ()) -> list[str]:
+    """`count` distinct grade-school word problems (questions only), seeded: from the training
+    templates, or the held-out ones; none whose skeleton is in `exclude`."""
+    return _distinct(_math_templates, count, seed, "math", heldout, exclude)
 
 
-def chat_requests(count: int, seed: int = 0) -> list[str]:
-    """`count` distinct general requests, seeded."""
-    return _distinct(_chat_templates, count, seed, "chat")
+def chat_requests(count: int, seed: int = 0, heldout: bool = False, exclude: Collection[str] = ()) -> list[str]:
+    """`count` distinct general requests, seeded, as `math_word_problems` draws them."""
+    return _distinct(_chat_templates, count, seed, "chat", heldout, exclude)

@@ -7,15 +7,22 @@ the body starts (`FunctionSource.header`), in the shape of a HumanEval prompt:
         \"\"\"Docstring.\"\"\"
 
 The tiny target continues each prompt (regeneration) to make drafter training data.
-Nothing textually equal to, contained in, or containing a HumanEval prompt is kept,
-so drafter training never sees the evaluation prompts. Parsing the whole stdlib takes
-a few seconds.
+No near-duplicate of a HumanEval prompt is kept (docs/design.md invariant 27). Two code
+prompts are near-duplicates when they define a function of the same name, when one
+contains the other, or when at least half of the shorter one's word 5-grams (words:
+lower-cased runs of letters and digits, so layout, punctuation and case do not count)
+occur in the other; unrelated stdlib headers share at most 29% with a HumanEval prompt.
+Any held-out code set must pass the same test against the training headers; HumanEval is
+the only one today. Parsing the whole stdlib takes a few seconds.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import random
+import re
+from collections.abc import Callable
 
 from dflash.errors import require
 from dflash.target.tiny_code import read_source, source_functions, stdlib_source_files
@@ -28,18 +35,47 @@ def humaneval_prompts() -> list[str]:
     return [problem["prompt"] for problem in read_problems().values()]
 
 
-def overlaps_any(text: str, others: list[str]) -> bool:
-    """True if `text` equals, contains or is contained in one of `others` (whitespace
-    at the ends ignored)."""
-    text = text.strip()
-    return any(text == other or text in other or other in text for other in (o.strip() for o in others))
+NGRAM, OVERLAP = 5, 0.5
+DEF_NAME = r"^\s*(?:async\s+)?def\s+(\w+)"
+
+
+def _grams(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+
+
+def near_duplicate_test(prompts: list[str]) -> Callable[[str], bool]:
+    """A test: is a text a near-duplicate (module docstring) of one of `prompts`?"""
+    stripped = [p.strip() for p in prompts]
+    names = {name for p in prompts for name in re.findall(DEF_NAME, p, re.M)}
+    sizes, index = [len(_grams(p)) for p in prompts], collections.defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        for gram in _grams(prompt):
+            index[gram].append(i)
+
+    def test(text: str) -> bool:
+        grams, text = _grams(text), text.strip()
+        shared = collections.Counter(i for gram in grams for i in index.get(gram, ()))
+        return (
+            bool(names.intersection(re.findall(DEF_NAME, text, re.M)))
+            or any(count >= OVERLAP * min(len(grams), sizes[i]) for i, count in shared.items())
+            or any(text in other or other in text for other in stripped)
+        )
+
+    return test
+
+
+@functools.cache
+def near_humaneval() -> Callable[[str], bool]:
+    """The near-duplicate test of the 164 HumanEval prompts (built once)."""
+    return near_duplicate_test(humaneval_prompts())
 
 
 def stdlib_code_prompts(
     num_prompts: int, seed: int = 0, max_chars: int = 1024, per_file: int = 4, doctest_first: bool = True
 ) -> list[str]:
     """`num_prompts` distinct function-header prompts from the stdlib corpus, at most
-    `max_chars` characters each, none overlapping a HumanEval prompt, in a seeded order.
+    `max_chars` characters each, none a near-duplicate of a HumanEval prompt, in a seeded order.
 
     With `doctest_first`, every header whose docstring shows `>>>` examples (HumanEval's
     shape; about 250 in CPython 3.11's stdlib) is taken first. The rest is spread over
@@ -51,13 +87,13 @@ def stdlib_code_prompts(
     require(num_prompts > 0, "num_prompts", f"must be positive, got {num_prompts}")
     require(max_chars > 0, "max_chars", f"must be positive, got {max_chars}")
     rng = random.Random(seed)
-    excluded = humaneval_prompts()
+    excluded = near_humaneval()
     files = stdlib_source_files()
     rng.shuffle(files)
     seen: set[str] = set()
     headers_by_file = []
     for path in files:
-        headers = [h for h in _file_headers(path) if len(h) <= max_chars and h not in seen and not overlaps_any(h, excluded)]
+        headers = [h for h in _file_headers(path) if len(h) <= max_chars and h not in seen and not excluded(h)]
         seen.update(headers)
         rng.shuffle(headers)
         headers_by_file.append(headers)
