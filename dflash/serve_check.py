@@ -235,7 +235,7 @@ def check(args) -> dict:
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
     require(os.path.isfile(os.path.join(args.drafter, "config.json")), "--drafter", f"{args.drafter} has no config.json")
-    # the demo's held-out draw; without its training rows at hand none is left out (another seed keeps them apart)
+    # the demo's held-out draw: from the held-out templates, which training prompts never use (design.md invariant 27)
     prompts = [(f, text) for f in args.families.split(",") for text in heldout_prompts(f.strip(), args.prompts_per_family, [])]
     spec = target_spec(args.target, args.dtype, "auto")
     root = os.path.join(artifacts_root(), "llama.cpp", "b11434")

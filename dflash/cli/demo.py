@@ -14,9 +14,9 @@ stopped):
              (`trainer.max_minutes`: fixed when the stage first starts, kept on resume); the
              run fills the disk cache of the target's states first, and exports the drafter;
 4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the
-             public harness's wording), held-out math and held-out chat prompts (the
-             training prompts' generators with another seed; no training prompt among
-             them); DFlash and the autoregressive loop interleaved per prompt, lossless check;
+             public harness's wording), held-out math and held-out chat prompts (held-out
+             templates of the training prompts' generators; no near-duplicate of a
+             training prompt among them); DFlash and the autoregressive loop interleaved per prompt, lossless check;
 5. report    a table per family (tau pooled and per prompt, end-to-end and decode-only
              speedup, lossless), the wall time of every stage, `demo_summary.json`.
 

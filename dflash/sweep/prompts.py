@@ -6,8 +6,9 @@
 - `smollm2_eval`: the evaluation prompts of the smollm2 sweeps, one mixed benchmark file
   of three families (rows `{"turns": [text], "family": ...}`): N HumanEval problems in the
   public harness's wording (a seeded subset), then N held-out math and N held-out chat
-  prompts from the generators of the training prompts with another seed, none of them a
-  prompt of the regenerated training data (`--data`). results.json then reports every
+  prompts from the held-out templates of the training prompts' generators, none a
+  near-duplicate of a prompt of the regenerated training data (`--data`; docs/design.md
+  invariant 27). results.json then reports every
   figure per family (`families`), and the tables give each family a column.
 
 Each keeps an existing file made with the same settings, so a prepare step is a no-op
@@ -69,6 +70,7 @@ def write_mixed_eval_prompts(path: str, data_dir: str, count: int, seed: int = 0
     training = regenerated_prompts(data_dir)
     require(training, "--data", f"{data_dir!r} has no regenerated rows (rows-*.jsonl); regenerate first")
     stamp = {"count": count, "seed": seed, "families": list(EVAL_FAMILIES), "training_prompts": _digest(training)}
+    stamp["heldout"] = "templates"  # held-out templates since design.md invariant 27: older files are written again
     if _unchanged(path, stamp):
         return False
     code = load_benchmark(BenchmarkSpec(name="humaneval", prompt_format="paper", max_samples=count, seed=seed))
