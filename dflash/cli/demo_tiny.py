@@ -75,9 +75,9 @@ def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict
     from dflash.data.regenerate import RegenerateSettings, regenerate
     from dflash.target.tiny_code_prompts import stdlib_code_prompts
 
-    data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts_cfg, regen_cfg)}")
+    prompts = stdlib_code_prompts(**prompts_cfg)  # named by the prompts themselves: a new cut is a new directory
+    data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts, regen_cfg)}")
     stage(2, "data", f"{prompts_cfg['num_prompts']} standard-library prompts continued by the target -> {data_dir}")
-    prompts = stdlib_code_prompts(**prompts_cfg)
     rows = [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
     regenerate(target, rows, data_dir, RegenerateSettings(**regen_cfg))
     return data_dir
