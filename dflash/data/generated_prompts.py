@@ -1,7 +1,8 @@
 """Prompts made here from templates: math word problems and general requests.
 
-Training prompts for drafters only: the target answers them (regeneration), so what
-matters is that they look like what users ask in each family, not that they are hard.
+Prompts for drafters: the target answers them (regeneration), so what matters is that
+they look like what users ask in each family, not that they are hard. A quarter of the
+templates is held out: evaluation prompts come from those, training prompts never do.
 Everything is drawn from one `random.Random(seed)`: the same seed gives the same list
 on every machine. Distinct prompts only; a template family that cannot give `count`
 distinct prompts is an error, not a silent repeat.
