@@ -17,7 +17,8 @@ from dflash.errors import require
 
 def checkpoint_path(ckpt: str) -> str:
     """`ckpt` itself when it is a file; `<ckpt>/checkpoints/last.ckpt` for a run directory."""
-    from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT
+    from dflash.layout import CHECKPOINT_DIR
+    from dflash.training.checkpoints import LAST_CHECKPOINT
 
     path = os.path.abspath(os.path.expanduser(ckpt))
     if os.path.isdir(path):
@@ -33,7 +34,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.training.export import read_checkpoint
     from dflash.training.model_card import run_files, write_model_card
     from dflash.training.module import DRAFTER_CONFIG_KEY
-    from dflash.training.run import weight_dtype
+    from dflash.training.settings import weight_dtype
 
     options = resolved_config(cfg)
     require(isinstance(options["out"], str) and options["out"] != "", "out", "must be a directory path")

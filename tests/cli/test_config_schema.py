@@ -136,7 +136,7 @@ def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatc
     from dflash.data.regenerate import RegenerateSettings
     from dflash.eval.evaluator import DecodingSettings
     from dflash.training.config import TrainingConfig
-    from dflash.training.run import CheckpointSettings, TrainerSettings
+    from dflash.training.settings import CheckpointSettings, TrainerSettings
 
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
     train = _composed("train", ["data.path=x.jsonl"])

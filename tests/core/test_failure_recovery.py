@@ -35,7 +35,8 @@ from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
 from dflash.training.config import TrainingConfig
-from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
+from dflash.training.run import TrainJob, run_training
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings
 from helpers import REPO
 from helpers.apps import write_conversations
 

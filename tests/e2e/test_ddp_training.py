@@ -36,7 +36,8 @@ from dflash.data.config import DataSpec
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingConfig
-from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
+from dflash.training.run import TrainJob, run_training
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings
 
 torch.set_num_threads(1)
 target_dir, data_path, out_dir = sys.argv[1:4]

@@ -10,11 +10,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from dflash.cli.train import job_from_config
+from dflash.layout import CHECKPOINT_DIR
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, load_target
 from dflash.training import DrafterTrainingModule, TrainingConfig
 from dflash.training.blocks import Blocks
-from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT
+from dflash.training.checkpoints import LAST_CHECKPOINT
 from helpers.apps import compose_train, write_conversations
 
 
