@@ -129,16 +129,10 @@ class _EvaluateKeys:
     cpu_threads: int | None = None
     sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
     # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
-    # part of its directory name, and read by the tables from results.json
+    # part of its directory name, and read by the tables from results.json. Keys only one sweep file reads
+    # live under that file's `sweep:` node.
     train_seed: int | None = None
     train_block_size: int | None = None
-    train_anchors: Any = None
-    # the main table's evaluation at scale smollm2 (dflash/conf/sweep/eval_scale/main_eval/smollm2.yaml):
-    # the drafter's training block, and the drafter path, tree budget and methods that block selects
-    main_block: int | None = None
-    main_drafters: Any = None
-    main_tree_budget: Any = None
-    main_methods: Any = None
 
 
 EvaluateConfig = dataclasses.make_dataclass(
