@@ -23,10 +23,10 @@ import tempfile
 
 
 class ConfigError(ValueError):
-    """A bad config value or input. `key` names the config key to change."""
+    """A bad config value or input. `key` names the config key to change, `reason` says why."""
 
     def __init__(self, key: str, message: str):
-        self.key = key
+        self.key, self.reason = key, message
         super().__init__(f"{key}: {message}")
 
 

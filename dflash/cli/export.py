@@ -11,8 +11,9 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
 from dflash.errors import require
+from dflash.structured import build
 
 
 def checkpoint_path(ckpt: str) -> str:
@@ -36,10 +37,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.training.module import DRAFTER_CONFIG_KEY
     from dflash.training.settings import weight_dtype
 
-    options = resolved_config(cfg)
-    require(isinstance(options["out"], str) and options["out"] != "", "out", "must be a directory path")
-    path = checkpoint_path(str(options["ckpt"]))
-    dtype = weight_dtype(options["dtype"], "dtype")
+    options = build(cfg, "")  # dflash.schema.ExportAppConfig
+    path = checkpoint_path(options.ckpt)
+    dtype = weight_dtype(options.dtype, "dtype")  # checked already: a torch dtype now
     checkpoint = read_checkpoint(path)  # read once: a large drafter's checkpoint takes a while
     drafter_config = checkpoint[DRAFTER_CONFIG_KEY]
     method = method_of_checkpoint(drafter_config)
@@ -49,7 +49,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         f"{path!r} holds a drafter of architectures {drafter_config.get('architectures')}, which no trained method "
         f"({', '.join(sorted(trained_methods()))}) exports",
     )
-    out = method.export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
+    out = method.export(checkpoint, os.path.abspath(os.path.expanduser(options.out)), dtype)
     # the card reads the run's config and evaluation when the checkpoint sits in its run directory
     write_model_card(out, *run_files(os.path.dirname(os.path.dirname(path))))
     print(f"drafter: {out}")
