@@ -102,13 +102,13 @@ def regenerated_prompts(data_dir: str) -> list[str]:
 def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:
     """`count` prompts of a generated family (math or chat) that are not in `training`:
     drawn with another seed, every exact training prompt dropped. ConfigError (key
-    `eval.<family>`) when the family has too few prompts left."""
+    `<family>`, the count's) when the family has too few prompts left."""
     require(family in ("math", "chat"), "family", f"held-out prompts are generated for math and chat, not {family!r}")
     seen = set(training)
     try:
         candidates = FAMILIES[family](count + len(seen), HELDOUT_SEED)
     except ValueError as err:
-        raise ConfigError(f"eval.{family}", f"cannot draw {count} held-out {family} prompts: {err}") from None
+        raise ConfigError(family, f"cannot draw {count} held-out {family} prompts: {err}") from None
     kept = [prompt for prompt in candidates if prompt not in seen][:count]
-    require(len(kept) == count, f"eval.{family}", f"only {len(kept)} {family} prompts are not training prompts; ask for fewer")
+    require(len(kept) == count, family, f"only {len(kept)} {family} prompts are not training prompts; ask for fewer")
     return kept

@@ -9,6 +9,7 @@ import torch
 
 from dflash.errors import require
 from dflash.specs import DrafterSpec, build_drafter
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks
@@ -25,12 +26,11 @@ class DFlashObjective:
     the position-weighted loss over the target's LM head."""
 
     def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingConfig):
-        if drafter.path is None:
-            require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
         self.training = training
         self.drafter = build_drafter(drafter, target)
         block_size = self.drafter.block_size
-        require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
+        if block_size < 2:  # check_dflash_job refuses it before any model loads, naming drafter.block_size
+            raise ValueError(BLOCK_SIZE_MESSAGE.format(block_size))
         self.slots = block_size
         self.loss_settings = LossSettings(
             block_size=block_size,
@@ -93,11 +93,13 @@ class DFlashObjective:
             return None
         if self.draft_vocab is None:
             rows, train_set = getattr(self.datamodule, "rows", None), getattr(self.datamodule, "train_set", None)
-            require(
-                rows is not None and train_set is not None,
-                "training.draft_vocab_size",
-                "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
-            )
+            with config_key("training"):
+                require(
+                    rows is not None and train_set is not None,
+                    "draft_vocab_size",
+                    "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+                )
+                require(target.lm_head.bias is None, "draft_vocab_size", "this target's LM head has a bias; set it to null")
             ids = frequent_response_tokens(
                 rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows
             )
@@ -113,9 +115,7 @@ def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingCon
     from dflash.drafter.io import check_drafter_dir
     from dflash.training.config import check_block_fits
 
-    if drafter.path is None:
-        require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
-        block_size = drafter.block_size
-    else:
-        block_size = check_drafter_dir(drafter.path).block_size
+    with config_key("drafter"):
+        block_size = drafter.block_size if drafter.path is None else check_drafter_dir(drafter.path).block_size
+        require(block_size >= 2, "block_size", BLOCK_SIZE_MESSAGE.format(block_size))
     check_block_fits(block_size, data.max_length, training.num_anchors)

@@ -45,6 +45,7 @@ import torch
 
 from dflash.errors import require
 from dflash.progress import budget_timer
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.training.config import TrainingConfig
 from dflash.training.disk_cache import DiskStateCache
@@ -118,7 +119,8 @@ class DrafterTrainingModule(L.LightningModule):
             row_index = batch.get("row_index")
             if row_index is None:
                 raise ValueError("training.target_cache_dir needs batches with row_index (DFlashDataModule adds it)")
-            return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
+            with config_key("training"):
+                return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
         compute = lambda: target_features(self.target, batch["input_ids"], taps)  # noqa: E731
         if self.state_cache is not None:
             return self.state_cache.get(batch.get("row_index"), attention_mask, compute)
@@ -141,16 +143,17 @@ class DrafterTrainingModule(L.LightningModule):
             return
         datamodule = getattr(self.trainer, "datamodule", None)
         rows = getattr(datamodule, "rows", None)
-        require(
-            rows is not None and hasattr(datamodule, "fingerprint"),
-            "training.target_cache_dir",
-            "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
-        )
-        self.prepare_device()
-        self.disk_cache = open_disk_cache(
-            config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
-            rank=self.trainer.global_rank, world_size=self.trainer.world_size,
-        )  # fmt: skip
+        with config_key("training"):  # the cache names its fields (target_cache_dir)
+            require(
+                rows is not None and hasattr(datamodule, "fingerprint"),
+                "target_cache_dir",
+                "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+            )
+            self.prepare_device()
+            self.disk_cache = open_disk_cache(
+                config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
+                rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+            )  # fmt: skip
         self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -281,7 +284,8 @@ def warmup_cosine_schedule(
     the warm-up then starts at 1% of the peak.
     """
     if time_fraction is None:
-        require(total_steps is not None, "trainer.max_steps", "a schedule without a time budget needs a step count")
+        if total_steps is None:
+            raise ValueError("a schedule without a time budget needs a step count")
         warmup_steps = math.ceil(warmup_ratio * total_steps)
 
     def cosine(progress: float) -> float:

@@ -51,6 +51,7 @@ from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR
 from dflash.locks import DirectoryLock
 from dflash.progress import training_progress
 from dflash.specs import DrafterSpec, TargetSpec, load_target
+from dflash.structured import config_key
 from dflash.training.after_train import log_evaluation
 from dflash.training.checkpoints import (
     LAST_CHECKPOINT,
@@ -64,7 +65,7 @@ from dflash.training.checkpoints import (
 from dflash.training.config import TrainingConfig
 from dflash.training.model_card import read_results, write_model_card
 from dflash.training.module import DrafterTrainingModule
-from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings, check_tau_real, weight_dtype
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings, check_tau_real
 from dflash.training.tau_real import TauRealCallback
 from dflash.training.trainer import build_loggers, build_trainer, finish_loggers, log_drafter_artifact
 
@@ -133,7 +134,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     from dflash.data.datamodule import DFlashDataModule
 
     checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
-    resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
+    with config_key("checkpoint"):
+        resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
     L.seed_everything(job.seed, workers=True, verbose=False)
 
     loggers = build_loggers(job.logger, output_dir, job.config)
@@ -152,8 +154,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
     measured = []
     if job.tau_real is not None and job.tau_real.settings.enabled:
-        export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
-        measured.append(TauRealCallback(job.tau_real, job.method.export, export_dtype, output_dir))
+        measured.append(TauRealCallback(job.tau_real, job.method.export, job.checkpoint.torch_export_dtype, output_dir))
     # the learning rate at every log step (train/lr/<param group>); Lightning refuses it without a logger
     watched = [LearningRateMonitor(logging_interval="step")] if loggers else []
     extra = [*measured, *watched, *progress, *callbacks]
@@ -187,7 +188,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     drafter_dir = results_path = None
     if trainer.is_global_zero:
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
-        drafter_dir = export_final_drafter(job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        drafter_dir = export_final_drafter(
+            job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.torch_export_dtype
+        )
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         write_model_card(drafter_dir, job.config)
         if job.evaluation is not None:
@@ -204,10 +207,10 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
 
 
-def export_final_drafter(method, checkpoint: str, out_dir: str, dtype: str | None) -> str:
+def export_final_drafter(method, checkpoint: str, out_dir: str, dtype) -> str:
     """Write the drafter of `checkpoint` as the method's drafter directory (`Method.export`)."""
     from dflash.training.export import read_checkpoint
 
-    out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
+    out_dir = method.export(read_checkpoint(checkpoint), out_dir, dtype)
     log.info("drafter exported to %s", out_dir)
     return out_dir

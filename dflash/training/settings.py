@@ -148,6 +148,11 @@ class CheckpointSettings:
             f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
         )
 
+    @property
+    def torch_export_dtype(self):
+        """`export_dtype` as a torch dtype (None: the training dtype), checked above."""
+        return weight_dtype(self.export_dtype, "export_dtype")
+
 
 KEY = "eval.tau_real"
 

@@ -336,7 +336,7 @@ def test_unreadable_checkpoints_without_a_fallback_name_the_files_to_delete(tmp_
     (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ConfigError) as err:
         resume_checkpoint("auto", str(checkpoints))
-    assert err.value.key == "checkpoint.resume" and f"delete {checkpoints / 'last.ckpt'}" in str(err.value)
+    assert err.value.key == "resume" and f"delete {checkpoints / 'last.ckpt'}" in str(err.value)
 
     (checkpoints / "previous.ckpt").write_bytes(b"")
     with pytest.raises(ConfigError) as err:
@@ -345,7 +345,7 @@ def test_unreadable_checkpoints_without_a_fallback_name_the_files_to_delete(tmp_
 
     with pytest.raises(ConfigError) as err:
         resume_checkpoint(str(checkpoints / "previous.ckpt"), str(checkpoints))
-    assert err.value.key == "checkpoint.resume" and "cannot read" in str(err.value)
+    assert err.value.key == "resume" and "cannot read" in str(err.value)
 
     (checkpoints / "previous.ckpt").unlink()  # killed between keeping previous.ckpt and writing last.ckpt
     torch.save({"state_dict": {}, "global_step": 3}, checkpoints / "previous.ckpt")

