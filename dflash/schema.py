@@ -1,7 +1,7 @@
 """The apps' config schemas, registered in Hydra's ConfigStore.
 
 Every config group is described by one dataclass of the library (`TargetSpec`,
-`DataSpec`, `TrainingConfig`, `DecodingSettings`, ...); its field defaults are the
+`DataSpec`, `TrainingSettings`, `DecodingSettings`, ...); its field defaults are the
 defaults, and the group's YAML options hold only what differs from them. Each of the
 seven apps' primary configs (dflash/conf/<app>.yaml) starts from its schema below
 (`- _train_schema` etc. first in its defaults list), so composition itself
@@ -44,7 +44,7 @@ from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
 from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.settings import CheckpointSettings, LoggerSettings, TauRealSettings, TrainerSettings, weight_dtype
 
 TABLE_SOURCES = ("dirs", "wandb")
@@ -57,7 +57,7 @@ def _default(cls, name: str):
 
 
 @dataclass
-class PathsConfig:
+class PathsSettings:
     """The `paths` group: root (the working directory), artifacts (everything the apps
     write; DFLASH_ARTIFACTS or paths.artifacts=...), output_dir (the run's directory)."""
 
@@ -67,7 +67,7 @@ class PathsConfig:
 
 
 @dataclass
-class AfterTrainEvalConfig:
+class AfterTrainEvalSettings:
     """The train app's `eval` group: evaluation of the exported drafter at the end of
     training (eval.after_train=true), with the benchmark and decoding blocks of
     `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME).
@@ -88,7 +88,7 @@ class AfterTrainEvalConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainAppConfig:
     """`python -m dflash.train` (dflash/conf/train.yaml).
 
     run_name: directory under ${paths.artifacts}/runs (train.yaml derives it from the command line).
@@ -98,15 +98,15 @@ class TrainConfig:
         the group option's own schema (dflash/conf/method/NAME.yaml starts from `_NAME_schema`).
     """
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     drafter: DrafterSpec = MISSING
     data: DataSpec = MISSING
-    training: TrainingConfig = MISSING
+    training: TrainingSettings = MISSING
     method: Any = None
     trainer: TrainerSettings = MISSING
     logger: LoggerSettings = MISSING
-    eval: AfterTrainEvalConfig = MISSING
+    eval: AfterTrainEvalSettings = MISSING
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     run_name: str = MISSING
     seed: int = 0
@@ -115,8 +115,8 @@ class TrainConfig:
 
 
 @dataclass
-class _EvaluateKeys:
-    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateConfig` adds one
+class _EvaluateAppKeys:
+    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateAppConfig` adds one
     group per method with settings, named after it and typed by its schema
     (`dflash.methods`; e.g. `ngram.*`), present with its defaults without any YAML.
 
@@ -128,7 +128,7 @@ class _EvaluateKeys:
     cpu_threads: torch intra-op threads; None: torch's default (the smoke preset uses 1).
     """
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     drafter: DrafterSpec = MISSING
     decoding: DecodingSettings = MISSING
@@ -145,15 +145,15 @@ class _EvaluateKeys:
     train_block_size: int | None = None
 
 
-EvaluateConfig = dataclasses.make_dataclass(
-    "EvaluateConfig",
+EvaluateAppConfig = dataclasses.make_dataclass(
+    "EvaluateAppConfig",
     [(name, method.settings, field(default_factory=method.settings)) for name, method in METHODS.items() if method.settings],
-    bases=(_EvaluateKeys,),
+    bases=(_EvaluateAppKeys,),
 )
 
 
 @dataclass
-class RegenerateGroup(RegenerateSettings):
+class RegenerateRunSettings(RegenerateSettings):
     """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
     the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
 
@@ -161,13 +161,13 @@ class RegenerateGroup(RegenerateSettings):
 
 
 @dataclass
-class RegenerateConfig:
+class RegenerateAppConfig:
     """`python -m dflash.regenerate` (dflash/conf/regenerate.yaml)."""
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     data: DataSpec = MISSING
-    regenerate: RegenerateGroup = field(default_factory=RegenerateGroup)
+    regenerate: RegenerateRunSettings = field(default_factory=RegenerateRunSettings)
 
 
 @dataclass
@@ -208,7 +208,7 @@ class TablesAppConfig:
 
 
 @dataclass
-class DemoEvaluationConfig:
+class DemoEvaluationSettings:
     """The demo's stage 4 (dflash/conf/demo.yaml): prompts per family, tokens per prompt, and
     the reserve per evaluate app for its start."""
 
@@ -228,7 +228,7 @@ class DemoAppConfig:
     """`python -m dflash.demo` (dflash/conf/demo.yaml, which says what each key does).
     regenerate: settings of the regenerate app, passed to it as its overrides (it checks them)."""
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     budget_minutes: float = 30.0
     train_minutes: Any = "auto"  # "auto" | minutes
@@ -240,12 +240,12 @@ class DemoAppConfig:
     data_overrides: list[str] = field(default_factory=list)
     regenerate: dict = field(default_factory=dict)
     train_overrides: list[str] = field(default_factory=list)
-    evaluation: DemoEvaluationConfig = field(default_factory=DemoEvaluationConfig)
+    evaluation: DemoEvaluationSettings = field(default_factory=DemoEvaluationSettings)
     eval_overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
-class StdlibPromptsConfig:
+class StdlibPromptsSettings:
     """The toy demo's prompts (`dflash.target.tiny_code_prompts.stdlib_code_prompts`)."""
 
     num_prompts: int = 1024
@@ -260,9 +260,9 @@ class DemoTinyAppConfig:
     regenerate: `RegenerateSettings` of stage 2, checked by `dflash.cli.demo_tiny` (kept a
     plain mapping: its keys as written name the data directory)."""
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
-    prompts: StdlibPromptsConfig = field(default_factory=StdlibPromptsConfig)
+    prompts: StdlibPromptsSettings = field(default_factory=StdlibPromptsSettings)
     regenerate: dict = field(default_factory=dict)
     train_overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
@@ -270,23 +270,23 @@ class DemoTinyAppConfig:
 
 # group -> its schema; `method` has one per option (each trained method's `train_settings`).
 GROUP_SCHEMAS = {
-    "paths": PathsConfig,
+    "paths": PathsSettings,
     "target": TargetSpec,
     "drafter": DrafterSpec,
     "data": DataSpec,
-    "training": TrainingConfig,
+    "training": TrainingSettings,
     "trainer": TrainerSettings,
     "logger": LoggerSettings,
-    "eval": AfterTrainEvalConfig,
+    "eval": AfterTrainEvalSettings,
     "decoding": DecodingSettings,
     "benchmark": BenchmarkSpec,
     **{name: method.settings for name, method in METHODS.items() if method.settings},
 }
 METHOD_SCHEMAS = {name: method.train_settings for name, method in trained_methods().items()}
 APP_SCHEMAS = {
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-    "regenerate": RegenerateConfig,
+    "train": TrainAppConfig,
+    "evaluate": EvaluateAppConfig,
+    "regenerate": RegenerateAppConfig,
     "export": ExportAppConfig,
     "tables": TablesAppConfig,
     "demo": DemoAppConfig,

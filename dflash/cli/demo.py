@@ -274,7 +274,7 @@ def check_settings(cfg: DictConfig) -> None:
         "train_minutes",
         f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
     )
-    build(cfg.evaluation, "evaluation")  # dflash.schema.DemoEvaluationConfig: its range checks
+    build(cfg.evaluation, "evaluation")  # dflash.schema.DemoEvaluationSettings: its range checks
 
 
 def target_option() -> str:

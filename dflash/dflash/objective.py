@@ -13,7 +13,7 @@ from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.forward import draft_blocks, set_attention_implementation, training_attention_implementation
 from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
@@ -25,7 +25,7 @@ class DFlashObjective:
     """DFlash: blocks at random anchors in the response, drafted in one pass, scored by
     the position-weighted loss over the target's LM head."""
 
-    def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingConfig):
+    def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingSettings):
         self.training = training
         self.drafter = build_drafter(drafter, target)
         block_size = self.drafter.block_size
@@ -109,7 +109,7 @@ class DFlashObjective:
         return self.draft_vocab
 
 
-def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingConfig) -> None:
+def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingSettings) -> None:
     """The drafter's block fits the data before any model loads; a drafter directory is
     read now, so a damaged or mismatched one fails before the target loads."""
     from dflash.drafter.io import check_drafter_dir

@@ -80,7 +80,7 @@ class DiskStateCache:
     """
 
     def __init__(self, directory: str, lengths: np.ndarray, hidden_size: int, dtype: str = "bfloat16", shard_rows: int = 64):
-        if dtype not in STORAGE_DTYPES:  # TrainingConfig refuses it, naming training.target_cache_dtype
+        if dtype not in STORAGE_DTYPES:  # TrainingSettings refuses it, naming training.target_cache_dtype
             raise ValueError(f"unknown storage dtype {dtype!r}; choose one of {list(STORAGE_DTYPES)}")
         self.directory = directory
         self.lengths = np.asarray(lengths, dtype=np.int64)

@@ -47,7 +47,7 @@ from dflash.errors import require
 from dflash.progress import budget_timer
 from dflash.structured import config_key
 from dflash.target import TargetModel
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import target_features
@@ -74,7 +74,7 @@ class DrafterTrainingModule(L.LightningModule):
         hparams: what the checkpoint records as hyper-parameters (the run's settings).
     """
 
-    def __init__(self, target: TargetModel, objective: Objective, training: TrainingConfig, hparams: dict):
+    def __init__(self, target: TargetModel, objective: Objective, training: TrainingSettings, hparams: dict):
         super().__init__()
         self.save_hyperparameters(hparams)
         self.training_config = training
@@ -251,7 +251,7 @@ class DrafterTrainingModule(L.LightningModule):
 
 
 def open_disk_cache(
-    config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1
+    config: TrainingSettings, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1
 ) -> DiskStateCache:
     """The disk cache of `target` on tokenised `rows` (`dflash.data.tokenize.TokenizedRows`),
     with this rank's share of the missing `layers` filled."""

@@ -62,7 +62,7 @@ from dflash.training.checkpoints import (
     selected_checkpoint,
     write_export_info,
 )
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.model_card import read_results, write_model_card
 from dflash.training.module import DrafterTrainingModule
 from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings, check_tau_real
@@ -83,7 +83,7 @@ class TrainJob:
     target: TargetSpec
     drafter: DrafterSpec
     data: DataSpec
-    training: TrainingConfig
+    training: TrainingSettings
     trainer: TrainerSettings
     output_dir: str
     method: Any

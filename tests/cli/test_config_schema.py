@@ -18,7 +18,7 @@ from dflash.cli.common import _compose, run_app
 from dflash.schema import APP_SCHEMAS, METHOD_SCHEMAS
 from dflash.structured import build
 
-# the override that selects the schema of the `method` group (TrainConfig.method is Any)
+# the override that selects the schema of the `method` group (TrainAppConfig.method is Any)
 METHOD_OVERRIDES = {"dflash": [], "eagle3": ["method=eagle3"]}
 
 
@@ -132,7 +132,7 @@ def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatc
     from dflash.data.config import DataSpec
     from dflash.data.regenerate import RegenerateSettings
     from dflash.eval.evaluator import DecodingSettings
-    from dflash.training.config import TrainingConfig
+    from dflash.training.config import TrainingSettings
     from dflash.training.settings import CheckpointSettings, TrainerSettings
 
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
@@ -145,7 +145,7 @@ def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatc
     assert build(regen.regenerate, "regenerate").batch_size == RegenerateSettings().batch_size == 16
     # the base options set nothing but what differs from the schema: their objects are the defaults
     assert trainer == TrainerSettings()
-    assert build(train.training, "training") == TrainingConfig()
+    assert build(train.training, "training") == TrainingSettings()
     assert build(train.checkpoint, "checkpoint") == CheckpointSettings()
     evaluate = _composed("evaluate", ["benchmark=humaneval"])
     assert build(evaluate.decoding, "decoding") == DecodingSettings()

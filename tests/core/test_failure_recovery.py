@@ -34,7 +34,7 @@ from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.run import TrainJob, run_training
 from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings
 from helpers import REPO
@@ -283,7 +283,7 @@ def tiny_job(
         target=TargetSpec(path=str(inputs / "target")),
         drafter=DrafterSpec(num_layers=num_layers, block_size=4, num_target_features=2),
         data=DataSpec(path=str(data or inputs / "chats.jsonl"), max_length=128, batch_size=2, val_fraction=0.0, num_workers=0),
-        training=TrainingConfig(num_anchors=4),
+        training=TrainingSettings(num_anchors=4),
         trainer=TrainerSettings(
             max_epochs=None, max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0, enable_progress_bar=False
         ),

@@ -34,7 +34,7 @@ from dflash.eval import BenchmarkSpec, load_benchmark
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target import gguf
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from helpers import REPO
 from helpers.decoding import hf_greedy
 from helpers.loader_probe import probe
@@ -170,7 +170,7 @@ def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy
     module = dflash_training_module(
         spec,
         DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=0),
-        TrainingConfig(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step
+        TrainingSettings(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step
     )
     optimizer = torch.optim.AdamW(module.drafter.parameters(), lr=5e-3)
     for _ in range(60):
