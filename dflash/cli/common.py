@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from dflash import CONF_DIR
-from dflash.errors import ConfigError, check_writable_dir, first_line
+from dflash.errors import ConfigError, check_writable_dir, first_line, require
 from dflash.structured import _locate, check_known_keys, omegaconf_error
 
 EXIT_CONFIG_ERROR = 2
@@ -294,14 +294,13 @@ def resolved_config(cfg: DictConfig) -> dict:
 
 
 def set_cpu_threads(threads) -> None:
-    """Apply config key `cpu_threads` (torch intra-op threads; None keeps torch's default)."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError("cpu_threads", f"must be a positive integer or null, got {threads!r}")
-    import torch
+    """Apply config key `cpu_threads` (torch intra-op threads, an int or None by the apps'
+    schemas; None keeps torch's default)."""
+    if threads is not None:
+        require(threads >= 1, "cpu_threads", f"must be a positive integer or null, got {threads!r}")
+        import torch
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
 
 
 def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
