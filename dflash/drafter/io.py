@@ -41,11 +41,11 @@ _INIT_FIELDS = {
     "head_dim": None,
     "attention_bias": None,
     "num_target_layers": None,
-    "num_hidden_layers": "num_layers",
-    "intermediate_size": "intermediate_size",
-    "target_layer_ids": "target_layer_ids",
-    "use_target_features": "use_target_features",
-    "mask_token_id": "mask_token",
+    "num_hidden_layers": "drafter.num_layers",
+    "intermediate_size": "drafter.intermediate_size",
+    "target_layer_ids": "drafter.target_layer_ids",
+    "use_target_features": "drafter.use_target_features",
+    "mask_token_id": "drafter.mask_token",
 }
 
 

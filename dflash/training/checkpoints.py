@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 LAST_CHECKPOINT = "last.ckpt"
 BEST_CHECKPOINT = "best.ckpt"
-EXPORT_INFO_FILE = "json"  # in the drafter directory: which checkpoint it was exported from
+EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
 PREVIOUS_CHECKPOINT = "previous.ckpt"
 CORRUPT_SUFFIX = ".corrupt"
 
