@@ -154,7 +154,7 @@ def stdlib_source_files() -> list[str]:
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in EXCLUDED_DIRS and not d.startswith("config-"))
         paths.extend(os.path.join(directory, name) for name in files if name.endswith(".py"))
-    require(paths, "kind", f"no Python source files found under the stdlib directory {root!r}")
+    require(paths, "build", f"no Python source files found under the stdlib directory {root!r}")
     return sorted(paths)
 
 
