@@ -56,7 +56,8 @@ from dflash.cli.pipeline import (
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
-from dflash.structured import build, config_key
+from dflash.schema import DemoEvaluationSettings
+from dflash.structured import config_key
 from dflash.timing import timed
 
 TRAIN_MINUTES = "demo_train_minutes.json"
@@ -274,7 +275,8 @@ def check_settings(cfg: DictConfig) -> None:
         "train_minutes",
         f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
     )
-    build(cfg.evaluation, "evaluation")  # dflash.schema.DemoEvaluationSettings: its range checks
+    with config_key("evaluation"):
+        DemoEvaluationSettings(**cfg.evaluation)  # its range checks
 
 
 def target_option() -> str:

@@ -298,9 +298,9 @@ def test_unreachable_hub_is_a_one_line_config_error_suggesting_a_local_file(monk
 @pytest.mark.parametrize(
     "error, key, expected",
     [
-        (RuntimeError("Dataset scripts are no longer supported, but found gsm8k.py"), "benchmark.path", "script-based dataset"),
-        (ValueError("Unknown split \"test\". Should be one of ['train']."), "benchmark.path", "Unknown split"),
-        (FileNotFoundError("Revision 'abc123' doesn't exist for dataset 'openai/gsm8k'."), "benchmark.revision", "abc123"),
+        (RuntimeError("Dataset scripts are no longer supported, but found gsm8k.py"), "path", "script-based dataset"),
+        (ValueError("Unknown split \"test\". Should be one of ['train']."), "path", "Unknown split"),
+        (FileNotFoundError("Revision 'abc123' doesn't exist for dataset 'openai/gsm8k'."), "revision", "abc123"),
     ],
 )
 def test_an_unloadable_hub_dataset_is_one_config_error(monkeypatch, error, key, expected):
