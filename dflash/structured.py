@@ -110,9 +110,7 @@ def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigErro
     project's words, read from the error's nodes, not from OmegaConf's English:
     `expected int, got 'abc'`, `unknown key; valid keys: [...]`, `missing mandatory value ...`."""
     key = getattr(err, "full_key", None) or ""
-    if prefix and key and not key.startswith(prefix + ".") and key != prefix:
-        key = f"{prefix}.{key}" if not key.startswith("[") else f"{prefix}{key}"
-    return ConfigError(key or prefix or "config", _reason(err))
+    return ConfigError(full_key(prefix, key) if prefix and key else key or prefix or "config", _reason(err))
 
 
 def _reason(err: OmegaConfBaseException) -> str:
