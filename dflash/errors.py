@@ -10,7 +10,8 @@ Invariants:
   except around the one call that reads a user's file (`reading`).
 - Config dataclasses are the apps' schemas (dflash/schema.py): composition rejects
   unknown keys and wrong types, so a wrong type never reaches library code as a TypeError.
-  Their `__post_init__` range checks name the field only; the entry point adds the group.
+  Their `__post_init__` range checks name the field only; whoever holds the object under
+  its group's name adds the group (`dflash.structured.config_key`, docs/design.md invariant 23).
 - Checks that need no model (types, paths to read, directories to write) run before any
   model loads: entry points call them while turning the config into specs.
 """
@@ -23,10 +24,10 @@ import tempfile
 
 
 class ConfigError(ValueError):
-    """A bad config value or input. `key` names the config key to change."""
+    """A bad config value or input. `key` names the config key to change, `reason` says why."""
 
     def __init__(self, key: str, message: str):
-        self.key = key
+        self.key, self.reason = key, message
         super().__init__(f"{key}: {message}")
 
 

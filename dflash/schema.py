@@ -1,17 +1,22 @@
-"""The apps' config schemas, registered in Hydra's ConfigStore, and the one adapter that
-turns a composed config group into the library's dataclass.
+"""The apps' config schemas, registered in Hydra's ConfigStore.
 
 Every config group is described by one dataclass of the library (`TargetSpec`,
-`DataSpec`, `TrainingConfig`, `DecodingSettings`, ...); its field defaults are the
-defaults, and the group's YAML options hold only what differs from them. Each app's
-primary config (dflash/conf/train.yaml, evaluate.yaml, regenerate.yaml) starts from its
-schema below (`- _train_schema` etc. first in its defaults list), so composition itself
+`DataSpec`, `TrainingSettings`, `DecodingSettings`, ...); its field defaults are the
+defaults, and the group's YAML options hold only what differs from them. Each of the
+seven apps' primary configs (dflash/conf/<app>.yaml) starts from its schema below
+(`- _train_schema` etc. first in its defaults list), so composition itself
 rejects an unknown key or a value of the wrong type, naming the full key
 (`dflash.cli.common.check_overrides` reports it before Hydra runs).
 
 Range checks live in each dataclass's `__post_init__` and name the field only
 (`require(..., "num_layers", ...)`); `dflash.structured.build` (the adapter) instantiates a
 group under its key, so the error the user sees names the full key (`drafter.num_layers`).
+
+Names: an app's schema is `<App>AppConfig` (`TrainAppConfig`); a group's is named for
+what it holds: `<Thing>Spec` for what is loaded or built (`TargetSpec`, `DrafterSpec`,
+`DataSpec`, `BenchmarkSpec`), `<Thing>Settings` for knobs (`TrainingSettings`,
+`DecodingSettings`). A bare `Config` is a model's own configuration, what its config.json
+holds (`DrafterConfig`, `Eagle3Config`, `TinyCodeConfig`), never a schema of ours.
 
 Invariants:
 - The Python API and the command line get the same defaults: a composed app with no
@@ -24,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +38,16 @@ from omegaconf import MISSING
 
 from dflash.data.config import DataSpec
 from dflash.data.regenerate import RegenerateSettings
+from dflash.errors import require
 from dflash.eval.benchmarks import BenchmarkSpec
 from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, trained_methods
+from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training.config import TrainingConfig
-from dflash.training.settings import CheckpointSettings, LoggerSettings, TauRealSettings, TrainerSettings
+from dflash.training.config import TrainingSettings
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TauRealSettings, TrainerSettings, weight_dtype
+
+TABLE_SOURCES = ("dirs", "wandb")
 
 
 def _default(cls, name: str):
@@ -47,7 +57,7 @@ def _default(cls, name: str):
 
 
 @dataclass
-class PathsConfig:
+class PathsSettings:
     """The `paths` group: root (the working directory), artifacts (everything the apps
     write; DFLASH_ARTIFACTS or paths.artifacts=...), output_dir (the run's directory)."""
 
@@ -57,7 +67,7 @@ class PathsConfig:
 
 
 @dataclass
-class AfterTrainEvalConfig:
+class AfterTrainEvalSettings:
     """The train app's `eval` group: evaluation of the exported drafter at the end of
     training (eval.after_train=true), with the benchmark and decoding blocks of
     `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME).
@@ -78,7 +88,7 @@ class AfterTrainEvalConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainAppConfig:
     """`python -m dflash.train` (dflash/conf/train.yaml).
 
     run_name: directory under ${paths.artifacts}/runs (train.yaml derives it from the command line).
@@ -88,15 +98,15 @@ class TrainConfig:
         the group option's own schema (dflash/conf/method/NAME.yaml starts from `_NAME_schema`).
     """
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     drafter: DrafterSpec = MISSING
     data: DataSpec = MISSING
-    training: TrainingConfig = MISSING
+    training: TrainingSettings = MISSING
     method: Any = None
     trainer: TrainerSettings = MISSING
     logger: LoggerSettings = MISSING
-    eval: AfterTrainEvalConfig = MISSING
+    eval: AfterTrainEvalSettings = MISSING
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     run_name: str = MISSING
     seed: int = 0
@@ -105,8 +115,8 @@ class TrainConfig:
 
 
 @dataclass
-class _EvaluateKeys:
-    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateConfig` adds one
+class _EvaluateAppKeys:
+    """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateAppConfig` adds one
     group per method with settings, named after it and typed by its schema
     (`dflash.methods`; e.g. `ngram.*`), present with its defaults without any YAML.
 
@@ -118,7 +128,7 @@ class _EvaluateKeys:
     cpu_threads: torch intra-op threads; None: torch's default (the smoke preset uses 1).
     """
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     drafter: DrafterSpec = MISSING
     decoding: DecodingSettings = MISSING
@@ -129,27 +139,21 @@ class _EvaluateKeys:
     cpu_threads: int | None = None
     sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
     # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
-    # part of its directory name, and read by the tables from results.json
+    # part of its directory name, and read by the tables from results.json. Keys only one sweep file reads
+    # live under that file's `sweep:` node.
     train_seed: int | None = None
     train_block_size: int | None = None
-    train_anchors: Any = None
-    # the main table's evaluation at scale smollm2 (dflash/conf/sweep/eval_scale/main_eval/smollm2.yaml):
-    # the drafter's training block, and the drafter path, tree budget and methods that block selects
-    main_block: int | None = None
-    main_drafters: Any = None
-    main_tree_budget: Any = None
-    main_methods: Any = None
 
 
-EvaluateConfig = dataclasses.make_dataclass(
-    "EvaluateConfig",
+EvaluateAppConfig = dataclasses.make_dataclass(
+    "EvaluateAppConfig",
     [(name, method.settings, field(default_factory=method.settings)) for name, method in METHODS.items() if method.settings],
-    bases=(_EvaluateKeys,),
+    bases=(_EvaluateAppKeys,),
 )
 
 
 @dataclass
-class RegenerateGroup(RegenerateSettings):
+class RegenerateRunSettings(RegenerateSettings):
     """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
     the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
 
@@ -157,31 +161,137 @@ class RegenerateGroup(RegenerateSettings):
 
 
 @dataclass
-class RegenerateConfig:
+class RegenerateAppConfig:
     """`python -m dflash.regenerate` (dflash/conf/regenerate.yaml)."""
 
-    paths: PathsConfig = MISSING
+    paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     data: DataSpec = MISSING
-    regenerate: RegenerateGroup = field(default_factory=RegenerateGroup)
+    regenerate: RegenerateRunSettings = field(default_factory=RegenerateRunSettings)
+
+
+@dataclass
+class ExportAppConfig:
+    """`python -m dflash.export` (dflash/conf/export.yaml): ckpt, a .ckpt file or a run
+    directory (its checkpoints/last.ckpt); out, the drafter directory to write; dtype, the
+    weight dtype on disk (None: as trained)."""
+
+    ckpt: str = MISSING
+    out: str = MISSING
+    dtype: str | None = None
+
+    def __post_init__(self):
+        require(self.out != "", "out", "must be a directory path")
+        weight_dtype(self.dtype, "dtype")
+
+
+@dataclass
+class TablesAppConfig:
+    """`python -m dflash.tables` (dflash/conf/tables.yaml, which says what each key does)."""
+
+    source: str = "dirs"
+    root: str = "artifacts/sweeps"
+    project: str = "dflash"
+    entity: str | None = None
+    groups: list[str] = field(default_factory=list)
+    ablations: list[str] = field(default_factory=list)
+    out_dir: str = "artifacts/tables"
+    formats: list[str] = field(default_factory=lambda: ["md", "tex"])
+    plots: bool = True
+    metric: str = "pooled"
+
+    def __post_init__(self):
+        require(self.source in TABLE_SOURCES, "source", f"unknown {self.source!r}; choose one of {list(TABLE_SOURCES)}")
+        check_metric(self.metric)
+        if self.source == "dirs":
+            require(os.path.isdir(self.root), "root", f"no such directory: {self.root}")
+
+
+@dataclass
+class DemoEvaluationSettings:
+    """The demo's stage 4 (dflash/conf/demo.yaml): prompts per family, tokens per prompt, and
+    the reserve per evaluate app for its start."""
+
+    humaneval: int = 16
+    math: int = 8
+    chat: int = 8
+    max_new_tokens: int = 128
+    start_s: float = 20.0
+
+    def __post_init__(self):
+        for key in ("humaneval", "math", "chat", "max_new_tokens"):
+            require(getattr(self, key) >= 1, key, f"must be an integer >= 1, got {getattr(self, key)!r}")
+
+
+@dataclass
+class DemoAppConfig:
+    """`python -m dflash.demo` (dflash/conf/demo.yaml, which says what each key does).
+    regenerate: settings of the regenerate app, passed to it as its overrides (it checks them)."""
+
+    paths: PathsSettings = MISSING
+    target: TargetSpec = MISSING
+    budget_minutes: float = 30.0
+    train_minutes: Any = "auto"  # "auto" | minutes
+    min_train_minutes: float = 3.0
+    margin_s: float = 180.0
+    reserve_factor: float = 2.6
+    cpu_threads: int = 2
+    data: str = MISSING
+    data_overrides: list[str] = field(default_factory=list)
+    regenerate: dict = field(default_factory=dict)
+    train_overrides: list[str] = field(default_factory=list)
+    evaluation: DemoEvaluationSettings = field(default_factory=DemoEvaluationSettings)
+    eval_overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StdlibPromptsSettings:
+    """The toy demo's prompts (`dflash.target.tiny_code_prompts.stdlib_code_prompts`)."""
+
+    num_prompts: int = 1024
+    seed: int = 0
+    max_chars: int = 1024
+    doctest_first: bool = True
+
+
+@dataclass
+class DemoTinyAppConfig:
+    """`python -m dflash.demo_tiny` (dflash/conf/demo_tiny.yaml, which says what each key does).
+    regenerate: `RegenerateSettings` of stage 2, checked by `dflash.cli.demo_tiny` (kept a
+    plain mapping: its keys as written name the data directory)."""
+
+    paths: PathsSettings = MISSING
+    target: TargetSpec = MISSING
+    prompts: StdlibPromptsSettings = field(default_factory=StdlibPromptsSettings)
+    regenerate: dict = field(default_factory=dict)
+    train_overrides: list[str] = field(default_factory=list)
+    eval_overrides: list[str] = field(default_factory=list)
 
 
 # group -> its schema; `method` has one per option (each trained method's `train_settings`).
 GROUP_SCHEMAS = {
-    "paths": PathsConfig,
+    "paths": PathsSettings,
     "target": TargetSpec,
     "drafter": DrafterSpec,
     "data": DataSpec,
-    "training": TrainingConfig,
+    "training": TrainingSettings,
     "trainer": TrainerSettings,
     "logger": LoggerSettings,
-    "eval": AfterTrainEvalConfig,
+    "eval": AfterTrainEvalSettings,
     "decoding": DecodingSettings,
     "benchmark": BenchmarkSpec,
     **{name: method.settings for name, method in METHODS.items() if method.settings},
 }
 METHOD_SCHEMAS = {name: method.train_settings for name, method in trained_methods().items()}
-APP_SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "regenerate": RegenerateConfig}
+APP_SCHEMAS = {
+    "train": TrainAppConfig,
+    "evaluate": EvaluateAppConfig,
+    "regenerate": RegenerateAppConfig,
+    "export": ExportAppConfig,
+    "tables": TablesAppConfig,
+    "demo": DemoAppConfig,
+    "demo_tiny": DemoTinyAppConfig,
+}
 
 
 def register() -> None:

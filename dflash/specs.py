@@ -15,6 +15,7 @@ import torch
 from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, place_drafter, resolve_mask_token_id
 from dflash.drafter.config import check_attn_implementation
 from dflash.errors import ConfigError, check_writable_dir, require
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.model import ENGINES, resolve_dtype
 
@@ -104,6 +105,7 @@ class DrafterSpec:
         )
 
 
+@config_key("target")  # the builder of the group adds its name to the fields its checks name
 def load_target(spec: TargetSpec) -> TargetModel:
     """Load the frozen target (building or converting it first for offline targets)."""
     if spec.build is not None:
@@ -111,10 +113,10 @@ def load_target(spec: TargetSpec) -> TargetModel:
     if spec.gguf_file is not None:
         from dflash.target.gguf import convert_gguf
 
-        check_writable_dir("target.path", os.path.dirname(os.path.abspath(os.path.expanduser(spec.path))))
+        check_writable_dir("path", os.path.dirname(os.path.abspath(os.path.expanduser(spec.path))))
         convert_gguf(spec.gguf_file, spec.path)
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("target.device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
+        raise ConfigError("device", f"{spec.device!r} requested but CUDA is not available; use target.device=cpu")
     return TargetModel.load(
         spec.path, dtype=spec.dtype, attn_implementation=spec.attn_implementation, device=spec.device, engine=spec.engine
     )
@@ -128,15 +130,15 @@ def build_offline_target(path: str, build: dict) -> None:
     rebuilt only when its build config changes; see `dflash.target.tiny_code`).
     """
     kind = build.pop("kind", "random")
+    with config_key("build"):
+        require(kind in ("random", "tiny_code"), "kind", f"unknown kind {kind!r}; choose random or tiny_code")
     if kind == "tiny_code":
         from dflash.target.tiny_code import build_tiny_code_target
 
-        build_tiny_code_target(path, build)
-    elif kind == "random":
-        if not os.path.isdir(path):
-            _build_random_target_atomically(path, build)
-    else:
-        raise ConfigError("target.build.kind", f"unknown kind {kind!r}; choose random or tiny_code")
+        with config_key("build"):
+            build_tiny_code_target(path, build)
+    elif not os.path.isdir(path):
+        _build_random_target_atomically(path, build)
 
 
 def _build_random_target_atomically(path: str, build: dict) -> None:
@@ -148,11 +150,12 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
     from dflash.target.tiny import save_tiny_target
 
     parent = os.path.dirname(os.path.abspath(path))
-    check_writable_dir("target.path", parent)
+    check_writable_dir("path", parent)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
     try:
-        save_tiny_target(tmp, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
+        with config_key("build"):
+            save_tiny_target(tmp, arch=build.pop("arch", "qwen3"), seed=build.pop("seed", 0), **build)
         try:
             os.rename(tmp, path)
         except OSError:
@@ -162,13 +165,14 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@config_key("drafter")
 def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     """Load the drafter at `spec.path`, or build a random one; check it fits `target`."""
     dtype = resolve_dtype(spec.dtype)
     dtype = target.dtype if dtype == "auto" else dtype
     require(
         spec.path is None or spec.init_from is None,
-        "drafter.init_from",
+        "init_from",
         "set drafter.path (use a drafter as it is) or drafter.init_from (train a new drafter from its weights), not both",
     )
     if spec.path is not None:
@@ -206,18 +210,18 @@ def check_drafter_fits(config: DrafterConfig, target: TargetModel) -> None:
     """ConfigError unless the drafter's width, taps and mask token fit the target."""
     require(
         config.hidden_size == target.hidden_size,
-        "drafter.path",
+        "path",
         f"drafter hidden size {config.hidden_size} does not match the target's {target.hidden_size}; "
         "this drafter was trained for another target",
     )
     bad = [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]
     require(
         not bad,
-        "drafter.target_layer_ids",
+        "target_layer_ids",
         f"drafter taps layers {bad}, but the target has {target.num_layers} layers (0..{target.num_layers - 1})",
     )
     require(
         config.mask_token_id < target.embedding_rows,
-        "drafter.mask_token",
+        "mask_token",
         f"mask token id {config.mask_token_id} has no row in the target's {target.embedding_rows}-row embedding",
     )

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+from typing import get_origin
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    ConfigTypeError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from dflash.errors import ConfigError, first_line
 
@@ -28,19 +35,14 @@ def config_key(prefix: str):
     except ConfigError as err:
         if not prefix:
             raise
-        raise ConfigError(full_key(prefix, err.key), str(err)[len(err.key) + 2 :]) from None
+        raise ConfigError(full_key(prefix, err.key), err.reason) from None
 
 
 def full_key(prefix: str, key: str) -> str:
-    """`prefix.key`; a key that already starts with the group's own name (`decoding.top_p`, as
-    checks outside the schemas still write it) is re-rooted under `prefix` (`eval.decoding.top_p`)."""
+    """`prefix.key` (`prefix[0]` for a list index); a key already under `prefix` stays
+    (a nested node built first names its own full key)."""
     if key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "["):
         return key
-    group = prefix.rpartition(".")[2]
-    if key == group:
-        return prefix
-    if key.startswith(group + ".") or key.startswith(group + "["):
-        key = key[len(group) :].lstrip(".")
     return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
 
 
@@ -95,75 +97,39 @@ def typed(cls, data: dict, key: str):
     try:
         node = OmegaConf.merge(OmegaConf.structured(cls), data)
     except OmegaConfBaseException as err:
-        name, reason = describe_omegaconf_error(err)
+        name, reason = getattr(err, "full_key", None) or "", _reason(err)
         if name and "." not in name and "[" not in name and name not in data:  # a leaf inside a list: find it
             name = _locate(data, name, getattr(err, "value", None)).lstrip(".") or name
         raise ConfigError(full_key(key, name) if key else name or "config", reason) from None
     return build(node, key)
 
 
-def check_arguments(function, data: dict, key: str) -> None:
-    """ConfigError naming `key.<name>` unless `data` fits the keyword arguments of `function`
-    (names and annotated types): a config block passed to a function as keywords."""
-    import inspect
-
-    fields = [
-        (
-            name,
-            Any if param.annotation is inspect.Parameter.empty else _resolve(param.annotation, function),
-            MISSING if param.default is inspect.Parameter.empty else param.default,
-        )
-        for name, param in inspect.signature(function).parameters.items()
-        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-    ]
-    typed(dataclasses.make_dataclass(f"{function.__name__}_arguments", fields), data, key)
-
-
-def _resolve(hint, function):
-    """An annotation that `from __future__ import annotations` left as a string, evaluated."""
-    return eval(hint, function.__globals__) if isinstance(hint, str) else hint  # noqa: S307 - the function's own annotation
-
-
 def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigError:
-    """One-line ConfigError for an OmegaConf error: the full key (prefixed with `prefix`
-    when the node was made outside the app's config) and the reason."""
-    key, reason = describe_omegaconf_error(err)
-    if prefix and key and not key.startswith(prefix + ".") and key != prefix:
-        key = f"{prefix}.{key}" if not key.startswith("[") else f"{prefix}{key}"
-    return ConfigError(key or prefix or "config", reason)
-
-
-def describe_omegaconf_error(err: OmegaConfBaseException) -> tuple[str, str]:
-    """(full key, reason) of an OmegaConf error, the reason in the project's words:
+    """The one translation of an OmegaConf error: a ConfigError naming the full key (under
+    `prefix` when the node was made outside the app's config), with the reason in the
+    project's words, read from the error's nodes, not from OmegaConf's English:
     `expected int, got 'abc'`, `unknown key; valid keys: [...]`, `missing mandatory value ...`."""
-    from omegaconf.errors import ConfigTypeError, ValidationError
-
     key = getattr(err, "full_key", None) or ""
-    message = first_line(err)
+    return ConfigError(full_key(prefix, key) if prefix and key else key or prefix or "config", _reason(err))
+
+
+def _reason(err: OmegaConfBaseException) -> str:
     if isinstance(err, MissingMandatoryValue):
-        return key, "missing mandatory value; set it on the command line"
-    if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
-        object_type = getattr(err, "object_type", None)
-        if dataclasses.is_dataclass(object_type):
-            return key, f"unknown key; valid keys: {sorted(f.name for f in dataclasses.fields(object_type))}"
-        return key, message
+        return "missing mandatory value; set it on the command line"
+    owner = getattr(err, "object_type", None)
+    if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(owner):
+        return f"unknown key; valid keys: {sorted(f.name for f in dataclasses.fields(owner))}"
     if isinstance(err, (ValidationError, ConfigTypeError)):
-        for pattern, expected in _EXPECTED:
-            if pattern in message:
-                value = getattr(err, "value", None)
-                return key, f"expected {expected}, got {value!r}" if value is not None else f"expected {expected}"
-    return key, message
+        child, parent = getattr(err, "child_node", None), getattr(err, "parent_node", None)
+        hint = child._metadata.ref_type if child is not None else getattr(getattr(parent, "_metadata", None), "element_type", None)
+        expected = _EXPECTED.get(get_origin(hint) or hint)
+        if expected is not None:
+            value = getattr(err, "value", None)
+            return f"expected {expected}, got {value!r}" if value is not None else f"expected {expected}"
+    return first_line(err)
 
 
-_EXPECTED = (  # OmegaConf's validation messages -> the type the key needs
-    ("converted to Integer", "int"),
-    ("converted to Float", "float"),
-    ("valid bool", "bool"),
-    ("to string", "str"),
-    ("ListConfig", "a list"),
-    ("to Dict", "a mapping"),
-    ("DictConfig", "a mapping"),
-)
+_EXPECTED = {int: "int", float: "float", bool: "bool", str: "str", list: "a list", tuple: "a list", dict: "a mapping"}
 
 
 def _locate(value, leaf: str, bad) -> str:

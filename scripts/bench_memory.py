@@ -83,11 +83,11 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
     from dflash.specs import DrafterSpec, TargetSpec, load_target
     from dflash.target.tiny import save_tiny_target
     from dflash.training import DrafterTrainingModule
-    from dflash.training.config import TrainingConfig
+    from dflash.training.config import TrainingSettings
 
     directory = tempfile.mkdtemp(prefix="bench_memory_target_")
     save_tiny_target(directory, "qwen3", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=6, max_positions=4096)
-    training = TrainingConfig(num_anchors=ANCHORS, loss=objective, loss_chunk_rows=chunk_rows)
+    training = TrainingSettings(num_anchors=ANCHORS, loss=objective, loss_chunk_rows=chunk_rows)
     drafter = DrafterSpec(num_layers=1, block_size=BLOCK, num_target_features=2)
     target = load_target(TargetSpec(path=directory, dtype="float32"))
     module = DrafterTrainingModule(target, DFlashObjective(target, drafter, training), training, {})

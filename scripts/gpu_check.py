@@ -191,11 +191,11 @@ def training_objective(target, drafter, num_anchors: int):
     from dflash.dflash.objective import DFlashObjective
     from dflash.drafter import save_drafter
     from dflash.specs import DrafterSpec
-    from dflash.training.config import TrainingConfig
+    from dflash.training.config import TrainingSettings
 
     with tempfile.TemporaryDirectory() as directory:
         save_drafter(drafter, directory)
-        return DFlashObjective(target, DrafterSpec(path=directory), TrainingConfig(num_anchors=num_anchors))
+        return DFlashObjective(target, DrafterSpec(path=directory), TrainingSettings(num_anchors=num_anchors))
 
 
 def training_step(target, objective, batch: dict, path: str, backward: bool) -> dict:

@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from dflash import CONF_DIR
-from dflash.errors import ConfigError, check_writable_dir, first_line
-from dflash.structured import _locate, check_known_keys, describe_omegaconf_error
+from dflash.errors import ConfigError, check_writable_dir, first_line, require
+from dflash.structured import _locate, check_known_keys, omegaconf_error
 
 EXIT_CONFIG_ERROR = 2
 LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
@@ -290,18 +290,17 @@ def resolved_config(cfg: DictConfig) -> dict:
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
-        raise _omegaconf_error(err, "config") from None
+        raise omegaconf_error(err) from None
 
 
 def set_cpu_threads(threads) -> None:
-    """Apply config key `cpu_threads` (torch intra-op threads; None keeps torch's default)."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError("cpu_threads", f"must be a positive integer or null, got {threads!r}")
-    import torch
+    """Apply config key `cpu_threads` (torch intra-op threads, an int or None by the apps'
+    schemas; None keeps torch's default)."""
+    if threads is not None:
+        require(threads >= 1, "cpu_threads", f"must be a positive integer or null, got {threads!r}")
+        import torch
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
 
 
 def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
@@ -422,7 +421,7 @@ def _override_error(
             return ConfigError(key, f"unknown config key{valid}")  # no schema reads a key added with +
         return ConfigError(key, f"unknown config key{valid} (to add a new key, use +{bad})")
     if isinstance(cause, OmegaConfBaseException):  # a wrong type or an unknown key, here or in a group option's file
-        bad_key, reason = describe_omegaconf_error(cause)
+        bad_key, reason = getattr(cause, "full_key", None) or "", omegaconf_error(cause).reason
         if not bad_key.startswith(key) and not any((d / key.split("@")[0]).is_dir() for d in config_dirs):
             # a list or dict assigned at once: OmegaConf names only the leaf inside it
             path = _locate(override.value(), bad_key.rpartition(".")[2], getattr(cause, "value", None))
@@ -433,8 +432,3 @@ def _override_error(
             reason = f"{reason} (in {key.split('@')[0]}/{override.value()}.yaml)"  # a group option's file is wrong
         return ConfigError(bad_key or key, reason)
     return ConfigError(key, first_line(err))
-
-
-def _omegaconf_error(err: OmegaConfBaseException, group: str) -> ConfigError:
-    key, reason = describe_omegaconf_error(err)
-    return ConfigError(key or group, reason)

@@ -56,6 +56,8 @@ from dflash.cli.pipeline import (
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
+from dflash.schema import DemoEvaluationSettings
+from dflash.structured import config_key
 from dflash.timing import timed
 
 TRAIN_MINUTES = "demo_train_minutes.json"
@@ -136,7 +138,9 @@ def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
     paths = {}
     for family in ("math", "chat"):
         path = os.path.join(data_dir + "-demo", f"heldout_{family}.jsonl")
-        paths[family] = write_jsonl(path, ({"turns": [prompt]} for prompt in heldout_prompts(family, counts[family], training)))
+        with config_key("evaluation"):  # the demo's counts: evaluation.math, evaluation.chat
+            prompts = heldout_prompts(family, counts[family], training)
+        paths[family] = write_jsonl(path, ({"turns": [prompt]} for prompt in prompts))
     return paths
 
 
@@ -264,25 +268,15 @@ def check_settings(cfg: DictConfig) -> None:
     """ConfigError for a bad budget or evaluation setting, before anything runs."""
     demo_started()
     for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
-        value = cfg[key]
-        require(
-            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-            key,
-            f"must be a number > 0, got {value!r}",
-        )
+        require(cfg[key] > 0, key, f"must be a number > 0, got {cfg[key]!r}")  # a number: dflash.schema.DemoAppConfig
     minutes = cfg.train_minutes
     require(
         minutes == "auto" or (isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0),
         "train_minutes",
         f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
     )
-    for key in (*FAMILIES, "max_new_tokens"):
-        value = cfg.evaluation[key]
-        require(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-            f"evaluation.{key}",
-            f"must be an integer >= 1, got {value!r}",
-        )
+    with config_key("evaluation"):
+        DemoEvaluationSettings(**cfg.evaluation)  # its range checks
 
 
 def target_option() -> str:

@@ -52,7 +52,7 @@ from dflash.cli.pipeline import (
 )
 from dflash.errors import require
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
-from dflash.structured import check_arguments, typed
+from dflash.structured import config_key, typed
 
 
 def build_target(target_cfg: dict):
@@ -139,17 +139,16 @@ def check_app_overrides(cfg: DictConfig) -> None:
     )
 
 
-def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None:
+def check_settings(target_cfg: dict, regen_cfg: dict) -> None:
     """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
     target for minutes)."""
     from dflash.data.regenerate import RegenerateSettings
     from dflash.target.tiny_code import TinyCodeConfig
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
 
     require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
-    TinyCodeConfig.from_dict(target_cfg["build"])
-    check_arguments(stdlib_code_prompts, prompts_cfg, "prompts")
-    typed(RegenerateSettings, regen_cfg, "regenerate")
+    with config_key("target.build"):
+        TinyCodeConfig.from_dict(target_cfg["build"])
+    typed(RegenerateSettings, regen_cfg, "regenerate")  # prompts: typed by dflash.schema.DemoTinyAppConfig
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo_tiny")
@@ -157,7 +156,7 @@ def check_settings(target_cfg: dict, prompts_cfg: dict, regen_cfg: dict) -> None
 def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
     target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
-    check_settings(target_cfg, prompts_cfg, regen_cfg)
+    check_settings(target_cfg, regen_cfg)
     quiet_third_party_logs()
     clock = StageClock()
     with clock.time("target"):

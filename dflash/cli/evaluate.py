@@ -27,7 +27,7 @@ from dflash.cli.common import (
 )
 from dflash.layout import RESULTS_FILE
 from dflash.locks import DirectoryLock
-from dflash.structured import build
+from dflash.structured import build, config_key
 
 LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.run.dir=DIR)"
 
@@ -60,10 +60,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     )
     target_spec = build(cfg.target, "target")
     drafter_spec = build(cfg.drafter, "drafter")
-    samples = load_benchmark(benchmark)
+    with config_key("benchmark"):
+        samples = load_benchmark(benchmark)
     uses_drafter = any(METHODS[name].uses_dflash_drafter for name in methods)
     if uses_drafter and drafter_spec.path is not None:
-        check_drafter_dir(drafter_spec.path)  # a wrong or damaged drafter fails before the target loads
+        with config_key("drafter"):  # a wrong or damaged drafter fails before the target loads
+            check_drafter_dir(drafter_spec.path)
     for name in methods:  # likewise every method's own files (e.g. eagle3.path)
         METHODS[name].check(settings.method_settings.get(name) or METHODS[name].default_settings())
 

@@ -11,13 +11,15 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
 from dflash.errors import require
+from dflash.structured import build
 
 
 def checkpoint_path(ckpt: str) -> str:
     """`ckpt` itself when it is a file; `<ckpt>/checkpoints/last.ckpt` for a run directory."""
-    from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT
+    from dflash.layout import CHECKPOINT_DIR
+    from dflash.training.checkpoints import LAST_CHECKPOINT
 
     path = os.path.abspath(os.path.expanduser(ckpt))
     if os.path.isdir(path):
@@ -33,12 +35,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.training.export import read_checkpoint
     from dflash.training.model_card import run_files, write_model_card
     from dflash.training.module import DRAFTER_CONFIG_KEY
-    from dflash.training.run import weight_dtype
+    from dflash.training.settings import weight_dtype
 
-    options = resolved_config(cfg)
-    require(isinstance(options["out"], str) and options["out"] != "", "out", "must be a directory path")
-    path = checkpoint_path(str(options["ckpt"]))
-    dtype = weight_dtype(options["dtype"], "dtype")
+    options = build(cfg, "")  # dflash.schema.ExportAppConfig
+    path = checkpoint_path(options.ckpt)
+    dtype = weight_dtype(options.dtype, "dtype")  # checked already: a torch dtype now
     checkpoint = read_checkpoint(path)  # read once: a large drafter's checkpoint takes a while
     drafter_config = checkpoint[DRAFTER_CONFIG_KEY]
     method = method_of_checkpoint(drafter_config)
@@ -48,7 +49,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         f"{path!r} holds a drafter of architectures {drafter_config.get('architectures')}, which no trained method "
         f"({', '.join(sorted(trained_methods()))}) exports",
     )
-    out = method.export(checkpoint, os.path.abspath(os.path.expanduser(options["out"])), dtype)
+    out = method.export(checkpoint, os.path.abspath(os.path.expanduser(options.out)), dtype)
     # the card reads the run's config and evaluation when the checkpoint sits in its run directory
     write_model_card(out, *run_files(os.path.dirname(os.path.dirname(path))))
     print(f"drafter: {out}")

@@ -8,43 +8,15 @@ runs of a wandb project, and writes `tables.md`, `tables.tex` and `plots/*.png` 
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
 from dflash.errors import require
-from dflash.reports.tables import check_metric
-from dflash.structured import typed
-
-SOURCES = ("dirs", "wandb")
+from dflash.structured import build
 
 
-@dataclass
-class TablesSettings:
-    """The `tables` config (see dflash/conf/tables.yaml for each key)."""
-
-    source: str = "dirs"
-    root: str = "artifacts/sweeps"
-    project: str = "dflash"
-    entity: str | None = None
-    groups: list = field(default_factory=list)
-    ablations: list = field(default_factory=list)
-    out_dir: str = "artifacts/tables"
-    formats: list = field(default_factory=lambda: ["md", "tex"])
-    plots: bool = True
-    metric: str = "pooled"
-
-    def __post_init__(self):
-        require(self.source in SOURCES, "source", f"unknown {self.source!r}; choose one of {list(SOURCES)}")
-        check_metric(self.metric)
-        if self.source == "dirs":
-            require(os.path.isdir(self.root), "root", f"no such directory: {self.root}")
-
-
-def load_records(settings: TablesSettings):
+def load_records(settings):
     """The run records of the configured source."""
     if settings.source == "wandb":
         import wandb
@@ -77,7 +49,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.reports import write_report
     from dflash.reports.records import FAILED
 
-    settings = typed(TablesSettings, resolved_config(cfg), "")
+    settings = build(cfg, "")  # dflash.schema.TablesAppConfig
     where = settings.root if settings.source == "dirs" else f"wandb project {settings.project}"
     records, incomplete = complete_runs(load_records(settings))
     if incomplete:

@@ -208,7 +208,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     quiet_third_party_logs()
     check_local_source(job.data.source())  # a wrong data.path fails before the target loads
     if job.evaluation is not None:
-        load_benchmark(job.evaluation.benchmark)  # a bad benchmark fails now, not after training
+        with config_key("eval.benchmark"):  # a bad benchmark fails now, not after training
+            load_benchmark(job.evaluation.benchmark)
     log.info("run directory: %s", job.output_dir)
     twin = _reused_cell(cfg, job)
     if twin is not None:

@@ -110,7 +110,8 @@ def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:
     """`count` evaluation prompts of a generated family (math or chat): from its held-out
     templates, which the training prompts never use, drawn with HELDOUT_SEED, and none a
     near-duplicate (same skeleton) of a prompt in `training`, whatever made those.
-    ConfigError (key `eval.<family>`) when the family has too few prompts left."""
+    ConfigError (key `<family>`, the count's; the caller adds its group) when the family
+    has too few prompts left."""
     from dflash.data.generated_prompts import skeleton
 
     require(family in ("math", "chat"), "family", f"held-out prompts are generated for math and chat, not {family!r}")
@@ -118,4 +119,4 @@ def heldout_prompts(family: str, count: int, training: list[str]) -> list[str]:
     try:
         return FAMILIES[family](count, HELDOUT_SEED, heldout=True, exclude=seen)
     except ValueError as err:
-        raise ConfigError(f"eval.{family}", f"cannot draw {count} held-out {family} prompts: {err}; ask for fewer") from None
+        raise ConfigError(family, f"cannot draw {count} held-out {family} prompts: {err}; ask for fewer") from None

@@ -204,8 +204,6 @@ def generate(
     Returns:
         the output, its measurements and the record of its verify forwards (`GenerationResult`).
     """
-    require(block_size >= 1, "decoding.block_size", f"must be >= 1, got {block_size}")
-    require(max_new_tokens >= 1, "decoding.max_new_tokens", f"must be >= 1, got {max_new_tokens}")
     require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")
     require(input_ids.shape[1] >= 1, "prompt", "the prompt is empty")
     require(block_size == 1 or proposer is not None, "drafter", "block_size > 1 needs a drafter")

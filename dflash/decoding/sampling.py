@@ -32,12 +32,12 @@ class SamplingConfig:
     verify_rule: str = "rejection"
 
     def __post_init__(self):
-        require(self.temperature >= 0, "decoding.temperature", f"must be >= 0, got {self.temperature}")
-        require(0 < self.top_p <= 1, "decoding.top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k >= 0, "decoding.top_k", f"must be >= 0, got {self.top_k}")
+        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         require(
             self.verify_rule in VERIFY_RULES,
-            "decoding.verify_rule",
+            "verify_rule",
             f"unknown rule {self.verify_rule!r}; choose one of {VERIFY_RULES}",
         )
 

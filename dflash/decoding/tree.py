@@ -88,8 +88,6 @@ class TreeVerifier:
     name = "tree"
 
     def __init__(self, budget: int, draft_threshold: float = 0.0):
-        require(budget >= 1, "dflash_tree.budget", f"must be >= 1, got {budget}")
-        require(0 <= draft_threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {draft_threshold}")
         self.budget = budget
         self.draft_threshold = draft_threshold
 

@@ -18,7 +18,6 @@ import torch
 
 from dflash.decoding.proposer import BlockProposer
 from dflash.decoding.verify import propose_tokens
-from dflash.errors import require
 
 
 def confident_prefix_length(draft_logits: torch.Tensor, threshold: float) -> int:
@@ -34,7 +33,6 @@ class ThresholdProposer:
     """
 
     def __init__(self, proposer: BlockProposer, threshold: float):
-        require(0 <= threshold <= 1, "decoding.draft_threshold", f"must be in [0, 1], got {threshold}")
         self.proposer = proposer
         self.threshold = threshold
         self.target_layer_ids = proposer.target_layer_ids

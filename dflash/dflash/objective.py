@@ -9,10 +9,11 @@ import torch
 
 from dflash.errors import require
 from dflash.specs import DrafterSpec, build_drafter
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks, on_policy_blocks
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.forward import draft_blocks, set_attention_implementation, training_attention_implementation
 from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
@@ -24,13 +25,12 @@ class DFlashObjective:
     """DFlash: blocks at random anchors in the response, drafted in one pass, scored by
     the position-weighted loss over the target's LM head."""
 
-    def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingConfig):
-        if drafter.path is None:
-            require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
+    def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingSettings):
         self.training = training
         self.drafter = build_drafter(drafter, target)
         block_size = self.drafter.block_size
-        require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
+        if block_size < 2:  # check_dflash_job refuses it before any model loads, naming drafter.block_size
+            raise ValueError(BLOCK_SIZE_MESSAGE.format(block_size))
         self.slots = block_size
         # with the agreement mask, the blocks' labels are the target's greedy tokens already
         relabelled = training.agreement_mask and training.loss == "ce_target_argmax"
@@ -98,11 +98,13 @@ class DFlashObjective:
             return None
         if self.draft_vocab is None:
             rows, train_set = getattr(self.datamodule, "rows", None), getattr(self.datamodule, "train_set", None)
-            require(
-                rows is not None and train_set is not None,
-                "training.draft_vocab_size",
-                "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
-            )
+            with config_key("training"):
+                require(
+                    rows is not None and train_set is not None,
+                    "draft_vocab_size",
+                    "counts the training rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+                )
+                require(target.lm_head.bias is None, "draft_vocab_size", "this target's LM head has a bias; set it to null")
             ids = frequent_response_tokens(
                 rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows
             )
@@ -126,15 +128,13 @@ def greedy_tokens(target: TargetModel, final_hidden: torch.Tensor, blocks, chunk
     return greedy
 
 
-def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingConfig) -> None:
+def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingSettings) -> None:
     """The drafter's block fits the data before any model loads; a drafter directory is
     read now, so a damaged or mismatched one fails before the target loads."""
     from dflash.drafter.io import check_drafter_dir
     from dflash.training.config import check_block_fits
 
-    if drafter.path is None:
-        require(drafter.block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(drafter.block_size))
-        block_size = drafter.block_size
-    else:
-        block_size = check_drafter_dir(drafter.path).block_size
+    with config_key("drafter"):
+        block_size = drafter.block_size if drafter.path is None else check_drafter_dir(drafter.path).block_size
+        require(block_size >= 2, "block_size", BLOCK_SIZE_MESSAGE.format(block_size))
     check_block_fits(block_size, data.max_length, training.num_anchors)

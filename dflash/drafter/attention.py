@@ -66,13 +66,10 @@ def attend(
     if implementation == "flex_attention":
         return _flex(q, k, v, mask, scale)
     if implementation == "flash_attention_2":
-        if mask is not None:
-            raise ConfigError(
-                "drafter.attn_implementation",
-                "flash_attention_2 serves unmasked decoding only; train with flex_attention or sdpa",
-            )
+        if mask is not None:  # training switches to training.attention's kernel (dflash.training.forward)
+            raise ValueError("flash_attention_2 serves unmasked decoding only; train with flex_attention or sdpa")
         return _flash(q, k, v, scale)
-    raise ConfigError("drafter.attn_implementation", f"unknown attention implementation {implementation!r}")
+    raise ValueError(f"unknown attention implementation {implementation!r}")  # DrafterSpec refuses it
 
 
 def _factored_block_attention(

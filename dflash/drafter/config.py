@@ -28,13 +28,13 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
     position 1 + i * span / (taps - 1) is rounded as a whole with Python's `round`, i.e.
     half to even (L=94, 5 taps -> [1, 24, 46, 68, 91]).
     """
-    require(num_taps >= 1, "drafter.num_target_features", f"must be >= 1, got {num_taps}")
+    require(num_taps >= 1, "num_target_features", f"must be >= 1, got {num_taps}")
     if num_taps == 1:
         return [num_target_layers // 2]
     first, last = 1, num_target_layers - 3
     require(
         last > first and num_taps <= last - first + 1,
-        "drafter.num_target_features",
+        "num_target_features",
         f"cannot spread {num_taps} taps over layers {first}..{last} of a {num_target_layers}-layer target",
     )
     span = last - first
@@ -71,29 +71,28 @@ class DrafterConfig:
     use_target_features: bool = True
 
     def __post_init__(self):
-        require(self.block_size >= 1, "drafter.block_size", f"must be >= 1, got {self.block_size}")
-        require(self.num_hidden_layers >= 1, "drafter.num_layers", f"must be >= 1, got {self.num_hidden_layers}")
+        require(self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
+        require(self.num_hidden_layers >= 1, "num_layers", f"must be >= 1, got {self.num_hidden_layers}")
         if not self.use_target_features:
             # A standalone block-diffusion drafter (ablation): its context is the prefix
             # tokens' own embeddings, not target hidden states.
             self.target_layer_ids = []
         require(
             len(self.target_layer_ids) >= 1 or not self.use_target_features,
-            "drafter.target_layer_ids",
+            "target_layer_ids",
             "must name at least one target layer",
         )
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
         require(
             not bad,
-            "drafter.target_layer_ids",
+            "target_layer_ids",
             f"{bad} out of range for a {self.num_target_layers}-layer target (valid: 0..{self.num_target_layers - 1})",
         )
         require(
             self.num_attention_heads % self.num_key_value_heads == 0,
-            "drafter.num_key_value_heads",
+            "num_key_value_heads",
             f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
         )
-        check_attn_implementation(self.attn_implementation)
 
     @property
     def num_target_features(self) -> int:
@@ -240,7 +239,7 @@ class DrafterConfig:
                 use_target_features=bool(dflash.get("use_target_features", True)),
             )
         except KeyError as missing:
-            raise ConfigError("drafter.path", f"config.json is not a DFlash drafter config (missing {missing})") from None
+            raise ConfigError("path", f"config.json is not a DFlash drafter config (missing {missing})") from None
 
     def rope_hf_config(self):
         """A Qwen3 HF config with the drafter's rope settings, for the rotary module.
@@ -265,13 +264,11 @@ DEFAULT_MAX_POSITIONS = 2048
 
 
 def _required(config, name: str):
-    """`config.name`, or a ConfigError naming what the target's config lacks."""
+    """`config.name`; every HF causal LM's config has the few read this way (a target
+    without them does not load as a `TargetModel` in the first place)."""
     value = getattr(config, name, None)
-    require(
-        value is not None,
-        "target.path",
-        f"the target's {type(config).__name__} has no {name}; dflash needs it to size the drafter",
-    )
+    if value is None:
+        raise ValueError(f"the target's {type(config).__name__} has no {name}; dflash needs it to size the drafter")
     return value
 
 
@@ -291,7 +288,7 @@ def check_attn_implementation(name: str) -> None:
     """ConfigError unless the drafter supports attention implementation `name`."""
     require(
         name in ATTN_IMPLEMENTATIONS,
-        "drafter.attn_implementation",
+        "attn_implementation",
         f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
     )
 
@@ -299,6 +296,6 @@ def check_attn_implementation(name: str) -> None:
 def _require_supported_layers(data: dict) -> None:
     """ConfigError for published drafter variants that this drafter cannot compute."""
     kinds = sorted(set(data.get("layer_types") or []) - {"full_attention"})
-    require(not kinds, "drafter.path", f"drafter layer types {kinds} are not supported; only full_attention layers are")
+    require(not kinds, "path", f"drafter layer types {kinds} are not supported; only full_attention layers are")
     act = data.get("hidden_act", "silu")
-    require(act == "silu", "drafter.path", f"hidden_act {act!r} is not supported; DFlash drafter MLPs use silu")
+    require(act == "silu", "path", f"hidden_act {act!r} is not supported; DFlash drafter MLPs use silu")

@@ -66,13 +66,13 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
 
 def load_drafter_config(directory: str, attn_implementation: str = "sdpa") -> DrafterConfig:
     """Read a drafter directory's config.json; ConfigError (drafter.path) when it is missing or damaged."""
-    require(os.path.isdir(directory), "drafter.path", f"directory {directory!r} does not exist")
+    require(os.path.isdir(directory), "path", f"directory {directory!r} does not exist")
     path = os.path.join(directory, CONFIG_NAME)
-    require(os.path.isfile(path), "drafter.path", f"{directory!r} has no {CONFIG_NAME}; is it a drafter directory?")
-    with reading("drafter.path", path, _FIX):
+    require(os.path.isfile(path), "path", f"{directory!r} has no {CONFIG_NAME}; is it a drafter directory?")
+    with reading("path", path, _FIX):
         with open(path) as f:
             data = json.load(f)
-    require(isinstance(data, dict), "drafter.path", f"{path!r} is not a drafter config (no JSON object); {_FIX}")
+    require(isinstance(data, dict), "path", f"{path!r} is not a drafter config (no JSON object); {_FIX}")
     return DrafterConfig.from_hf_dict(data, attn_implementation=attn_implementation)
 
 
@@ -82,8 +82,8 @@ def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> Draf
     weights' header (cheap: meant for checking inputs before any model loads)."""
     config = load_drafter_config(directory, attn_implementation)
     path = os.path.join(directory, WEIGHTS_NAME)
-    require(os.path.isfile(path), "drafter.path", f"{directory!r} has no {WEIGHTS_NAME}")
-    with reading("drafter.path", path, _FIX, errors=(OSError, SafetensorError)):
+    require(os.path.isfile(path), "path", f"{directory!r} has no {WEIGHTS_NAME}")
+    with reading("path", path, _FIX, errors=(OSError, SafetensorError)):
         with safe_open(path, "pt") as f:
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     with torch.device("meta"):
@@ -95,7 +95,7 @@ def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> Draf
     if shapes.keys() - needed.keys():
         problems.append(f"unexpected {sorted(shapes.keys() - needed.keys())[:3]}")
     mismatch = f"{WEIGHTS_NAME} does not match {CONFIG_NAME} in {directory!r}: {'; '.join(problems)}; {_FIX}"
-    require(not problems, "drafter.path", mismatch)
+    require(not problems, "path", mismatch)
     return config
 
 
@@ -108,7 +108,7 @@ def load_drafter(
     """Load a drafter directory written by `save_drafter` (or a public DFlash drafter)."""
     drafter = DFlashDrafter(check_drafter_dir(directory, attn_implementation))
     path = os.path.join(directory, WEIGHTS_NAME)
-    with reading("drafter.path", path, _FIX, errors=(OSError, SafetensorError)):
+    with reading("path", path, _FIX, errors=(OSError, SafetensorError)):
         state = load_file(path)
     drafter.load_state_dict(state, strict=True)
     return place_drafter(drafter, device, dtype or next(iter(state.values())).dtype).eval()
@@ -135,11 +135,11 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
     try:
         source = load_drafter(directory)
     except ConfigError as err:
-        raise ConfigError("drafter.init_from", str(err).removeprefix(f"{err.key}: ")) from None
+        raise ConfigError("init_from", str(err).removeprefix(f"{err.key}: ")) from None
     for name, key in _INIT_FIELDS.items():
         theirs, ours = getattr(source.config, name), getattr(drafter.config, name)
         if theirs != ours:
             wanted = source.config.mask_token if name == "mask_token_id" and source.config.mask_token else theirs
             fix = f"set {key}={wanted}" if key else "it was trained for another target"
-            raise ConfigError("drafter.init_from", f"{name} is {theirs} in {directory!r} but {ours} here; {fix}")
+            raise ConfigError("init_from", f"{name} is {theirs} in {directory!r} but {ours} here; {fix}")
     drafter.load_state_dict(source.state_dict())

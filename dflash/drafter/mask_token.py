@@ -39,7 +39,7 @@ def resolve_mask_token_id(tokenizer, embedding_rows: int, mask_token: str | None
             mask_token = unused_special_token(tokenizer, embedding_rows)
             if mask_token is None:
                 raise ConfigError(
-                    "drafter.mask_token",
+                    "mask_token",
                     f"the target's embedding has no spare row ({embedding_rows} rows, {len(tokenizer)} tokens) and "
                     "its tokenizer has no unused special token; name one with drafter.mask_token=TOKEN",
                 )
@@ -58,7 +58,7 @@ def resolve_mask_token_id(tokenizer, embedding_rows: int, mask_token: str | None
         tokenizer.add_special_tokens({"mask_token": mask_token})
     if token_id >= embedding_rows:
         raise ConfigError(
-            "drafter.mask_token",
+            "mask_token",
             f"mask token {mask_token!r} got id {token_id}, but the target's embedding has only "
             f"{embedding_rows} rows; name an existing unused special token instead "
             "(e.g. drafter.mask_token='<|reserved_special_token_0|>' for Llama-3), or leave it unset to pick one",

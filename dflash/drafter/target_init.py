@@ -25,7 +25,7 @@ from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError
 from dflash.target.model import TargetModel, find_decoder_layers
 
-KEY = "drafter.init_from_target"
+KEY = "init_from_target"  # the field of DrafterSpec
 
 # (drafter name, target name) of the weights copied per layer; the q/k norms are optional.
 _LAYER_WEIGHTS = (

@@ -8,14 +8,12 @@ from dflash.eagle3.config import Eagle3Config, default_eagle3_layer_ids
 from dflash.eagle3.io import load_eagle3, save_eagle3
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.eagle3.proposer import Eagle3Proposer
-from dflash.errors import require
 
 
 def build_eagle3_proposer(path: str | None, target, num_draft_tokens: int, seed: int = 0) -> Eagle3Proposer:
     """An `Eagle3Proposer` for `target` (a `TargetModel`) from the drafter directory at
     `path`, or a randomly initialised drafter sized from the target's config (path None).
     num_draft_tokens: the chain length k the evaluation will ask for (verify width k + 1)."""
-    require(num_draft_tokens >= 1, "eagle3.num_draft_tokens", f"must be >= 1, got {num_draft_tokens}")
     if path is None:
         import torch
 

@@ -52,12 +52,12 @@ class Eagle3Config:
     def __post_init__(self):
         require(
             len(self.target_layer_ids) == NUM_TAPS,
-            "eagle3.target_layer_ids",
+            "target_layer_ids",
             f"EAGLE-3 fuses exactly {NUM_TAPS} target layers (low, mid, high), got {self.target_layer_ids}",
         )
         require(
             1 <= self.draft_vocab_size <= self.vocab_size,
-            "eagle3.draft_vocab_size",
+            "draft_vocab_size",
             f"must be between 1 and the target's vocabulary ({self.vocab_size}), got {self.draft_vocab_size}",
         )
 
@@ -75,7 +75,7 @@ class Eagle3Config:
         num_layers = target_config.num_hidden_layers
         ids = list(target_layer_ids) if target_layer_ids is not None else default_eagle3_layer_ids(num_layers)
         bad = [i for i in ids if not 0 <= i < num_layers]
-        require(not bad, "eagle3.target_layer_ids", f"{bad} outside the target's layers 0..{num_layers - 1}")
+        require(not bad, "target_layer_ids", f"{bad} outside the target's layers 0..{num_layers - 1}")
         vocab = target_config.vocab_size
         return cls(
             hidden_size=hidden,
@@ -136,10 +136,10 @@ class Eagle3Config:
         """Read a config.json written by `to_hf_dict`."""
         require(
             ARCHITECTURE in (data.get("architectures") or []) and "dflash_eagle3" in data,
-            "eagle3.path",
+            "path",
             f"config.json is not an EAGLE-3 drafter written by dflash (architectures {data.get('architectures')})",
         )
         try:
             return cls(**data["dflash_eagle3"])
         except TypeError as err:
-            raise ConfigError("eagle3.path", f"config.json has a damaged dflash_eagle3 entry ({err})") from None
+            raise ConfigError("path", f"config.json has a damaged dflash_eagle3 entry ({err})") from None

@@ -51,8 +51,8 @@ def read_eagle3_config(path: str) -> Eagle3Config:
     """The config of the EAGLE-3 directory at `path`; one ConfigError line (key eagle3.path)
     for a missing, damaged or foreign one. Cheap: entry points call it before the target loads."""
     config_path = os.path.join(path, CONFIG_FILE)
-    require(os.path.isfile(config_path), "eagle3.path", f"{path!r} holds no {CONFIG_FILE}; {_FIX}")
-    with reading("eagle3.path", config_path, _FIX, errors=(OSError, ValueError)):
+    require(os.path.isfile(config_path), "path", f"{path!r} holds no {CONFIG_FILE}; {_FIX}")
+    with reading("path", config_path, _FIX, errors=(OSError, ValueError)):
         with open(config_path) as f:
             raw = json.load(f)
     return Eagle3Config.from_hf_dict(raw)  # its own one-line errors, not wrapped again
@@ -63,20 +63,20 @@ def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     from safetensors.torch import load_file
 
     config = read_eagle3_config(path)
-    with reading("eagle3.path", path, _FIX, errors=(OSError, ValueError)):
+    with reading("path", path, _FIX, errors=(OSError, ValueError)):
         state = load_file(os.path.join(path, WEIGHTS_FILE))
     drafter = Eagle3Drafter(config)
     expected = set(drafter.state_dict())
     require(
         set(state) == expected,
-        "eagle3.path",
+        "path",
         f"{path!r} has weights {sorted(set(state) ^ expected)[:4]} that do not fit its config.json",
     )
     try:
         drafter.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ConfigError(
-            "eagle3.path", f"{path!r} has weights that do not fit its config.json ({str(err).splitlines()[-1].strip()})"
+            "path", f"{path!r} has weights that do not fit its config.json ({str(err).splitlines()[-1].strip()})"
         ) from None
     drafter = drafter.to(device)
     if dtype is not None:

@@ -191,21 +191,21 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
     """
     require(
         spec.prompt_format in PROMPT_FORMATS,
-        "benchmark.prompt_format",
+        "prompt_format",
         f"unknown format {spec.prompt_format!r}; choose one of {PROMPT_FORMATS}",
     )
-    require(spec.max_samples is None or spec.max_samples >= 0, "benchmark.max_samples", f"must be >= 0, got {spec.max_samples}")
+    require(spec.max_samples is None or spec.max_samples >= 0, "max_samples", f"must be >= 0, got {spec.max_samples}")
     benchmark = BENCHMARKS.get(spec.name)
     if spec.path is not None:
         template = benchmark.template if benchmark is not None else "{text}"
         local = read_jsonl(spec.path)
-        require(local, "benchmark.path", f"{spec.path!r} has no rows")
+        require(local, "path", f"{spec.path!r} has no rows")
         rows = [_local_turns(row, i, spec, template) for i, row in enumerate(local)]
         families = [_family(row, i, spec) for i, row in enumerate(local)]
     else:
         require(
             benchmark is not None,
-            "benchmark.name",
+            "name",
             f"unknown benchmark {spec.name!r}; choose one of {sorted(BENCHMARKS)} "
             "or read a local file with benchmark.path=local.jsonl",
         )
@@ -213,7 +213,7 @@ def load_benchmark(spec: BenchmarkSpec) -> list[Sample]:
         families = [None] * len(rows)
     samples = [Sample(turns=turns, index=i, family=family) for i, (turns, family) in enumerate(zip(rows, families))]
     samples = subsample(samples, spec.max_samples, spec.seed)
-    require(samples, "benchmark.max_samples", f"no prompts selected (max_samples={spec.max_samples})")
+    require(samples, "max_samples", f"no prompts selected (max_samples={spec.max_samples})")
     return samples
 
 
@@ -252,7 +252,7 @@ def subsample(samples: list[Sample], max_samples: int | None, seed: int) -> list
 
 def read_jsonl(path: str) -> list[dict]:
     """Rows of a JSONL file (blank lines skipped); `.gz` files are decompressed."""
-    require(os.path.isfile(path), "benchmark.path", f"file {path!r} does not exist")
+    require(os.path.isfile(path), "path", f"file {path!r} does not exist")
     opener = gzip.open if path.endswith(".gz") else open
     rows = []
     with opener(path, "rt", encoding="utf-8") as f:
@@ -262,8 +262,8 @@ def read_jsonl(path: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ConfigError("benchmark.path", f"{path}:{line_number} is not valid JSON ({err.msg})") from None
-            require(isinstance(row, dict), "benchmark.path", f"{path}:{line_number} is not a JSON object")
+                raise ConfigError("path", f"{path}:{line_number} is not valid JSON ({err.msg})") from None
+            require(isinstance(row, dict), "path", f"{path}:{line_number} is not a JSON object")
             rows.append(row)
     return rows
 
@@ -278,14 +278,14 @@ def _local_turns(row: dict, line: int, spec: BenchmarkSpec, template: str) -> li
         turns = row["turns"]
         require(
             isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns),
-            "benchmark.path",
+            "path",
             f"row {line} of {spec.path!r}: `turns` must be a non-empty list of non-empty strings",
         )
         return list(turns)
     text = next((row[k] for k in TEXT_FIELDS if isinstance(row.get(k), str) and row[k]), None)
     require(
         text is not None,
-        "benchmark.path",
+        "path",
         f"row {line} of {spec.path!r} has none of the fields `turns`, {', '.join(f'`{k}`' for k in TEXT_FIELDS)}",
     )
     return [text if spec.prompt_format == "raw" else template.format(text=text)]
@@ -295,7 +295,7 @@ def _family(row: dict, line: int, spec: BenchmarkSpec) -> str | None:
     family = row.get("family")
     require(
         family is None or (isinstance(family, str) and family),
-        "benchmark.path",
+        "path",
         f"row {line} of {spec.path!r}: `family` must be a non-empty string, got {family!r}",
     )
     return family
@@ -320,21 +320,21 @@ def _hub_rows(benchmark: Benchmark, revision: str | None = None) -> list[dict]:
             dataset = load_dataset(benchmark.hub_name, benchmark.hub_config, split=benchmark.split, revision=revision)
     except ConnectionError as err:
         raise ConfigError(
-            "benchmark.path",
+            "path",
             f"cannot load {benchmark.hub_name} from the Hugging Face hub ({reason(err)}); the hub may be unreachable "
             "from this machine: give a local copy with benchmark.path=local.jsonl",
         ) from None
     except load_errors() as err:
         at = f" at revision {revision}" if revision else ""
         raise ConfigError(
-            "benchmark.revision" if revision and "revision" in str(err).lower() else "benchmark.path",
+            "revision" if revision and "revision" in str(err).lower() else "path",
             f"cannot load {benchmark.hub_name}{at} ({reason(err)}); the hub may be unreachable from this machine: "
             "give a local copy with benchmark.path=local.jsonl",
         ) from None
     missing = [c for c in benchmark.columns if c not in dataset.column_names]
     if missing:
         raise ConfigError(
-            "benchmark.revision",
+            "revision",
             f"{benchmark.hub_name}{f' at revision {revision}' if revision else ''} has no column {missing[0]!r} "
             f"(its columns: {list(dataset.column_names)}); pin the revision the benchmark was written against",
         )

@@ -135,7 +135,8 @@ def evaluate(
     Returns:
         the results.json dictionary (schema: `dflash.eval.results`).
     """
-    require(len(samples) > 0, "benchmark.max_samples", "no prompts to evaluate")
+    if not samples:
+        raise ValueError("no prompts to evaluate")  # load_benchmark never returns none
     decoding = settings.decoding
     context = EvalContext(drafter, drafter_label, decoding.block_size, decoding.draft_threshold)
     setups = {name: build_method(name, target, _own_settings(name, settings), context) for name in settings.methods}

@@ -13,7 +13,7 @@ so reading the registry imports no model code):
   settings)` how a table names its verify width ("(k=7)" drafts per step by default);
 - for trained methods (`python -m dflash.train method=NAME`): `train_settings`, the schema
   of the train app's `method` group; `check_training(settings, drafter, data, training)`,
-  checks before any model loads (`DrafterSpec`, `DataSpec`, `TrainingConfig`; ConfigError
+  checks before any model loads (`DrafterSpec`, `DataSpec`, `TrainingSettings`; ConfigError
   naming the key); `build_objective(target, settings, drafter, training)`, its
   `dflash.training.objective.Objective` for the loaded `TargetModel`;
   `export(checkpoint, out_dir, dtype)`, the drafter directory of a checkpoint its

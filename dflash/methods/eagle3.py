@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.structured import config_key
 
 
 @dataclass  # not frozen: Hydra merges the config group into it
@@ -53,14 +54,16 @@ def check(settings: Eagle3Settings) -> None:
     if settings.path is not None:  # a wrong or damaged directory fails before the target loads
         from dflash.eagle3.io import read_eagle3_config
 
-        read_eagle3_config(settings.path)
+        with config_key("eagle3"):  # the keys of this method's group
+            read_eagle3_config(settings.path)
 
 
 def build(target, settings: Eagle3Settings, context: EvalContext) -> MethodSetup:
     from dflash.decoding import ChainVerifier
     from dflash.eagle3 import build_eagle3_proposer
 
-    proposer = build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
+    with config_key("eagle3"):
+        proposer = build_eagle3_proposer(settings.path, target, settings.num_draft_tokens)
     return MethodSetup(proposer, ChainVerifier(), settings.num_draft_tokens + 1, settings.path or "random")
 
 
@@ -68,7 +71,8 @@ def build_objective(target, settings: Eagle3TrainSettings, drafter, training):
     """EAGLE-3's objective; the `drafter` and `training` groups are DFlash's."""
     from dflash.eagle3.objective import Eagle3Objective
 
-    return Eagle3Objective(target, settings)
+    with config_key("method"):  # its settings are the train app's `method` group
+        return Eagle3Objective(target, settings)
 
 
 def export(checkpoint: dict, out_dir: str, dtype=None) -> str:

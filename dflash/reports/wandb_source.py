@@ -2,7 +2,7 @@
 
 A training run logs its resolved config (with the `sweep` node) as the wandb run config,
 per-position accuracies as `val/acc_01`.. and `train/acc_01`.., and after its evaluation
-(dflash.training.run.log_evaluation) uploads results.json as a run file and logs
+(dflash.training.after_train.log_evaluation) uploads results.json as a run file and logs
 `eval/tau`, `eval/tau_per_prompt_mean`, `eval/speedup_vs_autoregressive`,
 `eval/speedup_vs_hf_generate`, `eval/speedup_decode_only_vs_autoregressive` and
 `eval/tokens_per_s_*`; the summary keeps the last value of each. The uploaded

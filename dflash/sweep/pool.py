@@ -64,7 +64,7 @@ def detect_gpus() -> list[str]:
     return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
 
 
-def parse_gpu_ids(gpus, key: str = "hydra.launcher.gpus") -> list[str]:
+def parse_gpu_ids(gpus, key: str = "gpus") -> list[str]:
     """GPU ids from a config value.
 
     gpus: "auto" (`detect_gpus()`), an int N (ids 0..N-1; 0 means no GPU), a string
@@ -91,13 +91,13 @@ def device_slots(gpu_ids: Sequence[str], gpus_per_job: int = 1, cpu_jobs: int = 
 
     GPUs left over when the count is not a multiple of `gpus_per_job` stay unused.
     """
-    require(gpus_per_job >= 1, "hydra.launcher.gpus_per_job", f"must be >= 1, got {gpus_per_job}")
-    require(cpu_jobs >= 1, "hydra.launcher.cpu_jobs", f"must be >= 1, got {cpu_jobs}")
+    require(gpus_per_job >= 1, "gpus_per_job", f"must be >= 1, got {gpus_per_job}")
+    require(cpu_jobs >= 1, "cpu_jobs", f"must be >= 1, got {cpu_jobs}")
     if not gpu_ids:
         return [Slot(i, ()) for i in range(cpu_jobs)]
     require(
         len(gpu_ids) >= gpus_per_job,
-        "hydra.launcher.gpus_per_job",
+        "gpus_per_job",
         f"each job needs {gpus_per_job} GPUs but only {len(gpu_ids)} are available ({list(gpu_ids)})",
     )
     count = len(gpu_ids) // gpus_per_job
@@ -118,7 +118,8 @@ def run_in_slots(
     `on_interrupt()` is called to stop the running ones.
     Returns the results in the order of `jobs`.
     """
-    require(len(slots) > 0, "hydra.launcher", "no device slot to run jobs in")
+    if not slots:  # device_slots gives at least one
+        raise ValueError("no device slot to run jobs in")
     free: queue.SimpleQueue[Slot] = queue.SimpleQueue()
     for slot in slots:
         free.put(slot)

@@ -35,7 +35,7 @@ from dflash.target.builds import Say, build_once, read_build_info, save_atomical
 PACKAGE_PREFIX = "pkg:"
 # Bump when the conversion writes something different from the same GGUF file.
 CONVERSION_VERSION = 2
-KEY = "target.gguf_file"
+KEY = "gguf_file"  # the field of the target group
 
 
 def locate_gguf(source: str, key: str = KEY) -> str:

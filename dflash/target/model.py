@@ -53,7 +53,7 @@ _DTYPES = {
 
 def resolve_dtype(name: str):
     """Map a config dtype name ('auto', 'bfloat16', 'float32', ...) to a torch dtype."""
-    require(name in _DTYPES, "target.dtype", f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+    require(name in _DTYPES, "dtype", f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
     return _DTYPES[name]
 
 
@@ -67,7 +67,7 @@ def find_embed_tokens(model: nn.Module) -> nn.Embedding:
     if isinstance(module, nn.Embedding):
         return module
     raise ConfigError(
-        "target.path",
+        "path",
         f"cannot find the token embedding of {type(model).__name__}: get_input_embeddings() "
         f"gives {type(module).__name__}, not an nn.Embedding",
     )
@@ -82,7 +82,7 @@ def find_lm_head(model: nn.Module) -> nn.Linear:
     if isinstance(module, nn.Linear):
         return module
     raise ConfigError(
-        "target.path",
+        "path",
         f"cannot find the LM head of {type(model).__name__}: get_output_embeddings() "
         f"gives {type(module).__name__}, not an nn.Linear",
     )
@@ -102,7 +102,7 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     if module is not None:
         return module
     raise ConfigError(
-        "target.path",
+        "path",
         f"cannot find the decoder layers of {type(model).__name__}: none of {', '.join(_DECODER_LAYER_PATHS)}, "
         "and no single ModuleList of num_hidden_layers blocks in its base model",
     )
@@ -162,7 +162,7 @@ class TargetModel:
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, engine: str = "auto"):
-        require(engine in ENGINES, "target.engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        require(engine in ENGINES, "engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -228,18 +228,18 @@ class TargetModel:
         # A hub id is "org/name"; anything else that is not an existing directory is a typo.
         looks_local = path.startswith((".", "/")) or path.count("/") > 1
         if looks_local and not os.path.isdir(path):
-            raise ConfigError("target.path", f"directory {path!r} does not exist")
+            raise ConfigError("path", f"directory {path!r} does not exist")
         if os.path.isdir(path):  # without config.json, transformers fails deep in its tokenizer code
             require(
                 os.path.isfile(os.path.join(path, "config.json")),
-                "target.path",
+                "path",
                 f"{path!r} holds no config.json, so no model; point target.path at a directory that "
                 "save_pretrained wrote, or at a hub id",
             )
         torch_dtype = resolve_dtype(dtype)
         # A damaged or foreign model directory, or an unreachable hub id, is the user's to fix.
         fix = "give a complete model directory (save_pretrained's files) or a hub id reachable from this machine"
-        with reading("target.path", path, fix, errors=(OSError, ValueError, SafetensorError)):
+        with reading("path", path, fix, errors=(OSError, ValueError, SafetensorError)):
             tokenizer = AutoTokenizer.from_pretrained(path)
             config = AutoConfig.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(
@@ -326,7 +326,7 @@ class TargetModel:
         """(K, D) head weight rows of `token_ids` (K,), for `logits(..., head_rows=...)`;
         a head with a bias is refused (no supported family has one)."""
         if self.lm_head.bias is not None:
-            raise ConfigError("training.draft_vocab_size", "this target's LM head has a bias; set it to null")
+            raise ValueError("this target's LM head has a bias: its rows alone do not give the logits")
         return self.lm_head.weight.detach()[token_ids.to(self.lm_head.weight.device)]
 
     @torch.no_grad()

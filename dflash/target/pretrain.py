@@ -155,7 +155,7 @@ def pretrain(config, train_ids: list[int], heldout_ids: list[int], tokenizer, pr
     seq_len = config.seq_len
     require(
         len(train_ids) > seq_len and len(heldout_ids) > seq_len,
-        "target.build.max_corpus_bytes",
+        "max_corpus_bytes",
         f"corpus too small for seq_len {seq_len} ({len(train_ids)} train / {len(heldout_ids)} held-out tokens)",
     )
     L.seed_everything(config.seed, workers=True, verbose=False)

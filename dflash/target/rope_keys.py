@@ -47,7 +47,7 @@ def full_attention_rope(config: dict) -> dict:
         if all(isinstance(v, dict) or v is None for v in parameters.values()):
             if not isinstance(parameters.get("full_attention"), dict):
                 raise ConfigError(
-                    "target.path",
+                    "path",
                     f"rope settings keyed by layer type {sorted(parameters)} have no 'full_attention' entry for the drafter",
                 )
             parameters = parameters["full_attention"]

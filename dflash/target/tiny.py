@@ -70,11 +70,11 @@ def tiny_config(
     sliding-window attention in the families that have it (mistral, qwen2, qwen3, phi3;
     gemma2 and gemma3 always alternate sliding and full layers, window 8 by default).
     """
-    require(arch in _FAMILIES, "target.arch", f"unknown tiny architecture {arch!r}; choose one of {sorted(_FAMILIES)}")
+    require(arch in _FAMILIES, "arch", f"unknown tiny architecture {arch!r}; choose one of {sorted(_FAMILIES)}")
     if sliding_window is not None:
         require(
             arch in _SLIDING_FAMILIES,
-            "target.sliding_window",
+            "sliding_window",
             f"{arch} has no sliding window; windowed tiny families: {sorted(_SLIDING_FAMILIES)}",
         )
     sizes = dict(

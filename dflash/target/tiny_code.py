@@ -94,7 +94,6 @@ class TinyCodeConfig:
     num_threads: int = 2
 
     def __post_init__(self):
-        key = "target.build."
         for name in (
             "vocab_size",
             "num_layers",
@@ -109,33 +108,33 @@ class TinyCodeConfig:
             "val_windows",
             "num_threads",
         ):
-            require(getattr(self, name) > 0, key + name, f"must be a positive integer, got {getattr(self, name)}")
-        require(self.vocab_size >= 512, key + "vocab_size", f"must be >= 512 (256 bytes + merges), got {self.vocab_size}")
+            require(getattr(self, name) > 0, name, f"must be a positive integer, got {getattr(self, name)}")
+        require(self.vocab_size >= 512, "vocab_size", f"must be >= 512 (256 bytes + merges), got {self.vocab_size}")
         require(
             self.hidden_size % self.num_heads == 0,
-            key + "num_heads",
+            "num_heads",
             f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}",
         )
         require(
             self.num_heads % self.num_kv_heads == 0,
-            key + "num_kv_heads",
+            "num_kv_heads",
             f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}",
         )
         require(
             self.seq_len <= self.max_position_embeddings,
-            key + "seq_len",
+            "seq_len",
             f"seq_len {self.seq_len} exceeds max_position_embeddings {self.max_position_embeddings}",
         )
-        require(0.0 < self.heldout_fraction < 0.5, key + "heldout_fraction", f"must be in (0, 0.5), got {self.heldout_fraction}")
-        require(self.lr > 0, key + "lr", f"must be positive, got {self.lr}")
-        require(0 <= self.warmup_steps < self.max_steps, key + "warmup_steps", "must be in [0, max_steps)")
+        require(0.0 < self.heldout_fraction < 0.5, "heldout_fraction", f"must be in (0, 0.5), got {self.heldout_fraction}")
+        require(self.lr > 0, "lr", f"must be positive, got {self.lr}")
+        require(0 <= self.warmup_steps < self.max_steps, "warmup_steps", "must be in [0, max_steps)")
 
     @classmethod
     def from_dict(cls, data: dict) -> TinyCodeConfig:
         """Build from a plain dict (a `target.build` config block; `kind` is ignored)."""
         from dflash.structured import typed
 
-        return typed(cls, {k: v for k, v in data.items() if k != "kind"}, "target.build")
+        return typed(cls, {k: v for k, v in data.items() if k != "kind"}, "")
 
     def build_hash(self) -> str:
         """Hash of everything that determines the weights: this config, the build
@@ -155,7 +154,7 @@ def stdlib_source_files() -> list[str]:
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in EXCLUDED_DIRS and not d.startswith("config-"))
         paths.extend(os.path.join(directory, name) for name in files if name.endswith(".py"))
-    require(paths, "target.build", f"no Python source files found under the stdlib directory {root!r}")
+    require(paths, "build", f"no Python source files found under the stdlib directory {root!r}")
     return sorted(paths)
 
 

@@ -54,13 +54,9 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     if resume == "never":
         return None
     if resume != "auto":
-        require(
-            os.path.isfile(resume), "checkpoint.resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these"
-        )
+        require(os.path.isfile(resume), "resume", f"expected auto, never or a checkpoint file; {resume!r} is none of these")
         problem = checkpoint_problem(resume)
-        require(
-            problem is None, "checkpoint.resume", f"cannot read {resume!r} ({problem}); pass another checkpoint, or auto or never"
-        )
+        require(problem is None, "resume", f"cannot read {resume!r} ({problem}); pass another checkpoint, or auto or never")
         return os.path.abspath(resume)
     last = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
     previous = os.path.join(checkpoint_dir, PREVIOUS_CHECKPOINT)
@@ -70,7 +66,7 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     if not os.path.isfile(previous):
         require(
             last_problem == "missing",
-            "checkpoint.resume",
+            "resume",
             f"{last} cannot be read ({last_problem}) and there is no {PREVIOUS_CHECKPOINT} to fall back to; "
             f"delete {last} to train this run from the start (or pass checkpoint.resume=never)",
         )
@@ -78,7 +74,7 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     previous_problem = checkpoint_problem(previous)
     require(
         previous_problem is None,
-        "checkpoint.resume",
+        "resume",
         f"neither {last} ({last_problem}) nor {previous} ({previous_problem}) can be read; "
         f"delete both to train this run from the start (or pass checkpoint.resume=never)",
     )

@@ -20,7 +20,7 @@ TRAINING_ATTENTION = ("auto", "flex_attention", "sdpa")
 
 
 @dataclass
-class TrainingConfig:
+class TrainingSettings:
     """What the LightningModule needs besides the target and the drafter.
 
     num_anchors: blocks per sequence (fewer when the sequence has fewer valid anchors).

@@ -90,7 +90,8 @@ class DiskStateCache:
     """
 
     def __init__(self, directory: str, lengths: np.ndarray, hidden_size: int, dtype: str = "bfloat16", shard_rows: int = 64):
-        require(dtype in STORAGE_DTYPES, "training.target_cache_dtype", f"unknown {dtype!r}; choose one of {list(STORAGE_DTYPES)}")
+        if dtype not in STORAGE_DTYPES:  # TrainingSettings refuses it, naming training.target_cache_dtype
+            raise ValueError(f"unknown storage dtype {dtype!r}; choose one of {list(STORAGE_DTYPES)}")
         self.directory = directory
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.hidden_size = int(hidden_size)
@@ -144,7 +145,7 @@ class DiskStateCache:
                 existing = None
             if existing != manifest:  # a key collision or a damaged manifest: never mix two caches
                 raise ConfigError(
-                    "training.target_cache_dir",
+                    "target_cache_dir",
                     f"{directory} holds a different cache (its manifest.json does not match); delete that directory",
                 )
         else:
@@ -250,7 +251,7 @@ class DiskStateCache:
                     ids = torch.as_tensor(np.asarray(row_ids(row)), dtype=torch.long)
                     require(
                         len(ids) == self.lengths[row],
-                        "training.target_cache_dir",
+                        "target_cache_dir",
                         f"row {row} changed length; delete {self.directory}",
                     )
                     input_ids[i, : len(ids)] = ids
@@ -285,7 +286,7 @@ class DiskStateCache:
             path = self._path(shard, layer)
             if not self._present(shard, layer):
                 raise ConfigError(
-                    "training.target_cache_dir",
+                    "target_cache_dir",
                     f"{path} is missing; the cache was not filled for layer {layer} (or was deleted while training)",
                 )
             start, stop = self._rows(shard)
@@ -313,7 +314,7 @@ class DiskStateCache:
             length = int(self.lengths[row])
             require(
                 length <= width,
-                "training.target_cache_dir",
+                "target_cache_dir",
                 f"row {row} is longer than its batch; the cache does not fit this data",
             )
             for j, layer in enumerate(layers):

@@ -89,7 +89,7 @@ def dpace_weights(slot_losses: torch.Tensor, flat_index: torch.Tensor, num_block
 
 @dataclass(frozen=True)
 class LossSettings:
-    """How `block_loss` scores a batch (filled from `TrainingConfig` by the module).
+    """How `block_loss` scores a batch (filled from `TrainingSettings` by the module).
 
     block_size: B, the slots per block.
     objective: "ce" (data tokens), "kl" (forward KL from the target's distribution) or

@@ -45,8 +45,9 @@ import torch
 
 from dflash.errors import require
 from dflash.progress import budget_timer
+from dflash.structured import config_key
 from dflash.target import TargetModel
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.feature_cache import TargetStateCache
 from dflash.training.forward import target_features
@@ -73,7 +74,7 @@ class DrafterTrainingModule(L.LightningModule):
         hparams: what the checkpoint records as hyper-parameters (the run's settings).
     """
 
-    def __init__(self, target: TargetModel, objective: Objective, training: TrainingConfig, hparams: dict):
+    def __init__(self, target: TargetModel, objective: Objective, training: TrainingSettings, hparams: dict):
         super().__init__()
         self.save_hyperparameters(hparams)
         self.training_config = training
@@ -118,7 +119,8 @@ class DrafterTrainingModule(L.LightningModule):
             row_index = batch.get("row_index")
             if row_index is None:
                 raise ValueError("training.target_cache_dir needs batches with row_index (DFlashDataModule adds it)")
-            return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
+            with config_key("training"):
+                return self.disk_cache.read(row_index, attention_mask.shape[1], taps, self.target.dtype).to(self.device)
         compute = lambda: target_features(self.target, batch["input_ids"], taps)  # noqa: E731
         if self.state_cache is not None:
             return self.state_cache.get(batch.get("row_index"), attention_mask, compute)
@@ -141,17 +143,18 @@ class DrafterTrainingModule(L.LightningModule):
             return
         datamodule = getattr(self.trainer, "datamodule", None)
         rows = getattr(datamodule, "rows", None)
-        require(
-            rows is not None and hasattr(datamodule, "fingerprint"),
-            "training.target_cache_dir",
-            "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
-        )
-        self.prepare_device()
-        with self.trainer.precision_plugin.forward_context():  # a training step's target forward runs in it too
-            self.disk_cache = open_disk_cache(
-                config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
-                rank=self.trainer.global_rank, world_size=self.trainer.world_size,
-            )  # fmt: skip
+        with config_key("training"):  # the cache names its fields (target_cache_dir)
+            require(
+                rows is not None and hasattr(datamodule, "fingerprint"),
+                "target_cache_dir",
+                "the disk cache reads the rows of a DFlashDataModule; train through python -m dflash.train or pass one",
+            )
+            self.prepare_device()
+            with self.trainer.precision_plugin.forward_context():  # a training step's target forward runs in it too
+                self.disk_cache = open_disk_cache(
+                    config, self.target, rows, datamodule.fingerprint(), self.objective.taps(),
+                    rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+                )  # fmt: skip
         self.trainer.strategy.barrier("target_state_cache")
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -249,7 +252,7 @@ class DrafterTrainingModule(L.LightningModule):
 
 
 def open_disk_cache(
-    config: TrainingConfig, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1
+    config: TrainingSettings, target, rows, data_fingerprint: str, layers: list[int], rank: int = 0, world_size: int = 1
 ) -> DiskStateCache:
     """The disk cache of `target` on tokenised `rows` (`dflash.data.tokenize.TokenizedRows`),
     with this rank's share of the missing `layers` filled."""
@@ -282,7 +285,8 @@ def warmup_cosine_schedule(
     the warm-up then starts at 1% of the peak.
     """
     if time_fraction is None:
-        require(total_steps is not None, "trainer.max_steps", "a schedule without a time budget needs a step count")
+        if total_steps is None:
+            raise ValueError("a schedule without a time budget needs a step count")
         warmup_steps = math.ceil(warmup_ratio * total_steps)
 
     def cosine(progress: float) -> float:

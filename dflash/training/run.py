@@ -1,5 +1,7 @@
-"""One training run from plain settings: Trainer, checkpoints and resume, loggers,
-export of the drafter directory and the optional evaluation after training.
+"""One training run from plain settings: checkpoints and resume, the fit, export of the
+drafter directory and the optional evaluation after training. The settings are
+`dflash.training.settings`; the Trainer, its strategy and the loggers are built by
+`dflash.training.trainer`.
 
 `python -m dflash.train` (dflash/cli/train.py) fills a `TrainJob` from the Hydra config
 and calls `run_training`; nothing here reads Hydra objects, so tests and scripts can
@@ -34,30 +36,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
 import os
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dflash.data.config import DataSpec
-from dflash.errors import ConfigError, require
-from dflash.fileio import remove_partial_writes, write_text
+from dflash.fileio import remove_partial_writes
+from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR
 from dflash.locks import DirectoryLock
 from dflash.progress import training_progress
 from dflash.specs import DrafterSpec, TargetSpec, load_target
+from dflash.structured import config_key
 from dflash.training.after_train import log_evaluation
 from dflash.training.checkpoints import (
     LAST_CHECKPOINT,
-    KeepPreviousCheckpointIO,
     best_checkpointer,
     check_checkpoint_fits,
     is_first_process,
@@ -65,24 +62,12 @@ from dflash.training.checkpoints import (
     selected_checkpoint,
     write_export_info,
 )
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.model_card import read_results, write_model_card
 from dflash.training.module import DrafterTrainingModule
-from dflash.training.settings import (  # noqa: F401 - CHECKPOINT_DIR etc. are read from here too
-    CHECKPOINT_DIR,
-    DRAFTER_DIR,
-    FSDP_SHARDING,
-    FSDP_STATE_DICT_TYPE,
-    LOGGER_KINDS,
-    SELECT_CHOICES,
-    WANDB_ID_FILE,
-    CheckpointSettings,
-    LoggerSettings,
-    TrainerSettings,
-    check_tau_real,
-    weight_dtype,
-)
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings, check_tau_real
 from dflash.training.tau_real import TauRealCallback
+from dflash.training.trainer import build_loggers, build_trainer, finish_loggers, log_drafter_artifact
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +83,7 @@ class TrainJob:
     target: TargetSpec
     drafter: DrafterSpec
     data: DataSpec
-    training: TrainingConfig
+    training: TrainingSettings
     trainer: TrainerSettings
     output_dir: str
     method: Any
@@ -149,7 +134,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     from dflash.data.datamodule import DFlashDataModule
 
     checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
-    resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
+    with config_key("checkpoint"):
+        resume_path = resume_checkpoint(job.checkpoint.resume, checkpoint_dir)
     L.seed_everything(job.seed, workers=True, verbose=False)
 
     loggers = build_loggers(job.logger, output_dir, job.config)
@@ -168,8 +154,7 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     trainer_settings = dataclasses.replace(job.trainer, enable_progress_bar=show_bar)
     measured = []
     if job.tau_real is not None and job.tau_real.settings.enabled:
-        export_dtype = weight_dtype(job.checkpoint.export_dtype, "checkpoint.export_dtype")
-        measured.append(TauRealCallback(job.tau_real, job.method.export, export_dtype, output_dir))
+        measured.append(TauRealCallback(job.tau_real, job.method.export, job.checkpoint.torch_export_dtype, output_dir))
     # the learning rate at every log step (train/lr/<param group>); Lightning refuses it without a logger
     watched = [LearningRateMonitor(logging_interval="step")] if loggers else []
     extra = [*measured, *watched, *progress, *callbacks]
@@ -203,7 +188,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     drafter_dir = results_path = None
     if trainer.is_global_zero:
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
-        drafter_dir = export_final_drafter(job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.export_dtype)
+        drafter_dir = export_final_drafter(
+            job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.torch_export_dtype
+        )
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         write_model_card(drafter_dir, job.config)
         if job.evaluation is not None:
@@ -220,132 +207,10 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
 
 
-def build_trainer(settings: TrainerSettings, output_dir: str, loggers: list, callbacks: list[Callback]) -> L.Trainer:
-    """A `lightning.Trainer` from the `trainer` settings (strategy objects built here)."""
-    try:
-        return L.Trainer(
-            accelerator=settings.accelerator,
-            devices=settings.devices,
-            num_nodes=settings.num_nodes,
-            strategy=_strategy(settings),
-            precision=settings.precision,
-            max_epochs=settings.max_epochs,
-            max_steps=settings.max_steps,
-            max_time=None if settings.max_minutes is None else datetime.timedelta(minutes=settings.max_minutes),
-            gradient_clip_val=settings.gradient_clip_val,
-            accumulate_grad_batches=settings.accumulate_grad_batches,
-            log_every_n_steps=settings.log_every_n_steps,
-            val_check_interval=settings.val_check_interval,
-            check_val_every_n_epoch=settings.check_val_every_n_epoch,
-            limit_val_batches=settings.limit_val_batches,
-            num_sanity_val_steps=settings.num_sanity_val_steps,
-            enable_progress_bar=settings.enable_progress_bar,
-            default_root_dir=output_dir,
-            logger=loggers or False,
-            callbacks=callbacks,
-            plugins=[KeepPreviousCheckpointIO()],
-            use_distributed_sampler=True,
-        )
-    except (ValueError, TypeError, RuntimeError, MisconfigurationException) as err:  # Lightning's checks of devices etc.
-        message = " ".join(str(err).split())
-        raise ConfigError("trainer", message) from None
-
-
-def _strategy(settings: TrainerSettings):
-    if settings.strategy != "fsdp":
-        return settings.strategy
-    from dflash.drafter.model import DrafterLayer
-    from dflash.training.fsdp import DrafterFSDPStrategy
-
-    options = dict(settings.fsdp or {})
-    wrap_layers = options.pop("wrap_drafter_layers", True)
-    sharding = options.pop("sharding_strategy", "FULL_SHARD")
-    require(
-        not options,
-        f"trainer.fsdp.{next(iter(options), '')}",
-        "unknown key; valid keys: ['sharding_strategy', 'wrap_drafter_layers']",
-    )
-    require(
-        sharding in FSDP_SHARDING, "trainer.fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}"
-    )
-    return DrafterFSDPStrategy(
-        auto_wrap_policy={DrafterLayer} if wrap_layers else None,
-        sharding_strategy=sharding,
-        state_dict_type=FSDP_STATE_DICT_TYPE,
-    )
-
-
-def build_loggers(settings: LoggerSettings, output_dir: str, config: dict) -> list:
-    """The Lightning loggers for `settings.kind`, with the resolved run config logged."""
-    if settings.kind == "none":
-        return []
-    if settings.kind == "csv":
-        from lightning.pytorch.loggers import CSVLogger
-
-        logger = CSVLogger(save_dir=output_dir, name="csv")
-    elif settings.kind == "tensorboard":
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        logger = TensorBoardLogger(save_dir=output_dir, name="tensorboard", default_hp_metric=False)
-    else:
-        logger = _wandb_logger(settings, output_dir)
-    logger.log_hyperparams(config)
-    return [logger]
-
-
-def _wandb_logger(settings: LoggerSettings, output_dir: str):
-    from lightning.pytorch.loggers import WandbLogger
-
-    # The run id lives in the run directory, so a resumed run continues the same wandb run.
-    id_path = os.path.join(output_dir, WANDB_ID_FILE)
-    if os.path.isfile(id_path):
-        with open(id_path) as f:
-            run_id = f.read().strip()
-    else:
-        run_id = uuid.uuid4().hex[:12]
-        if rank_zero_only.rank == 0:
-            write_text(id_path, run_id)
-    return WandbLogger(
-        project=settings.project,
-        entity=settings.entity,
-        group=settings.group,
-        tags=list(settings.tags),
-        name=settings.name,
-        offline=settings.offline,
-        save_dir=output_dir,
-        id=run_id,
-        resume="allow",
-    )
-
-
-def export_final_drafter(method, checkpoint: str, out_dir: str, dtype: str | None) -> str:
+def export_final_drafter(method, checkpoint: str, out_dir: str, dtype) -> str:
     """Write the drafter of `checkpoint` as the method's drafter directory (`Method.export`)."""
     from dflash.training.export import read_checkpoint
 
-    out_dir = method.export(read_checkpoint(checkpoint), out_dir, weight_dtype(dtype, "checkpoint.export_dtype"))
+    out_dir = method.export(read_checkpoint(checkpoint), out_dir, dtype)
     log.info("drafter exported to %s", out_dir)
     return out_dir
-
-
-def log_drafter_artifact(loggers: list, drafter_dir: str, step: int, run_name: str | None) -> None:
-    """Log the exported drafter directory (weights, config, model card) as a wandb artifact
-    of type "model", named `drafter-<run name>`, aliased `step-<step>`; nothing without wandb.
-    Offline runs keep it in the run's files until `wandb sync`."""
-    for logger in loggers:
-        if type(logger).__name__ != "WandbLogger" or rank_zero_only.rank != 0:
-            continue
-        import wandb
-
-        name = "drafter-" + re.sub(r"[^\w.-]", "_", run_name or logger.experiment.id)
-        artifact = wandb.Artifact(name=name, type="model", metadata={"global_step": step})
-        artifact.add_dir(drafter_dir)
-        logger.experiment.log_artifact(artifact, aliases=["latest", f"step-{step}"])
-        log.info("drafter logged to wandb as artifact %s", name)
-
-
-def finish_loggers(loggers: list) -> None:
-    """Flush loggers; closes the wandb run so an offline run directory is complete."""
-    for logger in loggers:
-        logger.save()
-        if type(logger).__name__ == "WandbLogger" and rank_zero_only.rank == 0:
-            logger.experiment.finish()

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.errors import ConfigError, require
-from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR  # noqa: F401 - read from here by the run driver
 
 SELECT_CHOICES = ("best", "last")
 WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "tensorboard", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
+FSDP_OPTIONS = ("sharding_strategy", "wrap_drafter_layers")
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 FSDP_ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # dflash.training.fsdp: CUDA as Lightning, the CPU over gloo
 
@@ -91,6 +91,10 @@ class TrainerSettings:
             "fsdp",
             f"FSDP options need trainer.strategy=fsdp (use trainer=fsdp), got strategy {self.strategy!r}",
         )
+        unknown = sorted(set(self.fsdp or {}) - set(FSDP_OPTIONS))
+        require(not unknown, f"fsdp.{unknown[0] if unknown else ''}", f"unknown key; valid keys: {list(FSDP_OPTIONS)}")
+        sharding = (self.fsdp or {}).get("sharding_strategy", "FULL_SHARD")
+        require(sharding in FSDP_SHARDING, "fsdp.sharding_strategy", f"unknown {sharding!r}; choose one of {list(FSDP_SHARDING)}")
 
 
 @dataclass
@@ -143,6 +147,11 @@ class CheckpointSettings:
             "monitor",
             f"{self.monitor!r} is not a validation metric; use one the validation logs, e.g. val/tau_sim, val/loss or val/acc_01",
         )
+
+    @property
+    def torch_export_dtype(self):
+        """`export_dtype` as a torch dtype (None: the training dtype), checked above."""
+        return weight_dtype(self.export_dtype, "export_dtype")
 
 
 KEY = "eval.tau_real"

@@ -23,6 +23,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from dflash.structured import config_key
 from dflash.sweep.jobs import LOG_FILE, RESULTS_FILE, JobRunner, app_command, is_finished, job_command
 from dflash.sweep.pool import device_slots, parse_gpu_ids, run_in_slots
 from hydra_plugins.dflash_launcher.common import SweepJobFailed, job_hydra_overrides, job_return, sweep_jobs
@@ -58,8 +59,9 @@ class GpuPoolLauncher(Launcher):
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        gpu_ids = parse_gpu_ids(self.gpus)
-        slots = device_slots(gpu_ids, self.gpus_per_job, self.cpu_jobs)
+        with config_key("hydra.launcher"):  # the launcher's keys: hydra.launcher.gpus, ...
+            gpu_ids = parse_gpu_ids(self.gpus)
+            slots = device_slots(gpu_ids, self.gpus_per_job, self.cpu_jobs)
         if gpu_ids and len(gpu_ids) % self.gpus_per_job:
             log.warning(
                 "%d GPUs do not split into jobs of %d: GPUs %s stay unused",

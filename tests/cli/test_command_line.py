@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from dflash.cli.common import check_overrides, parse_command_line, run_app
 from dflash.errors import ConfigError
 from dflash.structured import build
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 
 MINE = """# @package _global_
 # My own run: another target and learning rate.
@@ -59,7 +59,7 @@ def test_the_unknown_key_message_no_longer_suggests_plus_under_a_schema():
 
 
 def test_build_refuses_a_key_its_dataclass_has_no_field_for():
-    node = OmegaConf.structured(TrainingConfig)
+    node = OmegaConf.structured(TrainingSettings)
     OmegaConf.update(node, "lr", 1, force_add=True)  # what `+training.lr=1` does
     with pytest.raises(ConfigError, match=r"^training\.lr: unknown key"):
         build(node, "training")

@@ -18,7 +18,7 @@ from dflash.cli.common import _compose, run_app
 from dflash.schema import APP_SCHEMAS, METHOD_SCHEMAS
 from dflash.structured import build
 
-# the override that selects the schema of the `method` group (TrainConfig.method is Any)
+# the override that selects the schema of the `method` group (TrainAppConfig.method is Any)
 METHOD_OVERRIDES = {"dflash": [], "eagle3": ["method=eagle3"]}
 
 
@@ -67,15 +67,12 @@ CASES = [case for case in _cases() if _bad_value(case[3]) is not None]
 
 
 def test_every_schema_field_is_covered():
-    assert len(CASES) > 120  # every typed field of train, evaluate, regenerate and the method group
+    assert len(CASES) > 120  # every typed field of every app and of the method group
     untyped = [key for app, _, key, hint in _cases() if _bad_value(hint) is None]
     assert set(untyped) <= {
         "method",
         "sweep",
-        "train_anchors",
-        "main_drafters",
-        "main_tree_budget",
-        "main_methods",
+        "train_minutes",  # the demo's: "auto" or minutes
         "trainer.devices",
         "trainer.val_check_interval",
         "trainer.limit_val_batches",
@@ -135,8 +132,8 @@ def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatc
     from dflash.data.config import DataSpec
     from dflash.data.regenerate import RegenerateSettings
     from dflash.eval.evaluator import DecodingSettings
-    from dflash.training.config import TrainingConfig
-    from dflash.training.run import CheckpointSettings, TrainerSettings
+    from dflash.training.config import TrainingSettings
+    from dflash.training.settings import CheckpointSettings, TrainerSettings
 
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
     train = _composed("train", ["data.path=x.jsonl"])
@@ -148,7 +145,7 @@ def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatc
     assert build(regen.regenerate, "regenerate").batch_size == RegenerateSettings().batch_size == 16
     # the base options set nothing but what differs from the schema: their objects are the defaults
     assert trainer == TrainerSettings()
-    assert build(train.training, "training") == TrainingConfig()
+    assert build(train.training, "training") == TrainingSettings()
     assert build(train.checkpoint, "checkpoint") == CheckpointSettings()
     evaluate = _composed("evaluate", ["benchmark=humaneval"])
     assert build(evaluate.decoding, "decoding") == DecodingSettings()

@@ -34,8 +34,9 @@ from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
 from dflash.target.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
-from dflash.training.config import TrainingConfig
-from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
+from dflash.training.config import TrainingSettings
+from dflash.training.run import TrainJob, run_training
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings
 from helpers import REPO
 from helpers.apps import write_conversations
 
@@ -282,7 +283,7 @@ def tiny_job(
         target=TargetSpec(path=str(inputs / "target")),
         drafter=DrafterSpec(num_layers=num_layers, block_size=4, num_target_features=2),
         data=DataSpec(path=str(data or inputs / "chats.jsonl"), max_length=128, batch_size=2, val_fraction=0.0, num_workers=0),
-        training=TrainingConfig(num_anchors=4),
+        training=TrainingSettings(num_anchors=4),
         trainer=TrainerSettings(
             max_epochs=None, max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0, enable_progress_bar=False
         ),
@@ -335,7 +336,7 @@ def test_unreadable_checkpoints_without_a_fallback_name_the_files_to_delete(tmp_
     (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ConfigError) as err:
         resume_checkpoint("auto", str(checkpoints))
-    assert err.value.key == "checkpoint.resume" and f"delete {checkpoints / 'last.ckpt'}" in str(err.value)
+    assert err.value.key == "resume" and f"delete {checkpoints / 'last.ckpt'}" in str(err.value)
 
     (checkpoints / "previous.ckpt").write_bytes(b"")
     with pytest.raises(ConfigError) as err:
@@ -344,7 +345,7 @@ def test_unreadable_checkpoints_without_a_fallback_name_the_files_to_delete(tmp_
 
     with pytest.raises(ConfigError) as err:
         resume_checkpoint(str(checkpoints / "previous.ckpt"), str(checkpoints))
-    assert err.value.key == "checkpoint.resume" and "cannot read" in str(err.value)
+    assert err.value.key == "resume" and "cannot read" in str(err.value)
 
     (checkpoints / "previous.ckpt").unlink()  # killed between keeping previous.ckpt and writing last.ckpt
     torch.save({"state_dict": {}, "global_step": 3}, checkpoints / "previous.ckpt")

@@ -157,9 +157,9 @@ def test_block_attention_is_bidirectional_inside_the_block(qwen3_target):
 
 
 def test_bad_drafter_configs_name_the_key(qwen3_target):
-    with pytest.raises(ConfigError, match="drafter.target_layer_ids"):
+    with pytest.raises(ConfigError, match="^target_layer_ids: "):  # the field; build_drafter adds the group
         DrafterConfig.from_target(qwen3_target.config, num_layers=1, block_size=4, mask_token_id=258, target_layer_ids=[99])
-    with pytest.raises(ConfigError, match="drafter.block_size"):
+    with pytest.raises(ConfigError, match="^block_size: "):
         DrafterConfig.from_target(qwen3_target.config, num_layers=1, block_size=0, mask_token_id=258)
 
 
@@ -169,7 +169,7 @@ def test_mask_token_uses_existing_then_adds_then_errors():
     tok = byte_tokenizer(mask_token=False)
     added = resolve_mask_token_id(tok, embedding_rows=300)
     assert tok.mask_token == "<|MASK|>" and added == len(tok) - 1
-    with pytest.raises(ConfigError, match="drafter.mask_token"):
+    with pytest.raises(ConfigError, match="^mask_token: "):
         resolve_mask_token_id(byte_tokenizer(mask_token=False), embedding_rows=len(byte_tokenizer(mask_token=False)))
     tok = byte_tokenizer(mask_token=False)
     named = resolve_mask_token_id(tok, embedding_rows=300, mask_token="<|pad|>")

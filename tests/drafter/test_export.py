@@ -361,7 +361,7 @@ def test_published_variants_we_cannot_compute_are_one_line_errors(tmp_path, chan
     (tmp_path / "published" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=message) as err:
         load_drafter(str(tmp_path / "published"))
-    assert err.value.key == "drafter.path" and "\n" not in str(err.value)
+    assert err.value.key == "path" and "\n" not in str(err.value)  # the field; build_drafter adds the group
 
 
 # --- training from a drafter directory ------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.target.tiny import save_tiny_target
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from helpers.apps import run_python, write_conversations
 from helpers.training import (
     UNEVEN_ANCHORS,
@@ -35,8 +35,9 @@ from lightning.pytorch.callbacks import Callback
 from dflash.data.config import DataSpec
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training.config import TrainingConfig
-from dflash.training.run import CheckpointSettings, LoggerSettings, TrainerSettings, TrainJob, run_training
+from dflash.training.config import TrainingSettings
+from dflash.training.run import TrainJob, run_training
+from dflash.training.settings import CheckpointSettings, LoggerSettings, TrainerSettings
 
 torch.set_num_threads(1)
 target_dir, data_path, out_dir = sys.argv[1:4]
@@ -47,7 +48,7 @@ job = TrainJob(
     target=TargetSpec(path=target_dir),
     drafter=DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
     data=DataSpec(path=data_path, max_length=128, batch_size=2, val_fraction=0.25, num_workers=0),
-    training=TrainingConfig(num_anchors=8),
+    training=TrainingSettings(num_anchors=8),
     trainer=TrainerSettings(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=None, max_steps=MAX_STEPS, log_every_n_steps=1,
         val_check_interval=VAL_EVERY, check_val_every_n_epoch=None, enable_progress_bar=False,
@@ -131,7 +132,7 @@ GLOBAL_BATCH_SCRIPT = textwrap.dedent(
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader, Dataset
     from dflash.specs import DrafterSpec, TargetSpec
-    from dflash.training import TrainingConfig
+    from dflash.training import TrainingSettings
     from helpers.training import dflash_training_module
     from helpers.training import UNEVEN_ANCHORS, uneven_rank_batches
 
@@ -167,7 +168,7 @@ GLOBAL_BATCH_SCRIPT = textwrap.dedent(
     module = dflash_training_module(
         TargetSpec(path=target_dir),
         DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
-        TrainingConfig(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
+        TrainingSettings(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_steps=1, accumulate_grad_batches=2, log_every_n_steps=1,
@@ -195,7 +196,7 @@ def test_two_ranks_with_accumulation_train_on_the_global_batch_mean(tmp_path):
     module = dflash_training_module(
         TargetSpec(path=str(target_dir)),
         DrafterSpec(num_layers=1, block_size=4, num_target_features=2),
-        TrainingConfig(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
+        TrainingSettings(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3),
     )
     micro_batches = [b for rank in uneven_rank_batches() for b in rank]
     expected = whole_batch_gradients(module, micro_batches)

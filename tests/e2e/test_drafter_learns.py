@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features
@@ -79,7 +79,7 @@ def simulated_engine_acceptance(module, sequences: torch.Tensor) -> list[int]:
 @pytest.mark.slow
 def test_drafter_learns_and_engine_acceptance_matches_training(tmp_path):
     L.seed_everything(0)
-    training = TrainingConfig(num_anchors=8, learning_rate=1e-2)
+    training = TrainingSettings(num_anchors=8, learning_rate=1e-2)
     module = dflash_training_module(
         TargetSpec(path=str(tmp_path / "target"), build={"arch": "qwen3", "seed": 0}),
         DrafterSpec(num_layers=2, block_size=BLOCK_SIZE),

@@ -22,7 +22,7 @@ from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec, load_target
 from dflash.target.tiny import save_tiny_target
-from dflash.training import TrainingConfig, export_drafter
+from dflash.training import TrainingSettings, export_drafter
 from dflash.training.blocks import build_blocks
 from dflash.training.metrics import BlockMetrics
 from helpers.tf4 import probe_under_transformers_4
@@ -62,7 +62,7 @@ def train_to_memorise(target_spec: TargetSpec, batch: dict) -> tuple:
     module = dflash_training_module(
         target_spec,
         DrafterSpec(num_layers=1, block_size=B, num_target_features=2),
-        TrainingConfig(num_anchors=sequence_length, learning_rate=3e-3),  # every answer position anchors a block
+        TrainingSettings(num_anchors=sequence_length, learning_rate=3e-3),  # every answer position anchors a block
     )
     trainer = L.Trainer(
         accelerator="cpu",

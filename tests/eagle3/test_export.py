@@ -19,7 +19,7 @@ from dflash.methods.eagle3 import Eagle3TrainSettings
 from dflash.specs import TargetSpec
 from dflash.target.rope_keys import full_attention_rope
 from dflash.training.checkpoints import check_checkpoint_fits
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from helpers.apps import compose_train
 from helpers.training import eagle3_training_module
 
@@ -156,7 +156,7 @@ def test_method_group_selects_eagle3():
 
 def test_training_module_loss_and_export_of_its_checkpoint_by_the_export_app(tmp_path, monkeypatch, capsys):
     spec = TargetSpec(path=str(tmp_path / "target"), dtype="float32", build={"arch": "llama", "seed": 0})
-    module = eagle3_training_module(spec, Eagle3TrainSettings(ttt_length=3), TrainingConfig())
+    module = eagle3_training_module(spec, Eagle3TrainSettings(ttt_length=3), TrainingSettings())
     ids = torch.randint(0, 200, (2, 24))
     batch = {
         "input_ids": ids,
@@ -172,7 +172,7 @@ def test_training_module_loss_and_export_of_its_checkpoint_by_the_export_app(tmp
     module.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
     check_checkpoint_fits(str(tmp_path / "last.ckpt"), module, "run_name")  # resume accepts it
-    other = eagle3_training_module(spec, Eagle3TrainSettings(intermediate_size=32), TrainingConfig())
+    other = eagle3_training_module(spec, Eagle3TrainSettings(intermediate_size=32), TrainingSettings())
     with pytest.raises(ConfigError, match="intermediate_size"):
         check_checkpoint_fits(str(tmp_path / "last.ckpt"), other, "run_name")
     from dflash.cli.export import main as export_main

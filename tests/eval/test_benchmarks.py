@@ -115,22 +115,22 @@ def test_bad_local_files_are_config_errors(tmp_path, content, expected):
     path.write_text(content)
     with pytest.raises(ConfigError, match=expected) as info:
         load_benchmark(BenchmarkSpec("jsonl", path=str(path)))
-    assert info.value.key == "benchmark.path"
+    assert info.value.key == "path"  # the field; the apps add the group (benchmark.path)
 
 
 def test_missing_file_unknown_benchmark_and_empty_selection():
     with pytest.raises(ConfigError, match="does not exist") as info:
         load_benchmark(BenchmarkSpec("jsonl", path="/nonexistent/prompts.jsonl"))
-    assert info.value.key == "benchmark.path"
+    assert info.value.key == "path"
     with pytest.raises(ConfigError, match="unknown benchmark") as info:
         load_benchmark(BenchmarkSpec("nope"))
-    assert info.value.key == "benchmark.name"
+    assert info.value.key == "name"
     with pytest.raises(ConfigError, match="no prompts") as info:
         load_benchmark(BenchmarkSpec("humaneval", max_samples=0))
-    assert info.value.key == "benchmark.max_samples"
+    assert info.value.key == "max_samples"
     with pytest.raises(ConfigError) as info:
         load_benchmark(BenchmarkSpec("humaneval", prompt_format="fancy"))
-    assert info.value.key == "benchmark.prompt_format"
+    assert info.value.key == "prompt_format"
 
 
 # One representative hub row per benchmark, as `datasets` returns it.
@@ -201,7 +201,7 @@ def test_a_renamed_column_at_a_revision_is_one_config_error(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([{"query": "Q"}]))
     with pytest.raises(ConfigError) as info:
         load_benchmark(BenchmarkSpec("gsm8k", revision="abc123"))
-    assert info.value.key == "benchmark.revision"
+    assert info.value.key == "revision"
     assert "has no column 'question'" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -290,7 +290,7 @@ def test_unreachable_hub_is_a_one_line_config_error_suggesting_a_local_file(monk
     with pytest.raises(ConfigError) as info:
         load_benchmark(BenchmarkSpec("gsm8k"))
     message = str(info.value)
-    assert info.value.key == "benchmark.path"
+    assert info.value.key == "path"
     assert "\n" not in message
     assert "unreachable" in message and "benchmark.path=local.jsonl" in message
 
@@ -298,9 +298,9 @@ def test_unreachable_hub_is_a_one_line_config_error_suggesting_a_local_file(monk
 @pytest.mark.parametrize(
     "error, key, expected",
     [
-        (RuntimeError("Dataset scripts are no longer supported, but found gsm8k.py"), "benchmark.path", "script-based dataset"),
-        (ValueError("Unknown split \"test\". Should be one of ['train']."), "benchmark.path", "Unknown split"),
-        (FileNotFoundError("Revision 'abc123' doesn't exist for dataset 'openai/gsm8k'."), "benchmark.revision", "abc123"),
+        (RuntimeError("Dataset scripts are no longer supported, but found gsm8k.py"), "path", "script-based dataset"),
+        (ValueError("Unknown split \"test\". Should be one of ['train']."), "path", "Unknown split"),
+        (FileNotFoundError("Revision 'abc123' doesn't exist for dataset 'openai/gsm8k'."), "revision", "abc123"),
     ],
 )
 def test_an_unloadable_hub_dataset_is_one_config_error(monkeypatch, error, key, expected):

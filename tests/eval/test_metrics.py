@@ -151,10 +151,10 @@ def test_wandb_summaries_carry_the_paper_aggregation():
 
 
 def test_tables_cli_rejects_an_unknown_metric(tmp_path):
-    from dflash.cli.tables import TablesSettings
+    from dflash.schema import TablesAppConfig
 
     with pytest.raises(ConfigError, match="choose one of \\['pooled', 'paper'\\]") as info:
-        TablesSettings(root=str(tmp_path), metric="paperish")
+        TablesAppConfig(root=str(tmp_path), metric="paperish")
     assert info.value.key == "metric"
 
 

@@ -10,25 +10,26 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from dflash.cli.train import job_from_config
+from dflash.layout import CHECKPOINT_DIR
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.training import DrafterTrainingModule, TrainingConfig
+from dflash.training import DrafterTrainingModule, TrainingSettings
 from dflash.training.blocks import Blocks
-from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT
+from dflash.training.checkpoints import LAST_CHECKPOINT
 from helpers.apps import compose_train, write_conversations
 
 
-def training_module(target: TargetSpec, method: str, settings, drafter: DrafterSpec, training: TrainingConfig):
+def training_module(target: TargetSpec, method: str, settings, drafter: DrafterSpec, training: TrainingSettings):
     """The `DrafterTrainingModule` of `method` (`dflash.methods`), composed as `dflash.training.run` does."""
     loaded = load_target(target)
     return DrafterTrainingModule(loaded, METHODS[method].build_objective(loaded, settings, drafter, training), training, {})
 
 
-def dflash_training_module(target: TargetSpec, drafter: DrafterSpec, training: TrainingConfig) -> DrafterTrainingModule:
+def dflash_training_module(target: TargetSpec, drafter: DrafterSpec, training: TrainingSettings) -> DrafterTrainingModule:
     return training_module(target, "dflash", None, drafter, training)
 
 
-def eagle3_training_module(target: TargetSpec, settings, training: TrainingConfig) -> DrafterTrainingModule:
+def eagle3_training_module(target: TargetSpec, settings, training: TrainingSettings) -> DrafterTrainingModule:
     return training_module(target, "eagle3", settings, DrafterSpec(), training)
 
 

@@ -231,7 +231,8 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
     from dflash.decoding import SamplingConfig
     from dflash.eval.results import GenerationRecord, build_results, write_results
     from dflash.training.after_train import log_evaluation
-    from dflash.training.run import LoggerSettings, build_loggers, finish_loggers
+    from dflash.training.settings import LoggerSettings
+    from dflash.training.trainer import build_loggers, finish_loggers
     from helpers.tables import DEPTH_AXES, FakeWandbRun, train_config
 
     experiment = FakeWandbRun()

@@ -238,13 +238,13 @@ def test_the_smollm2_main_table_reads_the_b16_and_eagle3_drafters_of_main_and_th
     b3 = _compose("block_size", ["drafter.block_size=3", "seed=1"], "smollm2")
     b3_dir = Path(str(b3.hydra.sweep.dir)) / str(b3.hydra.sweep.subdir)
     for block, drafter_dir, budget in ((16, dirs["experiment=smollm2"], 15), (3, b3_dir, 2)):
-        evaluated = _compose("main_eval", [f"main_block={block}", "train_seed=1", "decoding=sampling"], "smollm2")
+        evaluated = _compose("main_eval", [f"sweep.main_block={block}", "train_seed=1", "decoding=sampling"], "smollm2")
         assert Path(evaluated.drafter.path) == drafter_dir / "drafter"
         assert Path(evaluated.eagle3.path) == dirs["experiment=eagle3_smollm2"] / "drafter"
         assert evaluated.dflash_tree.budget == budget
         # T = 1 (sampling, the rejection rule): no tree, which samples with the match rule only
         assert list(evaluated.methods) == ["dflash"] + (["eagle3", "ngram"] if block == 3 else [])
-        greedy = _compose("main_eval", [f"main_block={block}", "train_seed=1", "decoding=greedy"], "smollm2")
+        greedy = _compose("main_eval", [f"sweep.main_block={block}", "train_seed=1", "decoding=greedy"], "smollm2")
         assert list(greedy.methods) == ["dflash", "dflash_tree"] + (["eagle3", "ngram"] if block == 3 else [])
     assert "dflash.sweep" in [cmd[0] for cmd in sweep_plan("main", "smollm2").prepare]  # it trains block_size first
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dflash.errors import ConfigError
+from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.builds import BUILD_INFO
 from dflash.target.tiny_code import (
@@ -149,9 +150,9 @@ def test_interrupted_build_leaves_no_finished_looking_directory(tmp_path, monkey
 
 
 def test_bad_config_names_the_key():
-    with pytest.raises(ConfigError, match="target.build.num_kv_heads"):
+    with pytest.raises(ConfigError, match="target.build.num_kv_heads"), config_key("target.build"):  # as the apps add the group
         TinyCodeConfig(hidden_size=96, num_heads=6, num_kv_heads=4)
-    with pytest.raises(ConfigError, match="target.build.hidden_sise"):
+    with pytest.raises(ConfigError, match="target.build.hidden_sise"), config_key("target.build"):
         TinyCodeConfig.from_dict({"kind": "tiny_code", "hidden_sise": 64})
 
 

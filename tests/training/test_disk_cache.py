@@ -15,7 +15,7 @@ import torch
 from dflash.data.datamodule import DFlashDataModule
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from dflash.training.disk_cache import DiskStateCache
 from dflash.training.forward import target_features
 from dflash.training.module import open_disk_cache
@@ -94,7 +94,7 @@ def test_training_from_the_disk_cache_equals_training_with_the_live_target(tmp_p
         module = dflash_training_module(
             target_spec,
             DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
-            TrainingConfig(num_anchors=6, loss=loss, target_cache_dir=cache_dir, target_cache_dtype="float32"),
+            TrainingSettings(num_anchors=6, loss=loss, target_cache_dir=cache_dir, target_cache_dtype="float32"),
         )
         datamodule = _datamodule(module.target.tokenizer)
         calls = _counting(module.target)
@@ -123,7 +123,7 @@ def test_a_lightning_run_fills_the_cache_once_and_the_next_run_never_runs_the_ta
         module = dflash_training_module(
             target_spec,
             DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
-            TrainingConfig(num_anchors=4, target_cache_dir=str(tmp_path)),
+            TrainingSettings(num_anchors=4, target_cache_dir=str(tmp_path)),
         )
         calls = _counting(module.target)
         datamodule = DFlashDataModule(_conversations(10), module.target.tokenizer, batch_size=3, val_fraction=0.2, num_workers=0)
@@ -194,13 +194,13 @@ def test_another_target_or_other_data_gets_another_cache_and_a_foreign_manifest_
         handle.write("{}")
     with pytest.raises(ConfigError, match="different cache") as err:
         DiskStateCache.open(str(tmp_path), target, datamodule.fingerprint(), lengths)
-    assert err.value.key == "training.target_cache_dir"
+    assert err.value.key == "target_cache_dir"  # the field; the training module adds the group
 
 
 @pytest.mark.parametrize("field, value", [("target_cache_dtype", "float16"), ("target_cache_batch_size", 0)])
 def test_bad_disk_cache_settings_are_config_errors(field, value):
     with pytest.raises(ConfigError) as err:
-        TrainingConfig(**{field: value})
+        TrainingSettings(**{field: value})
     assert err.value.key == field  # the field; the CLI adds the group (tests/cli/test_config_schema.py)
 
 
@@ -220,7 +220,7 @@ def test_eagle3_trains_from_the_same_cache_without_the_target(tmp_path, target_s
         module = eagle3_training_module(
             target_spec,
             Eagle3TrainSettings(ttt_length=2, seed=0),
-            TrainingConfig(target_cache_dir=cache_dir, target_cache_dtype="float32"),
+            TrainingSettings(target_cache_dir=cache_dir, target_cache_dtype="float32"),
         )
         datamodule = _datamodule(module.target.tokenizer)
         calls = _counting(module.target)

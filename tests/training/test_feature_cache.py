@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from dflash.training.feature_cache import TargetStateCache
 from helpers.training import dflash_training_module
 
@@ -42,7 +42,7 @@ def _fit(target_spec, batches, epochs, **training):
     module = dflash_training_module(
         target_spec,
         DrafterSpec(num_layers=1, block_size=4, num_target_features=2, seed=0),
-        TrainingConfig(num_anchors=4, learning_rate=3e-3, **training),
+        TrainingSettings(num_anchors=4, learning_rate=3e-3, **training),
     )
     calls = []
     forward = module.target.forward
@@ -114,5 +114,5 @@ def test_batches_without_row_index_run_the_target_and_say_so_once(caplog):
 @pytest.mark.parametrize("budget", [-1, True, "1"])
 def test_a_budget_that_is_not_a_number_of_gib_is_a_config_error(budget):
     with pytest.raises(ConfigError) as err:
-        TrainingConfig(target_cache_gib=budget)
+        TrainingSettings(target_cache_gib=budget)
     assert err.value.key == "target_cache_gib"  # the field; the CLI adds the group

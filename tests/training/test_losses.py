@@ -12,7 +12,7 @@ from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.tiny import build_tiny_target
 from dflash.training.blocks import Blocks
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.forward import target_features
 from dflash.training.loss import OBJECTIVES, LossSettings, block_loss, dpace_weights
 from helpers.training import BATCH, BLOCKS, B, D, S, batch, module_for, random_blocks, softcapped_head
@@ -194,5 +194,5 @@ def test_loss_options_reach_the_module_and_leave_the_metrics_alone(artifacts, mo
 )
 def test_a_bad_loss_option_is_one_clear_line(key, value, message):
     with pytest.raises(ConfigError) as error:
-        TrainingConfig(**{key: value})
+        TrainingSettings(**{key: value})
     assert str(error.value).startswith(message) and "\n" not in str(error.value)

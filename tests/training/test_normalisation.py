@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from dflash.methods.eagle3 import Eagle3TrainSettings
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.training import TrainingConfig
+from dflash.training import TrainingSettings
 from dflash.training.loss import BlockLoss
 from dflash.training.normalisation import GlobalLossScale
 from helpers.training import (
@@ -34,7 +34,7 @@ def target_spec(tmp_path_factory):
 
 
 def _module(target_spec, method: str):
-    training = TrainingConfig(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3)
+    training = TrainingSettings(num_anchors=UNEVEN_ANCHORS, learning_rate=1e-3)
     if method == "eagle3":
         return eagle3_training_module(target_spec, Eagle3TrainSettings(ttt_length=2, seed=0), training)
     return dflash_training_module(target_spec, DrafterSpec(num_layers=1, block_size=4, num_target_features=2), training)

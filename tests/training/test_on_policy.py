@@ -10,7 +10,7 @@ from dflash.dflash.objective import greedy_tokens
 from dflash.errors import ConfigError
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks, on_policy_blocks
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.forward import target_features
 
 B = 4
@@ -85,8 +85,8 @@ def test_on_the_targets_own_text_the_mask_keeps_every_slot_and_label():
 
 def test_the_agreement_mask_needs_a_loss_that_reads_the_target():
     with pytest.raises(ConfigError, match="agreement_mask: labels the target's greedy tokens"):
-        TrainingConfig(agreement_mask=True)
-    assert TrainingConfig(agreement_mask=True, loss="ce_target_argmax").agreement_mask
+        TrainingSettings(agreement_mask=True)
+    assert TrainingSettings(agreement_mask=True, loss="ce_target_argmax").agreement_mask
 
 
 def test_the_option_reaches_the_training_step(tmp_path, monkeypatch):

@@ -26,8 +26,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from dflash.layout import CHECKPOINT_DIR
+from dflash.training.checkpoints import LAST_CHECKPOINT
 from dflash.training.module import warmup_cosine_schedule
-from dflash.training.run import CHECKPOINT_DIR, LAST_CHECKPOINT, run_training
+from dflash.training.run import run_training
 from helpers.training import LEARNING_RATE, MAX_STEPS, KillAtStep, Killed, checkpoint, training_job
 
 KILLED_AFTER = 3  # the step of the last checkpoint before the kill

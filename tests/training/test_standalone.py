@@ -6,7 +6,7 @@ from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
-from dflash.training.config import TrainingConfig
+from dflash.training.config import TrainingSettings
 from dflash.training.forward import draft_blocks
 from helpers.training import dflash_training_module
 
@@ -14,7 +14,7 @@ from helpers.training import dflash_training_module
 def test_standalone_training_logits_equal_decoding_logits(tmp_path):
     spec = TargetSpec(path=str(tmp_path / "target"), dtype="float32", build={"arch": "qwen3", "seed": 0})
     module = dflash_training_module(
-        spec, DrafterSpec(num_layers=1, block_size=4, use_target_features=False), TrainingConfig(num_anchors=4)
+        spec, DrafterSpec(num_layers=1, block_size=4, use_target_features=False), TrainingSettings(num_anchors=4)
     )
     target, drafter = module.target, module.drafter.eval()
     assert drafter.fc is None
