@@ -123,13 +123,13 @@ def load_target(spec: TargetSpec) -> TargetModel:
 def build_offline_target(path: str, build: dict) -> None:
     """Create the offline target at `path` if it is missing (or, for tiny_code, stale).
 
-    build["kind"]: "random" (default; random tiny Qwen3/Llama, see `dflash.target.tiny`)
+    build["kind"]: "random" (default; random tiny Qwen3/Llama, see `dflash.toy.tiny`)
     or "tiny_code" (a small code LM pre-trained here on the Python standard library,
-    rebuilt only when its build config changes; see `dflash.target.tiny_code`).
+    rebuilt only when its build config changes; see `dflash.toy.tiny_code`).
     """
     kind = build.pop("kind", "random")
     if kind == "tiny_code":
-        from dflash.target.tiny_code import build_tiny_code_target
+        from dflash.toy.tiny_code import build_tiny_code_target
 
         build_tiny_code_target(path, build)
     elif kind == "random":
@@ -145,7 +145,7 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
     import shutil
     import tempfile
 
-    from dflash.target.tiny import save_tiny_target
+    from dflash.toy.tiny import save_tiny_target
 
     parent = os.path.dirname(os.path.abspath(path))
     check_writable_dir("target.path", parent)

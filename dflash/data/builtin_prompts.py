@@ -7,7 +7,7 @@ them (`python -m dflash.regenerate`), which makes the drafter's training data.
 
 Families (each kept apart from every evaluation set the project ships):
 - code: function headers and docstrings cut from the Python standard library
-  (`dflash.target.tiny_code_prompts`; none equal to, inside or around a HumanEval prompt),
+  (`dflash.toy.tiny_code_prompts`; none equal to, inside or around a HumanEval prompt),
   asked for as requests in one of a few wordings, the HumanEval harness's among them.
 - math: grade-school word problems made here from templates with seeded names, items and
   numbers (`dflash.data.generated_prompts`), asked in the math benchmarks' wording
@@ -42,7 +42,7 @@ DEFAULT_CODE_PROMPTS = 2048  # without a limit: the doctest-bearing headers firs
 
 
 def code_prompts(limit: int | None, seed: int) -> list[str]:
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+    from dflash.toy.tiny_code_prompts import stdlib_code_prompts
 
     headers = stdlib_code_prompts(limit or DEFAULT_CODE_PROMPTS, seed=seed, max_chars=1024)
     rng = random.Random(seed)
