@@ -246,7 +246,7 @@ class DemoAppConfig:
 
 @dataclass
 class StdlibPromptsSettings:
-    """The toy demo's prompts (`dflash.target.tiny_code_prompts.stdlib_code_prompts`)."""
+    """The toy demo's prompts (`dflash.toy.tiny_code_prompts.stdlib_code_prompts`)."""
 
     num_prompts: int = 1024
     seed: int = 0

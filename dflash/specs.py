@@ -125,15 +125,15 @@ def load_target(spec: TargetSpec) -> TargetModel:
 def build_offline_target(path: str, build: dict) -> None:
     """Create the offline target at `path` if it is missing (or, for tiny_code, stale).
 
-    build["kind"]: "random" (default; random tiny Qwen3/Llama, see `dflash.target.tiny`)
+    build["kind"]: "random" (default; random tiny Qwen3/Llama, see `dflash.toy.tiny`)
     or "tiny_code" (a small code LM pre-trained here on the Python standard library,
-    rebuilt only when its build config changes; see `dflash.target.tiny_code`).
+    rebuilt only when its build config changes; see `dflash.toy.tiny_code`).
     """
     kind = build.pop("kind", "random")
     with config_key("build"):
         require(kind in ("random", "tiny_code"), "kind", f"unknown kind {kind!r}; choose random or tiny_code")
     if kind == "tiny_code":
-        from dflash.target.tiny_code import build_tiny_code_target
+        from dflash.toy.tiny_code import build_tiny_code_target
 
         with config_key("build"):
             build_tiny_code_target(path, build)
@@ -147,7 +147,7 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
     import shutil
     import tempfile
 
-    from dflash.target.tiny import save_tiny_target
+    from dflash.toy.tiny import save_tiny_target
 
     parent = os.path.dirname(os.path.abspath(path))
     check_writable_dir("path", parent)

@@ -41,7 +41,7 @@ from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.drafter.io import load_drafter
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",

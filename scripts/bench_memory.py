@@ -81,7 +81,7 @@ def run_step(chunk_rows: int | None, objective: str, repeats: int) -> dict:
 
     from dflash.dflash.objective import DFlashObjective
     from dflash.specs import DrafterSpec, TargetSpec, load_target
-    from dflash.target.tiny import save_tiny_target
+    from dflash.toy.tiny import save_tiny_target
     from dflash.training import DrafterTrainingModule
     from dflash.training.config import TrainingSettings
 

@@ -127,7 +127,7 @@ def bench_attention(
 
     from dflash.drafter import DFlashDrafter, DrafterConfig
     from dflash.drafter import attention as attention_module
-    from dflash.target.tiny import tiny_config
+    from dflash.toy.tiny import tiny_config
     from dflash.training.anchors import sample_anchors
     from dflash.training.forward import set_attention_implementation
     from dflash.training.masks import dense_block_mask, factored_block_mask, flex_block_mask

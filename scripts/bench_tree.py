@@ -30,7 +30,7 @@ from dflash.drafter.io import load_drafter
 from dflash.eval.benchmarks import BenchmarkSpec, humaneval_path, load_benchmark
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 
 
 def load_models(args) -> tuple[TargetModel, DFlashDrafter]:

@@ -30,7 +30,7 @@ def parse_args():
 
 def main() -> int:
     from dflash.errors import ConfigError
-    from dflash.target.tiny_code import TinyCodeConfig, build_tiny_code_target
+    from dflash.toy.tiny_code import TinyCodeConfig, build_tiny_code_target
 
     args = parse_args()
     with open(os.path.join(ROOT, "dflash", "conf", "target", "tiny_code.yaml")) as handle:
@@ -58,7 +58,7 @@ def show_greedy_confidence(out_dir: str, num_prompts: int, max_new_tokens: int) 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash.target.tiny_code_prompts import humaneval_prompts
+    from dflash.toy.tiny_code_prompts import humaneval_prompts
 
     torch.set_num_threads(1)  # a model this small runs fastest on one thread
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()

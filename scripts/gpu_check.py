@@ -421,11 +421,11 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
     from dflash.decoding import generate
     from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
     from dflash.target import TargetModel
-    from dflash.target.tiny import build_tiny_target
+    from dflash.toy.tiny import build_tiny_target
 
     dtypes = [torch.float32, torch.bfloat16]
     lines = [
-        f"Tiny random targets (dflash.target.tiny, sharpened head), {sizes.lossless_prompts} random prompts x "
+        f"Tiny random targets (dflash.toy.tiny, sharpened head), {sizes.lossless_prompts} random prompts x "
         f"{sizes.lossless_tokens} tokens, greedy. Candidates: the engine's autoregressive loop and speculative decoding "
         f"with the controlled double (p = 0.7) at B in {list(BLOCK_SIZES)}, each against HF generate(). float32 must be "
         "exact; in bf16 a divergence is allowed only at a near-tie (dflash.eval.divergence.diagnose: 'numerical').",

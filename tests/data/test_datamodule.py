@@ -12,7 +12,7 @@ from dflash.data import DataSpec, TokenizeSettings
 from dflash.data import datamodule as datamodule_module
 from dflash.data.datamodule import DFlashDataModule, split_conversations
 from dflash.errors import ConfigError
-from dflash.target.tiny import byte_tokenizer
+from dflash.toy.tiny import byte_tokenizer
 
 
 def conversations(count: int) -> list[dict]:

@@ -14,7 +14,7 @@ from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, regene
 from dflash.errors import ConfigError
 from dflash.structured import config_key
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 
 PROMPTS = ["Hi", "What is the capital of France?", "Write a long poem about the sea, please.", "2+2?", "Bye"]
 

@@ -11,7 +11,7 @@ import pytest
 from dflash.data.datamodule import DFlashDataModule
 from dflash.data.shipped_text import main, write_shipped_text
 from dflash.errors import ConfigError
-from dflash.target.tiny import byte_tokenizer
+from dflash.toy.tiny import byte_tokenizer
 
 
 def _roots(tmp_path) -> list[str]:

@@ -194,7 +194,7 @@ def _prompts(path: str, limit: int | None, key: str = "data") -> list[str]:
 
 def test_builtin_prompt_families_are_seeded_samples_in_the_benchmarks_wording():
     from dflash.eval.benchmarks import HUMANEVAL_TEMPLATE, MATH_SUFFIX
-    from dflash.target.tiny_code_prompts import humaneval_prompts
+    from dflash.toy.tiny_code_prompts import humaneval_prompts
 
     code = _prompts("builtin:code", 40)
     assert len(code) == len(set(code)) == 40 and code == _prompts("builtin:code", 40)

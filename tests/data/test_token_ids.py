@@ -21,7 +21,7 @@ from dflash.data import (
 )
 from dflash.data.datamodule import DFlashDataModule
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target, byte_tokenizer, save_tiny_target
+from dflash.toy.tiny import build_tiny_target, byte_tokenizer, save_tiny_target
 
 PROMPTS = ["Hi", "What is the capital of France?", "Write a poem about the sea.", "2+2?", "Tell me a story"]
 

@@ -12,7 +12,7 @@ from dflash.data import TokenizeSettings, prompt_token_ids, tokenize_conversatio
 from dflash.data.chat import UnlocatableResponse, end_of_turn_token_id
 from dflash.data.token_ids import token_ids_record, tokenizer_fingerprint
 from dflash.errors import ConfigError
-from dflash.target.tiny import byte_tokenizer
+from dflash.toy.tiny import byte_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -14,7 +14,7 @@ from dflash.data import HFGenerator
 from dflash.decoding import generate
 from dflash.decoding.replay import replay_logits
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import PROMPTS, OracleProposer, record_cudnn_flag
 
 

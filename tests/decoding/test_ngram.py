@@ -10,7 +10,7 @@ from dflash.decoding.verify import verify
 from dflash.errors import ConfigError
 from dflash.methods.ngram import NgramSettings
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import hf_greedy
 from helpers.stats import chi_square_p_value, exact_joint
 

@@ -16,7 +16,7 @@ import dflash.decoding.chain
 from dflash.decoding import SamplingConfig, generate
 from dflash.decoding.sampling import probabilities
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import OracleProposer, flawed_verify
 from helpers.stats import chi_square_p_value, exact_joint, reference_probabilities
 

@@ -18,7 +18,7 @@ from dflash.decoding import SamplingConfig, TreeVerifier, generate
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask
 from dflash.errors import ConfigError
 from dflash.target import TargetModel, crop_cache
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import (
     LONG_PROMPT,
     PROMPTS,

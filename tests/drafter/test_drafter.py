@@ -14,7 +14,7 @@ from dflash.drafter import (
     save_drafter,
 )
 from dflash.errors import ConfigError
-from dflash.target.tiny import byte_tokenizer
+from dflash.toy.tiny import byte_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_saved_directory_uses_the_public_dflash_layout(qwen3_target, tmp_path):
 
 
 def test_llama_rope_scaling_is_carried_into_the_drafter(tmp_path):
-    from dflash.target.tiny import tiny_config
+    from dflash.toy.tiny import tiny_config
 
     config = DrafterConfig.from_target(tiny_config("llama"), num_layers=1, block_size=4, mask_token_id=258)
     drafter = DFlashDrafter(config)

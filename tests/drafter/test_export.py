@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
 from dflash.errors import ConfigError
-from dflash.target.tiny import save_tiny_target, tiny_config
+from dflash.toy.tiny import save_tiny_target, tiny_config
 from helpers import REPO
 from helpers.loader_probe import probe
 from helpers.tf4 import probe_under_transformers_4

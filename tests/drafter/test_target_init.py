@@ -11,7 +11,7 @@ from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.target.model import find_decoder_layers
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 
 
 def _cache_keys(cache, layer: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec
-from dflash.target.tiny import save_tiny_target
+from dflash.toy.tiny import save_tiny_target
 from dflash.training import TrainingSettings
 from helpers.apps import run_python, write_conversations
 from helpers.training import (

@@ -1,6 +1,9 @@
-"""`make demo` on SmolLM2-135M-Instruct: the budget's arithmetic, held-out evaluation prompts,
-and a shortened demo end to end through a pipe (every stage's output, the report per
-family, stage times, progress lines), then run again: every stage is skipped."""
+"""`make demo` on SmolLM2-135M-Instruct: a shortened demo end to end through a pipe (every
+stage's output, the report per family, held-out prompts, stage times, progress lines).
+
+Run once: that a second run skips every stage is tested in process for the demo's own
+stages (tests/cli/test_demo.py) and end to end on the toy demo, whose pipeline this one
+shares (tests/e2e/test_demo_tiny.py)."""
 
 from __future__ import annotations
 
@@ -14,65 +17,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dflash.cli import demo
-from dflash.data.builtin_prompts import FAMILIES, heldout_prompts, regenerated_prompts
-from dflash.errors import ConfigError
+from dflash.data.builtin_prompts import regenerated_prompts
 from dflash.specs import TargetSpec, load_target
 from helpers import REPO
 
 SHARED_ARTIFACTS = os.environ.get("DFLASH_ARTIFACTS", str(REPO / "artifacts"))
-
-
-def demo_config(**overrides):
-    cfg = OmegaConf.load(REPO / "dflash" / "conf" / "demo.yaml")
-    cfg.pop("defaults"), cfg.pop("hydra")
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value)
-    return cfg
-
-
-def test_auto_training_minutes_are_what_the_budget_leaves_and_kept_on_resume(tmp_path, monkeypatch):
-    cfg = demo_config(budget_minutes=30, margin_s=60, reserve_factor=2.0, **{"evaluation.start_s": 10})
-    # this process "started" now: the module's import time is the earlier of the two clocks
-    # the budget counts from, and a slow suite imports it long before this test runs
-    monkeypatch.setattr(demo, "_STARTED", time.time())
-    monkeypatch.setenv(demo.STARTED_ENV, str(time.time() - 600))  # 10 minutes spent (install, data)
-    forward_s = 0.05
-    tokens = (16 + 8 + 8) * 128
-    reserve = tokens * forward_s * 2.0 + 3 * 10
-    minutes = demo.train_minutes(cfg, str(tmp_path), forward_s)
-    assert minutes == pytest.approx((1800 - 600 - reserve - 60) / 60, abs=0.15)
-    # a resumed demo trains to the same total, whatever the clock says now
-    monkeypatch.setenv(demo.STARTED_ENV, str(time.time() - 1500))
-    assert demo.train_minutes(cfg, str(tmp_path), forward_s) == minutes
-    # a spent budget still trains the minimum (and says the budget will be exceeded)
-    assert demo.train_minutes(cfg, str(tmp_path / "late"), forward_s) == cfg.min_train_minutes
-    assert demo.train_minutes(demo_config(train_minutes=7), str(tmp_path / "fixed"), forward_s) == 7
-
-
-def test_a_bad_start_time_or_setting_is_one_config_error(monkeypatch):
-    monkeypatch.setenv(demo.STARTED_ENV, "yesterday")
-    with pytest.raises(ConfigError, match=demo.STARTED_ENV):
-        demo.check_settings(demo_config())
-    monkeypatch.delenv(demo.STARTED_ENV)
-    with pytest.raises(ConfigError, match="train_minutes"):
-        demo.check_settings(demo_config(train_minutes="soon"))
-    with pytest.raises(ConfigError, match="evaluation.math"):
-        demo.check_settings(demo_config(**{"evaluation.math": 0}))
-
-
-@pytest.mark.parametrize("family", ["math", "chat"])
-def test_heldout_prompts_are_never_training_prompts(family):
-    training = FAMILIES[family](200, 0)
-    heldout = heldout_prompts(family, 50, training)
-    assert len(heldout) == len(set(heldout)) == 50
-    assert not set(heldout) & set(training)
-    assert heldout == heldout_prompts(family, 50, training)  # seeded
-
-
-def test_too_many_heldout_prompts_is_one_config_error():
-    with pytest.raises(ConfigError, match="^chat: cannot draw"):  # the held-out chat templates give 150 requests
-        heldout_prompts("chat", 5_000, FAMILIES["chat"](200, 0))
 
 
 QUICK = [
@@ -95,7 +44,7 @@ def run_demo(artifacts: Path, started: float):
 
 
 @pytest.mark.slow
-def test_shortened_demo_runs_every_stage_reports_each_family_and_resumes(tmp_path):
+def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
     # The converted target is shared with the other SmolLM2 tests (converted once, read here).
     config = OmegaConf.load(REPO / "dflash" / "conf" / "target" / "smollm2_135m.yaml")
     shared = os.path.join(SHARED_ARTIFACTS, "targets", "smollm2_135m")
@@ -125,8 +74,3 @@ def test_shortened_demo_runs_every_stage_reports_each_family_and_resumes(tmp_pat
     log = first.stdout + first.stderr
     assert "one-token forward" in log and "train: step" in log and "ETA" in log
     assert all(f"  {family:<11}" in first.stdout for family in ("humaneval", "math", "chat"))
-
-    second = run_demo(tmp_path, time.time())
-    assert second.returncode == 0, second.stderr[-3000:]
-    for text in ("[2/5] data: done already", "[3/5] train: done already", "humaneval: done already", "chat: done already"):
-        assert text in second.stdout, text

@@ -19,7 +19,7 @@ from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter
 from dflash.specs import TargetSpec, load_target
-from dflash.target.tiny import save_tiny_target
+from dflash.toy.tiny import save_tiny_target
 from dflash.training import drafter_from_checkpoint
 from dflash.training.export import drafter_state, read_checkpoint
 from helpers.apps import run_python, write_conversations

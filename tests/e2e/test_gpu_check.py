@@ -101,7 +101,7 @@ def test_lossless_section_says_fail_when_verification_keeps_wrong_drafts(monkeyp
 def test_controlled_double_sets_acceptance(p, expected_tau):
     from dflash.decoding import generate
     from dflash.target import TargetModel
-    from dflash.target.tiny import build_tiny_target
+    from dflash.toy.tiny import build_tiny_target
 
     model, tokenizer = build_tiny_target("qwen3")
     target = TargetModel(model, tokenizer)

@@ -21,7 +21,7 @@ from dflash.dflash import objective as dflash_objective
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter
 from dflash.specs import DrafterSpec, TargetSpec, load_target
-from dflash.target.tiny import save_tiny_target
+from dflash.toy.tiny import save_tiny_target
 from dflash.training import TrainingSettings, export_drafter
 from dflash.training.blocks import build_blocks
 from dflash.training.metrics import BlockMetrics

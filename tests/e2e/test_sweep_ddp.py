@@ -28,7 +28,7 @@ def _write_conversations(path: Path, count: int) -> None:
 
 @pytest.mark.slow
 def test_ddp_jobs_in_a_multirun_create_exactly_their_own_job_dirs(tmp_path):
-    from dflash.target.tiny import save_tiny_target
+    from dflash.toy.tiny import save_tiny_target
 
     artifacts = tmp_path / "artifacts"
     # Built once here: two DDP ranks must not race to create it.

@@ -22,7 +22,7 @@ from helpers.apps import SHRUNK_CPU_SWEEP, write_conversations
 
 @pytest.mark.slow
 def test_a_cell_two_sweeps_share_is_trained_once_and_shows_in_both_tables(tmp_path):
-    from dflash.target.tiny import save_tiny_target
+    from dflash.toy.tiny import save_tiny_target
 
     artifacts = tmp_path / "artifacts"
     save_tiny_target(str(artifacts / "targets" / "tiny_qwen3_random"), arch="qwen3", seed=0)

@@ -17,7 +17,7 @@ import torch
 from dflash.cli.train import job_from_config, run_name_for
 from dflash.drafter import load_drafter, save_drafter
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.target.tiny import save_tiny_target
+from dflash.toy.tiny import save_tiny_target
 from helpers import REPO
 from helpers.apps import compose_train, write_conversations
 

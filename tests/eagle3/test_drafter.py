@@ -8,7 +8,7 @@ from dflash.decoding import SamplingConfig, generate
 from dflash.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Proposer, build_eagle3_proposer
 from dflash.eagle3.training import draft_vocab_from_counts, ttt_loss, ttt_steps
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from dflash.training.forward import target_features
 from helpers.decoding import hf_greedy
 from helpers.stats import chi_square_p_value, reference_probabilities

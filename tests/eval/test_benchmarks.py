@@ -18,7 +18,7 @@ from dflash.eval.benchmarks import (
     subsample,
 )
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
-from dflash.target.tiny import byte_tokenizer
+from dflash.toy.tiny import byte_tokenizer
 
 BOXED = MATH_SUFFIX.format()
 

@@ -36,7 +36,7 @@ from dflash.eval.results import GenerationRecord, divergences
 from dflash.methods.dflash_tree import TreeSettings
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import lossy_verify
 
 DIVERGING_PROMPTS = ["add item def", "print print sum", "total result add"]

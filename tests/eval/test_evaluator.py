@@ -20,7 +20,7 @@ from dflash.eval.results import GenerationRecord, build_results, first_mismatch,
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.structured import config_key
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target, tiny_config
+from dflash.toy.tiny import build_tiny_target, tiny_config
 from helpers.apps import run_cli
 from helpers.decoding import record_cudnn_flag
 

@@ -217,7 +217,7 @@ def test_replay_of_a_prompt_lookup_run_reproduces_its_logits_bit_for_bit(monkeyp
     from dflash.eval.divergence import replay_logits
     from dflash.methods.ngram import NgramSettings
     from dflash.target import TargetModel
-    from dflash.target.tiny import build_tiny_target
+    from dflash.toy.tiny import build_tiny_target
 
     model, tokenizer = build_tiny_target("qwen3", seed=0, num_layers=2)
     target = TargetModel(model.to(torch.bfloat16), tokenizer)

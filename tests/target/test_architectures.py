@@ -1,7 +1,7 @@
 """Targets beyond Qwen3/Llama: sliding windows, Gemma's embedding scale and logit
 softcapping, per-layer-type rope, GPT-2/GPT-NeoX/Falcon module layouts.
 
-Every family runs as a tiny random model (`dflash.target.tiny`); sliding windows are 8
+Every family runs as a tiny random model (`dflash.toy.tiny`); sliding windows are 8
 tokens, so prompt + output cross the window many times.
 """
 
@@ -18,7 +18,7 @@ from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_m
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.target.model import find_decoder_layers
-from dflash.target.tiny import build_tiny_target, save_tiny_target
+from dflash.toy.tiny import build_tiny_target, save_tiny_target
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features

@@ -11,7 +11,7 @@ from dflash.decoding import generate
 from dflash.target import TargetModel, crop_cache, kernels
 from dflash.target.engine import StaticCache
 from dflash.target.kernels import KERNELS, Linear, tune
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import PROMPTS, random_proposer
 
 FAST_FAMILIES = ["llama", "qwen3", "qwen2", "mistral"]

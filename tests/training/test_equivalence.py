@@ -14,7 +14,7 @@ from dflash.decoding.verify import propose_tokens
 from dflash.dflash.proposer import DFlashProposer
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, target_features

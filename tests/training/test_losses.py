@@ -10,7 +10,7 @@ import torch
 
 from dflash.errors import ConfigError
 from dflash.target import TargetModel
-from dflash.target.tiny import build_tiny_target
+from dflash.toy.tiny import build_tiny_target
 from dflash.training.blocks import Blocks
 from dflash.training.config import TrainingSettings
 from dflash.training.forward import target_features

@@ -6,7 +6,7 @@ import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig
 from dflash.drafter.attention import attend
-from dflash.target.tiny import tiny_config
+from dflash.toy.tiny import tiny_config
 from dflash.training.anchors import Anchors
 from dflash.training.blocks import build_blocks
 from dflash.training.forward import draft_blocks, set_attention_implementation

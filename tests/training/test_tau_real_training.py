@@ -23,7 +23,7 @@ from dflash.drafter import load_drafter
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.specs import TargetSpec, load_target
-from dflash.target.tiny import save_tiny_target
+from dflash.toy.tiny import save_tiny_target
 from dflash.training.run import run_training
 from dflash.training.tau_real import PLOT_FILE, TauRealSettings, check_tau_real, held_out_prompts
 from helpers.training import checkpoint, training_job

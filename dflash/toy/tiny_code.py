@@ -8,7 +8,7 @@ small model that actually predicts code. This module:
   (`split_corpus`),
 - trains a byte-level BPE tokenizer on them (`train_tokenizer`; <|endoftext|> eos,
   <|pad|>, <|MASK|> mask),
-- pre-trains a small Qwen3 causal LM with plain next-token loss (`dflash.target.pretrain`),
+- pre-trains a small Qwen3 causal LM with plain next-token loss (`dflash.toy.pretrain`),
 - saves both as an ordinary HF directory with `build_info.json` (config, its hash,
   losses, tokens seen, wall time).
 
@@ -356,7 +356,7 @@ def _build(out_dir: str, config: TinyCodeConfig, say, progress: bool) -> str:
     heldout_ids = token_stream(tokenizer, heldout_texts)
     say(f"corpus: {len(train_ids):,} train / {len(heldout_ids):,} held-out tokens")
 
-    from dflash.target.pretrain import pretrain
+    from dflash.toy.pretrain import pretrain
 
     say(f"pre-training for {config.max_steps} steps of {config.batch_size} x {config.seq_len} tokens")
     model, stats = pretrain(config, train_ids, heldout_ids, tokenizer, progress=progress)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 
 from dflash.errors import require
-from dflash.target.tiny_code import read_source, source_functions, stdlib_source_files
+from dflash.toy.tiny_code import read_source, source_functions, stdlib_source_files
 
 
 def humaneval_prompts() -> list[str]:

@@ -13,7 +13,7 @@ from dflash.errors import ConfigError
 from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.target.builds import BUILD_INFO
-from dflash.target.tiny_code import (
+from dflash.toy.tiny_code import (
     SPECIAL_TOKENS,
     TinyCodeConfig,
     build_tiny_code_target,
@@ -24,7 +24,7 @@ from dflash.target.tiny_code import (
     stdlib_source_files,
     train_tokenizer,
 )
-from dflash.target.tiny_code_prompts import humaneval_prompts, stdlib_code_prompts
+from dflash.toy.tiny_code_prompts import humaneval_prompts, stdlib_code_prompts
 from helpers import REPO
 
 # A build small enough for unit tests: ~150 KB of source, a 64-wide model, 3 steps.
@@ -214,7 +214,7 @@ def test_a_second_build_waits_for_the_first_and_reuses_it(tmp_path, monkeypatch,
     import fcntl
     import threading
 
-    from dflash.target import tiny_code
+    from dflash.toy import tiny_code
 
     out = tmp_path / "targets" / "tiny_code"
     config = tiny_code.TinyCodeConfig()

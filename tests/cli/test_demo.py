@@ -1,0 +1,138 @@
+"""`make demo`'s own logic, in process: the budget's arithmetic, its settings, held-out
+evaluation prompts, and resuming (a stage whose output is current is skipped: the data by
+its marker, training by its drafter, each family's evaluation by its results and
+arguments; other settings make new data or evaluate again). The demo end to end on
+SmolLM2: tests/e2e/test_demo.py; a whole second run that skips every stage, through the
+pipeline both demos share: tests/e2e/test_demo_tiny.py."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from dflash.cli import demo, pipeline
+from dflash.data.builtin_prompts import FAMILIES, heldout_prompts
+from dflash.errors import ConfigError
+from dflash.fileio import read_json, write_json, write_jsonl
+from dflash.layout import DRAFTER_DIR, EVAL_DIR, RESULTS_FILE
+from helpers import REPO
+
+
+def demo_config(**overrides):
+    cfg = OmegaConf.load(REPO / "dflash" / "conf" / "demo.yaml")
+    cfg.pop("defaults"), cfg.pop("hydra")
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def test_auto_training_minutes_are_what_the_budget_leaves_and_kept_on_resume(tmp_path, monkeypatch):
+    cfg = demo_config(budget_minutes=30, margin_s=60, reserve_factor=2.0, **{"evaluation.start_s": 10})
+    # this process "started" now: the module's import time is the earlier of the two clocks
+    # the budget counts from, and a slow suite imports it long before this test runs
+    monkeypatch.setattr(demo, "_STARTED", time.time())
+    monkeypatch.setenv(demo.STARTED_ENV, str(time.time() - 600))  # 10 minutes spent (install, data)
+    forward_s = 0.05
+    tokens = (16 + 8 + 8) * 128
+    reserve = tokens * forward_s * 2.0 + 3 * 10
+    minutes = demo.train_minutes(cfg, str(tmp_path), forward_s)
+    assert minutes == pytest.approx((1800 - 600 - reserve - 60) / 60, abs=0.15)
+    # a resumed demo trains to the same total, whatever the clock says now
+    monkeypatch.setenv(demo.STARTED_ENV, str(time.time() - 1500))
+    assert demo.train_minutes(cfg, str(tmp_path), forward_s) == minutes
+    # a spent budget still trains the minimum (and says the budget will be exceeded)
+    assert demo.train_minutes(cfg, str(tmp_path / "late"), forward_s) == cfg.min_train_minutes
+    assert demo.train_minutes(demo_config(train_minutes=7), str(tmp_path / "fixed"), forward_s) == 7
+
+
+def test_a_bad_start_time_or_setting_is_one_config_error(monkeypatch):
+    monkeypatch.setenv(demo.STARTED_ENV, "yesterday")
+    with pytest.raises(ConfigError, match=demo.STARTED_ENV):
+        demo.check_settings(demo_config())
+    monkeypatch.delenv(demo.STARTED_ENV)
+    with pytest.raises(ConfigError, match="train_minutes"):
+        demo.check_settings(demo_config(train_minutes="soon"))
+    with pytest.raises(ConfigError, match="evaluation.math"):
+        demo.check_settings(demo_config(**{"evaluation.math": 0}))
+
+
+@pytest.mark.parametrize("family", ["math", "chat"])
+def test_heldout_prompts_are_never_training_prompts(family):
+    training = FAMILIES[family](200, 0)
+    heldout = heldout_prompts(family, 50, training)
+    assert len(heldout) == len(set(heldout)) == 50
+    assert not set(heldout) & set(training)
+    assert heldout == heldout_prompts(family, 50, training)  # seeded
+
+
+def test_too_many_heldout_prompts_is_one_config_error():
+    with pytest.raises(ConfigError, match="^chat: cannot draw"):  # the held-out chat templates give 150 requests
+        heldout_prompts("chat", 5_000, FAMILIES["chat"](200, 0))
+
+
+class StageApps:
+    """Stands in for the apps the stages run: records each command; the train app "exports"
+    the drafter and the evaluate app "writes" results.json, as the real ones do."""
+
+    def __init__(self, monkeypatch):
+        self.commands: list[list[str]] = []
+        monkeypatch.setattr(demo, "run_stage", self.run)  # stage 2, called from demo.py
+        monkeypatch.setattr(pipeline, "run_stage", self.run)  # stages 3 and 4, the shared pipeline
+        monkeypatch.setattr(demo, "target_option", lambda: "smollm2_135m")  # outside a Hydra app
+
+    def run(self, number, name, command):
+        self.commands.append(command)
+        options = dict(argument.split("=", 1) for argument in command[3:] if "=" in argument)
+        if name == "train":
+            drafter = os.path.join(options["paths.artifacts"], "runs", options["run_name"], DRAFTER_DIR)
+            os.makedirs(drafter)
+            for file in ("config.json", "model.safetensors"):
+                open(os.path.join(drafter, file), "w").close()
+        elif name == "evaluate":
+            write_json(os.path.join(options["hydra.run.dir"], RESULTS_FILE), {"benchmark": options["benchmark"]})
+
+    def apps(self) -> list[str]:
+        return [command[2] for command in self.commands]
+
+
+def resumable_config(**overrides):
+    return demo_config(train_minutes=0.15, **overrides)
+
+
+def test_a_resumed_demo_skips_the_data_training_and_each_familys_evaluation(tmp_path, monkeypatch, capsys):
+    apps = StageApps(monkeypatch)
+    cfg, artifacts = resumable_config(), str(tmp_path)
+
+    def stages():
+        data_dir = demo.regenerate_data(cfg, artifacts)
+        rows = [{"messages": [{"role": "user", "content": "What is 2 + 2?"}]}]  # the rows held-out prompts avoid
+        write_jsonl(os.path.join(data_dir, "rows-00000.jsonl"), rows)
+        run_dir = demo.train(cfg, data_dir, artifacts, forward_s=0.05)
+        return data_dir, run_dir, demo.evaluate(cfg, run_dir, data_dir, artifacts)
+
+    first = stages()
+    assert apps.apps() == ["dflash.regenerate", "dflash.train", "dflash.evaluate", "dflash.evaluate", "dflash.evaluate"]
+    assert "done already" not in capsys.readouterr().out
+    data_dir, run_dir, results = first
+    assert results == {family: os.path.join(run_dir, EVAL_DIR, family, RESULTS_FILE) for family in demo.FAMILIES}
+    assert read_json(os.path.join(run_dir, demo.TRAIN_MINUTES)) == {"minutes": 0.15}
+
+    apps.commands.clear()
+    assert stages() == first and apps.commands == []  # nothing runs again
+    out = capsys.readouterr().out
+    for text in ("[2/5] data: done already", "[3/5] train: done already"):
+        assert text in out, text
+    assert all(f"[4/5] evaluate: {family}: done already" in out for family in demo.FAMILIES), out
+
+    # another setting of one family evaluates that family again, and only it
+    cfg = resumable_config(**{"evaluation.humaneval": 2})
+    assert demo.evaluate(cfg, run_dir, data_dir, artifacts) == results
+    (command,) = apps.commands
+    assert "benchmark.max_samples=2" in command and f"hydra.run.dir={os.path.join(run_dir, EVAL_DIR, 'humaneval')}" in command
+    # other data settings regenerate into another directory
+    apps.commands.clear()
+    other = demo.regenerate_data(resumable_config(data_overrides=["data.sources.0.limit=7"]), artifacts)
+    assert other != data_dir and apps.apps() == ["dflash.regenerate"]
