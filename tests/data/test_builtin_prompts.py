@@ -18,7 +18,7 @@ from dflash.data.builtin_prompts import (
 )
 from dflash.data.generated_prompts import skeleton
 from dflash.eval.benchmarks import HUMANEVAL_TEMPLATE, BenchmarkSpec, load_benchmark
-from dflash.target import tiny_code_prompts
+from dflash.toy import tiny_code_prompts
 from dflash.toy.tiny_code_prompts import humaneval_prompts, near_duplicate_test, near_humaneval, stdlib_code_prompts
 
 MAKERS = {"math": generated_prompts._math_templates, "chat": generated_prompts._chat_templates}
