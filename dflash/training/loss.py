@@ -17,8 +17,9 @@ Invariants:
   batch's valid slots. Training does not backpropagate that ratio: it divides the
   numerator by the weight of the whole optimizer step over all ranks and micro-batches
   (docs/design.md invariant 10, `dflash.training.normalisation`).
-- Metrics read the data tokens under every objective: `correct` is drafter argmax ==
-  data token, `cross_entropy` the cross-entropy to the data token.
+- Metrics read the blocks' labels under every objective: `correct` is drafter argmax ==
+  label, `cross_entropy` the cross-entropy to the label. The labels are the data tokens
+  unless the agreement mask made them the target's greedy tokens (invariant 26).
 """
 
 from __future__ import annotations
