@@ -118,15 +118,17 @@ def shipped_rows(
         except OSError:
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if digest not in seen:
+        if digest not in seen:  # only names are kept: the environment holds hundreds of MB of source
             seen.add(digest)
-            unique.append((root, path, data, digest))
+            unique.append((root, path, digest))
     random.Random(seed).shuffle(unique)
     conversations, files = [], []
-    for root, path, data, digest in unique:
+    for root, path, digest in unique:
         try:
+            with open(path, "rb") as handle:
+                data = handle.read()
             text = data.decode("utf-8")
-        except UnicodeDecodeError:
+        except (OSError, UnicodeDecodeError):
             continue
         relative = os.path.relpath(path, root)
         kind = SUFFIXES[os.path.splitext(path)[1]]
@@ -151,8 +153,8 @@ def write_shipped_text(
     chunks_per_file: int = 8,
 ) -> dict:
     """Write the shipped-text directory (module docstring) unless it is complete; returns its manifest."""
-    settings = {"rows": rows, "chunk_chars": chunk_chars, "min_chars": min_chars, "seed": seed, "shard_size": shard_size}
-    settings["chunks_per_file"] = chunks_per_file
+    settings = {"rows": rows, "chunk_chars": chunk_chars, "min_chars": min_chars, "seed": seed}
+    settings.update(shard_size=shard_size, chunks_per_file=chunks_per_file)
     roots = default_roots() if roots is None else roots
     manifest_path = os.path.join(out_dir, MANIFEST)
     manifest = read_json(manifest_path) if os.path.isfile(manifest_path) else None
