@@ -16,6 +16,14 @@ Invariants:
 - Choices hold for row counts up to `MAX_TUNED_ROWS`; larger inputs (prefill, batched
   regeneration) run the kernel tuned for `MAX_TUNED_ROWS` rows.
 - Autograd never reaches a packed weight: with gradients enabled, `Linear` runs dense.
+- Measured once per machine. A group's choices are kept in a JSON file
+  (`$DFLASH_KERNEL_CHOICES`, default `~/.cache/dflash/kernel_choices.json`; `off` keeps
+  nothing) under a key of everything that can change the winner: the CPU model and flags,
+  torch's version, the thread count, our kernel's source, the weights' shape, dtype and
+  count, the row counts and the candidates. Another process with the same key reuses them
+  instead of measuring again (14 s for a 135M model on 2 cores); a key that differs in
+  anything is measured. The choice changes speed only: every candidate computes the same
+  product (the first invariant).
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import os
+import platform
 import shutil
 import statistics
 import time
@@ -33,6 +43,8 @@ from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+
+from dflash.fileio import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -189,28 +201,96 @@ class Linear:
 
 @torch.inference_mode()
 def tune(linears: list[Linear], rows: tuple[int, ...] = (*TUNED_ROWS, MAX_TUNED_ROWS), repeats: int = 5) -> None:
-    """Choose each linear's kernel per row count by timing the candidates on the linears of
-    each shape in turn (all of them, as a forward streams them from memory). The candidates
-    take turns within each repeat and the median decides, so a slow spell of a shared
-    machine hits them alike."""
+    """Choose each linear's kernel per row count: the choices kept for this machine and
+    these weights (module invariants), else measured and kept."""
     groups: dict[tuple, list[Linear]] = defaultdict(list)
     for linear in linears:
         groups[linear.shape_key].append(linear)
     for group in groups.values():
-        names = _working(group[0])
-        for count in rows:
-            x = torch.randn(count, group[0].weight.shape[1], dtype=group[0].weight.dtype, device=group[0].weight.device)
-            times: dict[str, list[float]] = {name: [] for name in names}
-            for name in names:  # warm: packs the weights, pages them in
-                _sweep(KERNELS[name], group, x)
-            for _ in range(repeats):
-                for name in names:
-                    times[name].append(_sweep(KERNELS[name], group, x))
-            best = min(names, key=lambda name: statistics.median(times[name]))
-            for linear in group:
-                linear.choice[count] = best
+        key = _choice_key(group, rows)
+        choice = _kept_choice(key, group[0], rows)
+        if choice is None:
+            choice = _measure(group, rows, repeats)
+            _keep_choice(key, choice)
         for linear in group:
+            linear.choice = dict(choice)
             linear.drop_unused()
+
+
+def _measure(group: list[Linear], rows: tuple[int, ...], repeats: int) -> dict[int, str]:
+    """The fastest kernel per row count, timed on the linears of one shape in turn (all of
+    them, as a forward streams them from memory). The candidates take turns within each
+    repeat and the median decides, so a slow spell of a shared machine hits them alike."""
+    names = _working(group[0])
+    choice = {}
+    for count in rows:
+        x = torch.randn(count, group[0].weight.shape[1], dtype=group[0].weight.dtype, device=group[0].weight.device)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for name in names:  # warm: packs the weights, pages them in
+            _sweep(KERNELS[name], group, x)
+        for _ in range(repeats):
+            for name in names:
+                times[name].append(_sweep(KERNELS[name], group, x))
+        choice[count] = min(names, key=lambda name: statistics.median(times[name]))
+    return choice
+
+
+def choices_path() -> str | None:
+    """The file of kept choices (None: `DFLASH_KERNEL_CHOICES=off`)."""
+    path = os.environ.get("DFLASH_KERNEL_CHOICES")
+    if path == "off":
+        return None
+    if not path:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(cache, "dflash", "kernel_choices.json")
+    return path
+
+
+@functools.cache
+def _machine() -> str:
+    """The CPU model and its flags, torch's version and our kernel's source, as one digest."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = "".join(sorted({line for line in f if line.startswith(("model name", "flags"))}))
+    except OSError:
+        cpu = platform.processor()
+    with open(os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp"), "rb") as f:
+        source = f.read()
+    return hashlib.sha256(cpu.encode() + torch.__version__.encode() + source).hexdigest()[:16]
+
+
+def _choice_key(group: list[Linear], rows: tuple[int, ...]) -> str | None:
+    linear = group[0]
+    if linear.weight.device.type != "cpu" or choices_path() is None:
+        return None
+    parts = [_machine(), torch.get_num_threads(), *linear.shape_key, len(group), rows, linear.candidates()]
+    return json.dumps(parts, default=str)
+
+
+def _kept_choice(key: str | None, linear: Linear, rows: tuple[int, ...]) -> dict[int, str] | None:
+    kept = (read_json(choices_path()) or {}).get(key) if key else None
+    if not isinstance(kept, dict) or sorted(kept) != sorted(str(count) for count in rows):
+        return None
+    choice = {int(count): name for count, name in kept.items()}
+    return choice if set(choice.values()) <= set(linear.candidates()) else None
+
+
+def _keep_choice(key: str | None, choice: dict[int, str]) -> None:
+    """Add one key's choices to the file (under a lock: two processes tuning at once keep
+    both); a file that cannot be written costs a measurement next time, never an error."""
+    if key is None:
+        return
+    path = choices_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            kept = read_json(path)
+            kept = kept if isinstance(kept, dict) else {}
+            kept[key] = {str(count): name for count, name in choice.items()}
+            write_json(path, kept)
+    except (OSError, ValueError) as error:
+        log.warning("engine: could not keep the kernel choices in %s (%s)", path, error)
 
 
 def _working(linear: Linear) -> list[str]:

@@ -1,6 +1,7 @@
 """The fast engine (dflash.target.engine) computes what the HF forward computes, and falls
 back to it with one log line where it cannot."""
 
+import json
 import logging
 import os
 
@@ -150,6 +151,45 @@ def test_tune_gives_every_row_count_a_kernel_and_dense_under_autograd():
     x = torch.randn(1, 32, requires_grad=True)
     linear(x).sum().backward()  # dense: autograd works
     assert x.grad is not None
+
+
+def test_kernel_choices_are_measured_once_per_machine_and_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_KERNEL_CHOICES", str(tmp_path / "choices.json"))
+    measured = []
+    measure = kernels._measure
+    monkeypatch.setattr(
+        kernels, "_measure", lambda group, rows, repeats: measured.append(group[0].shape_key) or measure(group, rows, repeats)
+    )
+
+    def tuned(shape=(48, 32), count=3, rows=(1, 4)):
+        linears = [Linear(torch.randn(*shape), None) for _ in range(count)]
+        tune(linears, rows=rows, repeats=1)
+        return linears
+
+    first = tuned()
+    assert len(measured) == 1
+    again = tuned()  # another process's view: the same key reuses the kept choice
+    assert len(measured) == 1 and again[0].choice == first[0].choice
+    tuned(shape=(64, 32))  # other weights, count, row counts or threads: measured
+    tuned(count=2)
+    tuned(rows=(1, 8))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        tuned()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(measured) == 5
+    kept = json.loads((tmp_path / "choices.json").read_text())
+    key = next(key for key in kept if "48, 32" in key and ", 3, [1, 4]" in key)
+    kept[key] = {"1": "no-such-kernel", "4": "dense"}  # not a candidate here: measured again
+    (tmp_path / "choices.json").write_text(json.dumps(kept))
+    tuned()
+    assert len(measured) == 6
+    monkeypatch.setenv("DFLASH_KERNEL_CHOICES", "off")
+    tuned()
+    tuned()
+    assert len(measured) == 8
 
 
 def test_fused_weights_are_shared_with_the_hf_modules():
