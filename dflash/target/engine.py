@@ -86,6 +86,11 @@ class StaticCache:
             raise ValueError(f"crop takes a negative count, got {count}")
         self.length = max(0, self.length + count)
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (a copy of their keys and values), in this order."""
+        self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
+        self._views()
+
     def reserve(self, needed: int, batch: int) -> None:
         """Make room for `needed` positions of `batch` rows in all; an empty cache takes the
         batch size of its first forward, as a DynamicCache does."""
@@ -290,7 +295,8 @@ def greedy_batch(
     Prompts are left-padded into one static cache; each row keeps its own positions (0 at
     its first real token) and a key mask hides its padding. A padded query position may
     see itself, so no attention row is empty (an empty one would give NaN, and 0 x NaN
-    reaches the real rows' values). Finished rows keep feeding padding until all finish.
+    reaches the real rows' values). A row that stops leaves the batch (its cache rows are
+    dropped), so the others' steps do not pay for it.
     """
     device = fast.final_norm[0].device
     batch, width = len(prompts), max(len(p) for p in prompts)
@@ -298,34 +304,31 @@ def greedy_batch(
     ids = torch.full((batch, width), pad_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
-    total = width + max_new_tokens
-    keys = torch.arange(total, device=device)
+    keys = torch.arange(width + max_new_tokens, device=device)
     key_valid = keys.unsqueeze(0) >= pads.unsqueeze(1)  # (batch, total)
-    cache = fast.new_cache(batch=batch, capacity=total)
+    cache = fast.new_cache(batch=batch, capacity=len(keys))
     positions = (torch.arange(width, device=device).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)
     causal = keys[:width].unsqueeze(0) <= keys[:width].unsqueeze(1)
     mask = (key_valid[:, None, None, :width] & causal) | torch.eye(width, dtype=torch.bool, device=device)
     logits, _ = fast.forward(ids, positions, cache, None, logits_to_keep=1, attention_mask=mask)
     stops = torch.tensor(sorted(stop_ids), device=device)
-    token = logits[:, -1].argmax(-1)
-    generated = [token]
-    done = torch.isin(token, stops)
-    next_position = width - pads  # each row's next position
-    for step in range(1, max_new_tokens):
-        if bool(done.all()):
+    token, position = logits[:, -1].argmax(-1), width - pads  # each row's next position
+    outputs: list[list[int]] = [[] for _ in prompts]
+    alive = list(range(batch))  # the rows still generating, in the cache's order
+    for step in range(max_new_tokens):
+        for row, new in zip(alive, token.tolist()):
+            outputs[row].append(new)
+        going = ~torch.isin(token, stops)
+        if step == max_new_tokens - 1 or not bool(going.any()):
             break
-        feed = torch.where(done, torch.full_like(token, pad_id), token).unsqueeze(1)
-        position = (next_position + step - 1).unsqueeze(1)
-        mask = key_valid[:, None, None, : width + step]
-        logits, _ = fast.forward(feed, position, cache, None, attention_mask=mask)
-        token = logits[:, -1].argmax(-1)
-        generated.append(token)
-        done = done | torch.isin(token, stops)
-    rows = torch.stack(generated, dim=1).tolist()
-    outputs = []
-    for row in rows:
-        stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
-        outputs.append(row if stop is None else row[: stop + 1])
+        if not bool(going.all()):
+            kept = going.nonzero().squeeze(1)
+            alive = [alive[i] for i in kept.tolist()]
+            token, position, key_valid = token[kept], position[kept], key_valid[kept]
+            cache.keep_rows(kept)
+        mask = key_valid[:, None, None, : cache.length + 1]
+        logits, _ = fast.forward(token.unsqueeze(1), position.unsqueeze(1), cache, None, attention_mask=mask)
+        token, position = logits[:, -1].argmax(-1), position + 1
     return outputs
 
 
