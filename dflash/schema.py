@@ -237,6 +237,7 @@ class DemoAppConfig:
     reserve_factor: float = 2.6
     cpu_threads: int = 2
     data: str = MISSING
+    data_dtype: str = "bfloat16"
     data_overrides: list[str] = field(default_factory=list)
     regenerate: dict = field(default_factory=dict)
     train_overrides: list[str] = field(default_factory=list)

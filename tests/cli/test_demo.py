@@ -57,6 +57,8 @@ def test_a_bad_start_time_or_setting_is_one_config_error(monkeypatch):
         demo.check_settings(demo_config(train_minutes="soon"))
     with pytest.raises(ConfigError, match="evaluation.math"):
         demo.check_settings(demo_config(**{"evaluation.math": 0}))
+    with pytest.raises(ConfigError, match="^data_dtype: must be one of"):
+        demo.check_settings(demo_config(data_dtype="bf16"))
 
 
 @pytest.mark.parametrize("family", ["math", "chat"])
@@ -115,6 +117,8 @@ def test_a_resumed_demo_skips_the_data_training_and_each_familys_evaluation(tmp_
 
     first = stages()
     assert apps.apps() == ["dflash.regenerate", "dflash.train", "dflash.evaluate", "dflash.evaluate", "dflash.evaluate"]
+    # the target answers in the demo's data_dtype; training and evaluation keep the target's own
+    assert [c for c in apps.commands if "target.dtype=bfloat16" in c] == apps.commands[:1]
     assert "done already" not in capsys.readouterr().out
     data_dir, run_dir, results = first
     assert results == {family: os.path.join(run_dir, EVAL_DIR, family, RESULTS_FILE) for family in demo.FAMILIES}
@@ -136,3 +140,6 @@ def test_a_resumed_demo_skips_the_data_training_and_each_familys_evaluation(tmp_
     apps.commands.clear()
     other = demo.regenerate_data(resumable_config(data_overrides=["data.sources.0.limit=7"]), artifacts)
     assert other != data_dir and apps.apps() == ["dflash.regenerate"]
+    apps.commands.clear()
+    in_float32 = demo.regenerate_data(resumable_config(data_dtype="float32"), artifacts)
+    assert in_float32 not in (data_dir, other) and "target.dtype=float32" in apps.commands[0]
