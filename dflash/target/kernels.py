@@ -37,7 +37,6 @@ import logging
 import os
 import platform
 import shutil
-import statistics
 import time
 from collections import defaultdict
 
@@ -219,20 +218,23 @@ def tune(linears: list[Linear], rows: tuple[int, ...] = (*TUNED_ROWS, MAX_TUNED_
 
 def _measure(group: list[Linear], rows: tuple[int, ...], repeats: int) -> dict[int, str]:
     """The fastest kernel per row count, timed on the linears of one shape in turn (all of
-    them, as a forward streams them from memory). The candidates take turns within each
-    repeat and the median decides, so a slow spell of a shared machine hits them alike."""
+    them, as a forward streams them from memory). Each repeat times every row count and
+    candidate once, so the repeats of one pair are spread over the whole measurement, and a
+    pair's fastest repeat decides: a slow spell of a shared machine only adds time, and it
+    cannot cover every repeat. (The median of back-to-back repeats let a 2-second burst of
+    another process pick a kernel 1.4x slower for the rest of a demo.)"""
     names = _working(group[0])
-    choice = {}
-    for count in rows:
-        x = torch.randn(count, group[0].weight.shape[1], dtype=group[0].weight.dtype, device=group[0].weight.device)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for name in names:  # warm: packs the weights, pages them in
-            _sweep(KERNELS[name], group, x)
-        for _ in range(repeats):
+    weight = group[0].weight
+    inputs = {count: torch.randn(count, weight.shape[1], dtype=weight.dtype, device=weight.device) for count in rows}
+    for name in names:  # warm: packs the weights, pages them in
+        _sweep(KERNELS[name], group, inputs[rows[0]])
+    times: dict[tuple[int, str], float] = {}
+    for _ in range(repeats):
+        for count, x in inputs.items():
             for name in names:
-                times[name].append(_sweep(KERNELS[name], group, x))
-        choice[count] = min(names, key=lambda name: statistics.median(times[name]))
-    return choice
+                seconds = _sweep(KERNELS[name], group, x)
+                times[count, name] = min(seconds, times.get((count, name), seconds))
+    return {count: min(names, key=lambda name: times[count, name]) for count in rows}
 
 
 def choices_path() -> str | None:
