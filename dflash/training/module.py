@@ -106,11 +106,17 @@ class DrafterTrainingModule(L.LightningModule):
         """
         self.prepare_device()
         attention_mask = batch["attention_mask"].bool()
-        if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
-            raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
         taps = self.objective.taps()
         states = self.states(batch, attention_mask, taps) if taps else None
         return self.objective.loss(self.target, batch, states, generator, full_vocab)
+
+    def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        """Refuse a batch that is not right-padded, once per batch on the CPU (before it
+        moves to the device, so the check never syncs the GPU in the training step)."""
+        attention_mask = batch["attention_mask"].bool()
+        if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+            raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
+        return batch
 
     def states(self, batch: dict, attention_mask: torch.Tensor, taps: list[int]) -> torch.Tensor:
         """(b, S, len(taps) * D) target states of the batch: read from the disk cache, kept

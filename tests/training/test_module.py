@@ -97,8 +97,10 @@ def test_only_the_drafter_trains_and_is_saved(target_spec):
 def test_left_padded_batches_are_refused(target_spec):
     batch = _batches(1)[0]
     batch["attention_mask"] = batch["attention_mask"].flip(1)
+    module = _module(target_spec)
+    module.on_before_batch_transfer(_batches(1)[0], 0)
     with pytest.raises(ValueError, match="right-padded"):
-        _module(target_spec).compute_loss(batch)
+        module.on_before_batch_transfer(batch, 0)
 
 
 def test_weight_decay_groups_are_chosen_on_the_shapes_at_setup(target_spec):
