@@ -23,6 +23,14 @@ Invariants:
 - Kernels. Every weight matmul goes through `Linear`, which picks per row count the
   fastest of the kernels it measured on this machine (`dflash.target.kernels`); the
   choice is recorded (`kernel_path`) in results.
+- Attention. A forward of up to `MAX_ATTENTION_QUERIES` (16) new positions on CPU, in
+  float32 or bfloat16, with no mask or a boolean one (decoding, batched regeneration's
+  key mask, draft verification), runs our AVX-512 kernel (`kernels.attention`,
+  `csrc/decode_attention.cpp`): it reads each kv head's cached keys and values once for
+  its group of query heads, straight from the cache's views, and agrees with SDPA within
+  float rounding (float32: 1e-6 relative; tests/target/test_attention.py). Everything
+  else (prefill's causal forward, longer inputs, additive masks, CUDA, a machine without
+  the kernel) runs `F.scaled_dot_product_attention` as before. `kernel_path` says which.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.target.kernels import TUNED_ROWS, Linear, tune
+from dflash.target.kernels import TUNED_ROWS, Linear, attention, attention_available, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -211,7 +219,8 @@ class FastForward:
         if not self.prepared:
             return "untuned"
         largest = max(self.linears()[:-1], key=lambda linear: linear.weight.numel())
-        return f"{self.dtype}".removeprefix("torch.") + f"; layers {largest.describe()}; head {self.lm_head.describe()}"
+        path = f"{self.dtype}".removeprefix("torch.") + f"; layers {largest.describe()}; head {self.lm_head.describe()}"
+        return path + ("; attention ours(1-16) sdpa" if attention_available(self.final_norm[0]) else "; attention sdpa")
 
     @torch.inference_mode()
     def forward(
@@ -261,14 +270,12 @@ class FastForward:
             query, key = _rope(query, cos, sin), _rope(key, cos, sin)
             cache.keys[index, :, :, start:end] = key
             cache.values[index, :, :, start:end] = value.transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                query,
-                cache.keys[index, :, :, :end],
-                cache.values[index, :, :, :end],
-                attn_mask=mask,
-                is_causal=causal,
-                enable_gqa=heads != kv_heads,
-            )
+            keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
+            out = None if causal else attention(query, keys, values, mask)
+            if out is None:
+                out = F.scaled_dot_product_attention(
+                    query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads
+                )
             hidden = hidden + layer.o(out.transpose(1, 2).reshape(batch, q, q_width))
             x = rms_norm(hidden, layer.post_norm)
             gate_up = layer.gate_up(x)

@@ -24,6 +24,9 @@ Invariants:
   instead of measuring again (14 s for a 135M model on 2 cores); a key that differs in
   anything is measured. The choice changes speed only: every candidate computes the same
   product (the first invariant).
+- Attention of a few new positions (`attention`, `csrc/decode_attention.cpp`, built into
+  the same module) computes what SDPA computes (float32: within 1e-5 relative, bfloat16:
+  within its rounding) or returns None, and the engine runs SDPA: it is never an error.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _pack_avx512(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 
 
 @functools.cache
@@ -110,23 +113,26 @@ def small_gemm():
 
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    source = os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp")
-    log.info("engine: loading our AVX-512 small-row kernel (built on first use on a machine: about 30 s)")
-    flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]
+    sources = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("small_gemm.cpp", "decode_attention.cpp")]
+    log.info("engine: loading our AVX-512 kernels (built on first use on a machine: about 30 s)")
+    flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
     try:
-        # One build directory per source and flags: two checkouts with other sources never
+        # One build directory per sources and flags: two checkouts with other sources never
         # rebuild over each other. torch's own build lock is a file that a killed build leaves
         # behind, on which every later process would wait forever; a flock dies with its
         # process, so whoever holds ours knows that lock file is stale.
-        with open(source, "rb") as f:
-            digest = hashlib.sha256(f.read() + " ".join(flags).encode()).hexdigest()[:12]
+        text = b""
+        for source in sources:
+            with open(source, "rb") as f:
+                text += f.read()
+        digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:12]
         name = f"dflash_small_gemm_{digest}"
         build_dir = _get_build_directory(name, verbose=False)
         with open(os.path.join(build_dir, "dflash-build.lock"), "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(build_dir, "lock"))
-            return load(name, [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
+            return load(name, sources, extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
     except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
         log.warning("engine: could not build the AVX-512 kernel (%s); measuring the library kernels only", str(error)[:200])
         return None
@@ -319,3 +325,63 @@ def _sweep(kernel, group: list[Linear], x: torch.Tensor) -> float:
     for linear in group:
         kernel(linear, x)
     return time.perf_counter() - start
+
+
+#: query positions up to which `attention` runs our kernel (decoding and draft verification)
+MAX_ATTENTION_QUERIES = 16
+_ATTENTION_HEAD_DIMS = (64, 128, 256)
+_attention_broken = False
+
+
+def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """softmax(query keys^T / sqrt(d) + mask) values with our AVX-512 decode-attention kernel
+    (`csrc/decode_attention.cpp`), as SDPA with `enable_gqa` computes it; None where it does
+    not apply, and the caller runs SDPA: not CPU, not float32 or bfloat16 throughout, more
+    than `MAX_ATTENTION_QUERIES` query positions, a head_dim other than 64/128/256, a mask
+    that is not boolean or does not broadcast to (batch, 1, q, keys), gradients, or no
+    kernel on this machine. query (b, heads, q, d); keys, values (b, kv_heads, L, d), views
+    of a cache (any strides, the last one 1), never copied."""
+    global _attention_broken
+    batch, heads, q, head_dim = query.shape
+    if (
+        _attention_broken
+        or query.device.type != "cpu"
+        or q > MAX_ATTENTION_QUERIES
+        or head_dim not in _ATTENTION_HEAD_DIMS
+        or query.dtype not in (torch.float32, torch.bfloat16)
+        or keys.dtype != query.dtype
+        or values.dtype != query.dtype
+        or heads % keys.shape[1]
+        or keys.stride(-1) != 1
+        or values.stride(-1) != 1
+        or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+    ):
+        return None
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.dim() > 4 or (mask.dim() == 4 and mask.shape[1] != 1):
+            return None
+        try:
+            mask = mask.expand(batch, 1, q, keys.shape[2])
+        except RuntimeError:
+            return None
+    module = small_gemm()
+    if module is None:
+        return None
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    try:
+        return module.decode_attention(query, keys, values, mask, head_dim**-0.5)
+    except (RuntimeError, AttributeError) as error:  # a module built without it, a shape it refuses
+        _attention_broken = True
+        log.warning("engine: our attention kernel failed (%s); SDPA from now on", str(error)[:200])
+        return None
+
+
+def attention_available(like: torch.Tensor) -> bool:
+    """Whether `attention` can run for tensors like this one (device, dtype, a built kernel)."""
+    return (
+        not _attention_broken
+        and like.device.type == "cpu"
+        and like.dtype in (torch.float32, torch.bfloat16)
+        and small_gemm() is not None
+    )

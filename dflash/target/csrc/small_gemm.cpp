@@ -140,6 +140,11 @@ torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& packed, 
   return y;
 }
 
+// decode_attention.cpp, built into the same module
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
+                               const c10::optional<torch::Tensor>& mask, double scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "x @ w.T (+ bias) for a few rows of x, from a packed weight");
+  m.def("decode_attention", &decode_attention, "softmax(q k^T scale + mask) v for a few query positions (GQA)");
 }

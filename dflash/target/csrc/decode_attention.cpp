@@ -1,0 +1,284 @@
+// softmax(q k^T * scale + mask) v for a few query positions over a KV cache (decoding),
+// reading each kv head's keys and values from memory once for all the query heads of its
+// group (GQA). dflash.target.kernels builds this file with small_gemm.cpp (one module) and
+// calls it from the engine's forward where it applies (`kernels.attention`).
+//
+// query: (B, H, Q, D); keys, values: (B, KVH, L, D), any strides with the last one 1 (the
+// engine passes views of its static cache); mask: none, or bool (B, 1, Q, L), any strides
+// (broadcast dimensions with stride 0), true = the key is seen. H % KVH == 0, query head h
+// reads kv head h / (H / KVH), as SDPA's enable_gqa. All of query, keys, values float32
+// or all bfloat16; the output (B, H, Q, D), laid out (B, Q, H, D), in that dtype.
+//
+// One task is one (batch row, kv head): its G * Q query rows (G = H / KVH) score every key
+// (float32 accumulation; bfloat16 with AVX512-BF16 pair products, exact, summed in
+// float32), the scores of a row are scaled, masked (-inf), max-subtracted and exponentiated
+// (vectorised Cephes-style exp, about 1 ulp), then the values are summed under those
+// weights in float32 and divided by the row's sum once; bfloat16 rounds once (nearest
+// even) at the end. A row whose keys are all masked gives 0, as SDPA's CPU flash kernel.
+// Needs AVX-512F/BW/VL/DQ and AVX512-BF16 and D in {64, 128, 256}; kernels.py checks it all.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// e^x for x <= 0 (scores minus their row's maximum), lanes of -inf (masked) and below
+// -103 give 0: n = round(x / ln 2), r = x - n ln 2 in two parts, e^r by Cephes' expf
+// polynomial, times 2^n by scalef.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-103.0f);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+inline __m512 load_f32(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load_f32(const at::BFloat16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+inline void store(at::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// The 16 lane sums of a[0..15], in order, in one vector (45 instructions where 16
+// horizontal reductions take about 150).
+inline __m512 lane_sums(const __m512* a) {
+  __m512 t[8], u[4];
+  for (int k = 0; k < 8; ++k)
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {
+    const __m512d x = _mm512_castps_pd(t[2 * k]), y = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // u[k], 128-bit lane j, element m: part j of the sum of a[4k + m]
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+}
+
+// q . k * scale of `rows` query rows against keys [j0, j0 + n), n <= 16, into
+// scores[r * ld + j0 ...] (a block of 16 keys stays in L1 while the rows pass over it).
+template <int NC>
+inline void score_block(const float* k, int64_t k_stride, int n, const float* const* q, int rows, __m512 scale,
+                        float* scores, int64_t ld, int64_t j0) {
+  for (int r = 0; r < rows; ++r) {
+    __m512 qv[NC], acc[16];
+    for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q[r] + 16 * c);
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      if (j < n)
+        for (int c = 0; c < NC; ++c) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + j * k_stride + 16 * c), acc[j]);
+    }
+    _mm512_storeu_ps(scores + r * ld + j0, _mm512_mul_ps(lane_sums(acc), scale));
+  }
+}
+
+template <int NC>
+inline void score_block(const at::BFloat16* k, int64_t k_stride, int n, const at::BFloat16* const* q, int rows,
+                        __m512 scale, float* scores, int64_t ld, int64_t j0) {
+  constexpr int NP = NC / 2;  // 32 bfloat16 per vector
+  for (int r = 0; r < rows; ++r) {
+    __m512bh qv[NP];
+    __m512 acc[16];
+    for (int c = 0; c < NP; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + 32 * c);
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      if (j < n)
+        for (int c = 0; c < NP; ++c)
+          acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(k + j * k_stride + 32 * c));
+    }
+    _mm512_storeu_ps(scores + r * ld + j0, _mm512_mul_ps(lane_sums(acc), scale));
+  }
+}
+
+// out rows += sum over keys of p[r][j] v[j], for ROWS rows of weights (weights[r * ld + j]).
+template <int NC, int ROWS, typename T>
+inline void weigh_values(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld,
+                         const float* inverse_sums, T* const* out) {
+  __m512 acc[ROWS][NC];
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L; ++j) {
+    const T* vj = v + j * v_stride;
+    __m512 vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load_f32(vj + 16 * c);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 p = _mm512_set1_ps(weights[r * ld + j]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    const __m512 inv = _mm512_set1_ps(inverse_sums[r]);
+    for (int c = 0; c < NC; ++c) store(out[r] + 16 * c, _mm512_mul_ps(acc[r][c], inv));
+  }
+}
+
+template <int NC, typename T>
+void weigh_group(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld, const float* inverse_sums,
+                 T* const* out, int rows) {
+  constexpr int RG = NC == 4 ? 6 : NC == 8 ? 3 : 1;  // rows per pass: RG * NC accumulators
+  for (int r0 = 0; r0 < rows; r0 += RG) {
+    const int n = std::min(RG, rows - r0);
+    const float* w = weights + r0 * ld;
+    switch (n) {
+#define DFLASH_ROWS(k)                                                                 \
+  case k:                                                                              \
+    if constexpr (k <= RG) weigh_values<NC, k>(v, v_stride, L, w, ld, inverse_sums + r0, out + r0); \
+    break;
+      DFLASH_ROWS(1)
+      DFLASH_ROWS(2)
+      DFLASH_ROWS(3)
+      DFLASH_ROWS(4)
+      DFLASH_ROWS(5)
+      DFLASH_ROWS(6)
+#undef DFLASH_ROWS
+      default:
+        break;
+    }
+  }
+}
+
+struct Strides {
+  int64_t b, h, l;
+};
+
+template <int NC, typename T>
+void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Strides ks, const T* values, Strides vs,
+            const bool* mask, int64_t mask_b, int64_t mask_q, int64_t mask_l, T* out, int64_t B, int64_t H,
+            int64_t KVH, int64_t Q, int64_t L, float scale) {
+  constexpr int64_t D = 16 * NC;
+  const int64_t G = H / KVH, R = G * Q;
+  const int64_t ld = (L + 15) / 16 * 16;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);  // FTZ | DAZ, as small_gemm.cpp
+    std::vector<float> scores(R * ld);
+    std::vector<float> inverse_sums(R);
+    std::vector<const T*> q_rows(R);
+    std::vector<T*> out_rows(R);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, kvh = task % KVH;
+      // row r = g * Q + i: query head kvh * G + g at position i
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < Q; ++i) {
+          const int64_t h = kvh * G + g;
+          q_rows[g * Q + i] = query + b * qs.b + h * qs.h + i * q_pos_stride;
+          out_rows[g * Q + i] = out + ((b * Q + i) * H + h) * D;
+        }
+      const T* k = keys + b * ks.b + kvh * ks.h;
+      for (int64_t j0 = 0; j0 < L; j0 += 16)
+        score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(16, L - j0)), q_rows.data(),
+                        static_cast<int>(R), scale_v, scores.data(), ld, j0);
+      for (int64_t r = 0; r < R; ++r) {
+        float* s = scores.data() + r * ld;
+        const int64_t i = r % Q;
+        if (mask) {
+          const bool* m = mask + b * mask_b + i * mask_q;
+          for (int64_t j = 0; j < L; ++j)
+            if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
+        }
+        const int64_t full = L / 16 * 16;
+        const __mmask16 tail = (__mmask16)((1u << (L - full)) - 1u);
+        __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < full; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+        if (tail) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, s + full));
+        const float top = _mm512_reduce_max_ps(mx);
+        const __m512 topv = _mm512_set1_ps(top);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < full; j += 16) {
+          const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), topv));
+          _mm512_storeu_ps(s + j, e);
+          sum = _mm512_add_ps(sum, e);
+        }
+        if (tail) {
+          const __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full), topv)));
+          _mm512_mask_storeu_ps(s + full, tail, e);
+          sum = _mm512_add_ps(sum, e);
+        }
+        // all keys masked: every weight is 0 and so is the row, as SDPA's CPU flash kernel
+        inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / _mm512_reduce_add_ps(sum);
+      }
+      weigh_group<NC>(values + b * vs.b + kvh * vs.h, vs.l, L, scores.data(), ld, inverse_sums.data(), out_rows.data(),
+                      static_cast<int>(R));
+    }
+    _mm_setcsr(csr);
+  });
+}
+
+template <typename T>
+void dispatch(int64_t D, const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Strides ks, const T* values,
+              Strides vs, const bool* mask, int64_t mb, int64_t mq, int64_t ml, T* out, int64_t B, int64_t H,
+              int64_t KVH, int64_t Q, int64_t L, float scale) {
+  switch (D) {
+    case 64: attend<4, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    case 128: attend<8, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    case 256: attend<16, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    default: TORCH_CHECK(false, "decode_attention: head_dim 64, 128 or 256");
+  }
+}
+
+}  // namespace
+
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
+                               const c10::optional<torch::Tensor>& mask, double scale) {
+  TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "decode_attention: 4-d query, keys, values");
+  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
+  const int64_t KVH = keys.size(1), L = keys.size(2);
+  TORCH_CHECK(keys.size(0) == B && values.size(0) == B && values.size(1) == KVH && values.size(2) == L &&
+                  keys.size(3) == D && values.size(3) == D,
+              "decode_attention: keys and values (B, KVH, L, D)");
+  TORCH_CHECK(KVH > 0 && H % KVH == 0 && L > 0, "decode_attention: H % KVH == 0, L > 0");
+  TORCH_CHECK(query.stride(3) == 1 && keys.stride(3) == 1 && values.stride(3) == 1, "decode_attention: head_dim stride 1");
+  TORCH_CHECK(query.scalar_type() == keys.scalar_type() && keys.scalar_type() == values.scalar_type(),
+              "decode_attention: one dtype");
+  TORCH_CHECK(query.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "decode_attention: CPU");
+  const bool* mask_data = nullptr;
+  int64_t mb = 0, mq = 0, ml = 0;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->scalar_type() == torch::kBool && mask->dim() == 4 && mask->size(1) == 1, "decode_attention: bool mask (B, 1, Q, L)");
+    TORCH_CHECK((mask->size(0) == B || mask->size(0) == 1) && (mask->size(2) == Q || mask->size(2) == 1) &&
+                    mask->size(3) == L,
+                "decode_attention: mask broadcast to (B, 1, Q, L)");
+    mask_data = mask->data_ptr<bool>();
+    mb = mask->size(0) == 1 ? 0 : mask->stride(0);
+    mq = mask->size(2) == 1 ? 0 : mask->stride(2);
+    ml = mask->stride(3);
+  }
+  // (B, Q, H, D) memory seen as (B, H, Q, D): the engine's transpose back is a view
+  auto out = torch::empty({B, Q, H, D}, query.options()).transpose(1, 2);
+  const Strides qs{query.stride(0), query.stride(1), 0}, ks{keys.stride(0), keys.stride(1), keys.stride(2)},
+      vs{values.stride(0), values.stride(1), values.stride(2)};
+  const float s = static_cast<float>(scale);
+  if (query.scalar_type() == torch::kFloat) {
+    dispatch<float>(D, query.data_ptr<float>(), qs, query.stride(2), keys.data_ptr<float>(), ks,
+                    values.data_ptr<float>(), vs, mask_data, mb, mq, ml, out.data_ptr<float>(), B, H, KVH, Q, L, s);
+  } else {
+    TORCH_CHECK(query.scalar_type() == torch::kBFloat16, "decode_attention: float32 or bfloat16");
+    using bf = at::BFloat16;
+    dispatch<bf>(D, query.data_ptr<bf>(), qs, query.stride(2), keys.data_ptr<bf>(), ks, values.data_ptr<bf>(), vs,
+                 mask_data, mb, mq, ml, out.data_ptr<bf>(), B, H, KVH, Q, L, s);
+  }
+  return out;
+}

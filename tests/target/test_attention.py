@@ -1,0 +1,104 @@
+"""Our decode-attention kernel (dflash.target.kernels.attention) computes what SDPA computes,
+and the engine runs SDPA wherever the kernel does not apply."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dflash.target import kernels
+
+
+@pytest.fixture(autouse=True)
+def inference():
+    with torch.inference_mode():
+        yield
+
+
+def needs_kernel():
+    if kernels.small_gemm() is None:
+        pytest.skip("this machine does not build our AVX-512 kernels (no AVX-512 BF16 or no compiler)")
+
+
+def case(dtype, batch, length, heads, kv_heads, head_dim=64, q=1, mask="pad", seed=0):
+    """Query, cache views (the first `length` of a larger capacity) and a mask."""
+    generator = torch.Generator().manual_seed(seed)
+    capacity = length + 13
+    cache = torch.randn(2, batch, kv_heads, capacity, head_dim, generator=generator).to(dtype)
+    keys, values = cache[0, :, :, :length], cache[1, :, :, :length]
+    query = torch.randn(batch, q, heads, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    if mask == "none":
+        return query, keys, values, None
+    valid = torch.ones(batch, length + 5, dtype=torch.bool)  # a strided view, as greedy_batch's
+    for row in range(batch):
+        valid[row, : (row * 7) % length] = False  # left padding of each row
+    valid[0, : length - 1] = False  # only its own (last) key
+    keep = valid[:, None, None, :length]
+    if q > 1:  # causal over the new positions, besides the padding
+        keys_at = torch.arange(length)
+        keep = keep & (keys_at <= torch.arange(length - q, length).unsqueeze(1))
+    return query, keys, values, keep
+
+
+def check(dtype, *args, **kwargs):
+    query, keys, values, mask = case(dtype, *args, **kwargs)
+    ours = kernels.attention(query, keys, values, mask)
+    assert ours is not None and ours.dtype == dtype and ours.shape == query.shape
+    gqa = query.shape[1] != keys.shape[1]
+    sdpa = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=gqa)
+    exact = F.scaled_dot_product_attention(query.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=gqa)
+    scale = exact.abs().max()
+    if dtype == torch.float32:
+        assert (ours.double() - exact).abs().max() <= 2e-6 * scale
+        assert (ours.double() - sdpa.double()).abs().max() <= 1e-5 * scale
+    else:  # the inputs' rounding, then one rounding of the output
+        assert (ours.double() - exact).abs().max() <= 2e-2 * scale
+        assert (ours.double() - sdpa.double()).abs().max() <= 2e-2 * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 17, 300])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4)])
+@pytest.mark.parametrize("mask", ["pad", "none"])
+def test_decode_attention_equals_sdpa(dtype, batch, length, heads, mask):
+    needs_kernel()
+    check(dtype, batch, length, *heads, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "q"), [(128, 1), (256, 3), (64, 16), (128, 16)])
+def test_other_head_dims_and_several_queries_equal_sdpa(dtype, head_dim, q):
+    needs_kernel()
+    check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q)
+    check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q, mask="none")
+
+
+def test_a_row_with_every_key_masked_is_zero_as_sdpa():
+    needs_kernel()
+    query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
+    mask = mask.clone()
+    mask[1] = False
+    ours = kernels.attention(query, keys, values, mask)
+    sdpa = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(ours, sdpa)
+    assert not ours[1].any()
+
+
+def test_where_the_kernel_does_not_apply_the_caller_runs_sdpa():
+    query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    assert kernels.attention(query, keys, values, additive) is None
+    assert kernels.attention(query.half(), keys.half(), values.half(), None) is None
+    long_query = torch.randn(2, 9, kernels.MAX_ATTENTION_QUERIES + 1, 64)
+    assert kernels.attention(long_query, keys, values, None) is None
+    odd = case(torch.float32, 2, 17, 9, 3, head_dim=48)
+    assert kernels.attention(*odd) is None
+    with torch.inference_mode(False), torch.enable_grad():
+        assert kernels.attention(query.clone(), keys.clone(), values.clone(), mask) is None
+
+
+def test_no_kernel_on_the_machine_means_sdpa(monkeypatch):
+    monkeypatch.setattr(kernels, "small_gemm", lambda: None)
+    query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
+    assert kernels.attention(query, keys, values, mask) is None
+    assert not kernels.attention_available(query)
