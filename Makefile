@@ -38,7 +38,7 @@ lint: install
 
 # One worker per core (-n auto); a test file stays on one worker, so its module fixtures are built once.
 test: install $(TF4_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
 
 test-fast: install $(TF4_STAMP)
 	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
