@@ -233,8 +233,8 @@ class DemoAppConfig:
     budget_minutes: float = 30.0
     train_minutes: Any = "auto"  # "auto" | minutes
     min_train_minutes: float = 3.0
-    margin_s: float = 180.0
-    reserve_factor: float = 2.6
+    margin_s: float = 240.0
+    reserve_factor: float = 2.0
     cpu_threads: int = 2
     data: str = MISSING
     data_dtype: str = "bfloat16"

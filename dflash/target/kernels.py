@@ -276,7 +276,8 @@ def _choice_key(group: list[Linear], rows: tuple[int, ...]) -> str | None:
 
 
 def _kept_choice(key: str | None, linear: Linear, rows: tuple[int, ...]) -> dict[int, str] | None:
-    kept = (read_json(choices_path()) or {}).get(key) if key else None
+    kept = read_json(choices_path()) if key else None
+    kept = kept.get(key) if isinstance(kept, dict) else None
     if not isinstance(kept, dict) or sorted(kept) != sorted(str(count) for count in rows):
         return None
     choice = {int(count): name for count, name in kept.items()}
