@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.target.kernels import TUNED_ROWS, Linear, attention, attention_available, tune
+from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, run_attention, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -271,7 +271,9 @@ class FastForward:
             cache.keys[index, :, :, start:end] = key
             cache.values[index, :, :, start:end] = value.transpose(1, 2)
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
-            out = None if causal else attention(query, keys, values, mask)
+            if index == 0:  # every layer has the same shapes: check once per forward
+                plan = None if causal else attention_plan(query, keys, values, mask)
+            out = None if plan is None else run_attention(query, keys, values, plan[0])
             if out is None:
                 out = F.scaled_dot_product_attention(
                     query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads

@@ -337,12 +337,20 @@ _attention_broken = False
 def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
     """softmax(query keys^T / sqrt(d) + mask) values with our AVX-512 decode-attention kernel
     (`csrc/decode_attention.cpp`), as SDPA with `enable_gqa` computes it; None where it does
-    not apply, and the caller runs SDPA: not CPU, not float32 or bfloat16 throughout, more
-    than `MAX_ATTENTION_QUERIES` query positions, a head_dim other than 64/128/256, a mask
-    that is not boolean or does not broadcast to (batch, 1, q, keys), gradients, or no
-    kernel on this machine. query (b, heads, q, d); keys, values (b, kv_heads, L, d), views
-    of a cache (any strides, the last one 1), never copied."""
-    global _attention_broken
+    not apply, and the caller runs SDPA. query (b, heads, q, d); keys, values (b, kv_heads, L, d),
+    views of a cache (any strides, the last one 1), never copied. A forward whose layers share
+    shapes checks once (`attention_plan`) and runs each layer with `run_attention`."""
+    plan = attention_plan(query, keys, values, mask)
+    return None if plan is None else run_attention(query, keys, values, plan[0])
+
+
+def attention_plan(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor | None] | None:
+    """(the mask expanded to (batch, 1, q, keys),) where `attention` applies to tensors like
+    these; None where it does not: not CPU, not float32 or bfloat16 throughout, more than
+    `MAX_ATTENTION_QUERIES` query positions, a head_dim other than 64/128/256, a mask that is
+    not boolean or does not broadcast, gradients, or no kernel on this machine."""
     batch, heads, q, head_dim = query.shape
     if (
         _attention_broken
@@ -356,6 +364,7 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mas
         or keys.stride(-1) != 1
         or values.stride(-1) != 1
         or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+        or small_gemm() is None
     ):
         return None
     if mask is not None:
@@ -365,13 +374,19 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mas
             mask = mask.expand(batch, 1, q, keys.shape[2])
         except RuntimeError:
             return None
-    module = small_gemm()
-    if module is None:
+    return (mask,)
+
+
+def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Our kernel on tensors `attention_plan` accepted (mask: the plan's); None, and SDPA from
+    then on, if the kernel fails."""
+    global _attention_broken
+    if _attention_broken:
         return None
     if query.stride(-1) != 1:
         query = query.contiguous()
     try:
-        return module.decode_attention(query, keys, values, mask, head_dim**-0.5)
+        return small_gemm().decode_attention(query, keys, values, mask, query.shape[-1] ** -0.5)
     except (RuntimeError, AttributeError) as error:  # a module built without it, a shape it refuses
         _attention_broken = True
         log.warning("engine: our attention kernel failed (%s); SDPA from now on", str(error)[:200])

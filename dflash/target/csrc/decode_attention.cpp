@@ -16,7 +16,7 @@
 // weights in float32 and divided by the row's sum once; bfloat16 rounds once (nearest
 // even) at the end. A row whose keys are all masked gives 0, as SDPA's CPU flash kernel.
 // Needs AVX-512F/BW/VL/DQ and AVX512-BF16 and D in {64, 128, 256}; kernels.py checks it all.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -241,8 +241,8 @@ void dispatch(int64_t D, const T* query, Strides qs, int64_t q_pos_stride, const
 
 }  // namespace
 
-torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
-                               const c10::optional<torch::Tensor>& mask, double scale) {
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                               const c10::optional<at::Tensor>& mask, double scale) {
   TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "decode_attention: 4-d query, keys, values");
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
   const int64_t KVH = keys.size(1), L = keys.size(2);
@@ -257,7 +257,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const bool* mask_data = nullptr;
   int64_t mb = 0, mq = 0, ml = 0;
   if (mask.has_value() && mask->defined()) {
-    TORCH_CHECK(mask->scalar_type() == torch::kBool && mask->dim() == 4 && mask->size(1) == 1, "decode_attention: bool mask (B, 1, Q, L)");
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 4 && mask->size(1) == 1, "decode_attention: bool mask (B, 1, Q, L)");
     TORCH_CHECK((mask->size(0) == B || mask->size(0) == 1) && (mask->size(2) == Q || mask->size(2) == 1) &&
                     mask->size(3) == L,
                 "decode_attention: mask broadcast to (B, 1, Q, L)");
@@ -267,15 +267,15 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
     ml = mask->stride(3);
   }
   // (B, Q, H, D) memory seen as (B, H, Q, D): the engine's transpose back is a view
-  auto out = torch::empty({B, Q, H, D}, query.options()).transpose(1, 2);
+  auto out = at::empty({B, Q, H, D}, query.options()).transpose(1, 2);
   const Strides qs{query.stride(0), query.stride(1), 0}, ks{keys.stride(0), keys.stride(1), keys.stride(2)},
       vs{values.stride(0), values.stride(1), values.stride(2)};
   const float s = static_cast<float>(scale);
-  if (query.scalar_type() == torch::kFloat) {
+  if (query.scalar_type() == at::kFloat) {
     dispatch<float>(D, query.data_ptr<float>(), qs, query.stride(2), keys.data_ptr<float>(), ks,
                     values.data_ptr<float>(), vs, mask_data, mb, mq, ml, out.data_ptr<float>(), B, H, KVH, Q, L, s);
   } else {
-    TORCH_CHECK(query.scalar_type() == torch::kBFloat16, "decode_attention: float32 or bfloat16");
+    TORCH_CHECK(query.scalar_type() == at::kBFloat16, "decode_attention: float32 or bfloat16");
     using bf = at::BFloat16;
     dispatch<bf>(D, query.data_ptr<bf>(), qs, query.stride(2), keys.data_ptr<bf>(), ks, values.data_ptr<bf>(), vs,
                  mask_data, mb, mq, ml, out.data_ptr<bf>(), B, H, KVH, Q, L, s);

@@ -12,7 +12,8 @@
 // products of pairs into float32, rounded once (round to nearest even) at the end, as oneDNN.
 // Needs AVX-512F/BW/VL and AVX512-BF16 (Intel Sapphire Rapids and later, AMD Zen 4 and
 // later), N % 64 == 0 and even K; kernels.py checks all of it before calling.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>  // at::Tensor arguments; torch/extension.h takes twice as long to compile
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -120,19 +121,19 @@ void run_all(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_
 
 }  // namespace
 
-torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                            int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous(), "small_linear: x (M, K) contiguous");
   TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "small_linear: x and the weight differ in dtype");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(N % 64 == 0 && K % 2 == 0 && packed.numel() == N * K, "small_linear: N % 64, K % 2, packed size");
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   const bool has_bias = bias.has_value() && bias->defined();
-  if (x.scalar_type() == torch::kFloat) {
+  if (x.scalar_type() == at::kFloat) {
     run_all<float, F32>(x.data_ptr<float>(), packed.data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                         y.data_ptr<float>(), M, K, N);
   } else {
-    TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "small_linear: float32 or bfloat16");
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "small_linear: float32 or bfloat16");
     using bf = at::BFloat16;
     run_all<bf, BF16>(x.data_ptr<bf>(), packed.data_ptr<bf>(), has_bias ? bias->data_ptr<bf>() : nullptr,
                       y.data_ptr<bf>(), M, K, N);
@@ -141,8 +142,8 @@ torch::Tensor small_linear(const torch::Tensor& x, const torch::Tensor& packed, 
 }
 
 // decode_attention.cpp, built into the same module
-torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
-                               const c10::optional<torch::Tensor>& mask, double scale);
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                               const c10::optional<at::Tensor>& mask, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "x @ w.T (+ bias) for a few rows of x, from a packed weight");
