@@ -27,7 +27,7 @@ Invariants:
   rounding (and the storage dtype's rounding): fill batches are right-padded, and causal
   attention keeps padding out of real positions, as in training. The fill runs under the
   trainer's precision context, as a training step's target forward does (bf16-mixed:
-  autocast to bfloat16, about 2.7x faster on AMX or AVX512-BF16 CPUs); the autocast dtype
+  autocast to bfloat16, the faster one on AMX or AVX512-BF16 CPUs); the autocast dtype
   is part of the key, so a float32 fill and a bf16-mixed one are two caches.
 - Ranks split the fill by shard (shard i by rank i % world_size); the caller then waits for
   all ranks before reading (`DFlashTrainingModule.setup`). Processes filling the same share

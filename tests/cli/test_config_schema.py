@@ -5,6 +5,7 @@ naming a key of the composed config; the Python API and the command line share d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -82,6 +83,12 @@ def test_every_schema_field_is_covered():
     }, untyped
 
 
+@functools.cache
+def _composed_once(app: str, overrides: tuple[str, ...]):
+    """The app's composed config (its keys only are read: composed once per app and overrides)."""
+    return _compose(app, list(overrides))
+
+
 @pytest.mark.parametrize("app,select,key,hint", CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
 def test_wrong_type_on_the_command_line_names_the_full_key(app, select, key, hint, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
@@ -97,7 +104,7 @@ def test_wrong_type_on_the_command_line_names_the_full_key(app, select, key, hin
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith(f"error: {key}: "), error
-    cfg = _compose(app, composed)
+    cfg = _composed_once(app, tuple(composed))
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     assert leaf in node.keys()  # the key exists in the composed config (its value unresolved)

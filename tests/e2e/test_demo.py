@@ -33,6 +33,7 @@ QUICK = [
     "evaluation.math=1",
     "evaluation.chat=1",
     "evaluation.max_new_tokens=12",
+    "cpu_threads=1",  # the suite runs one test per core
     'train_overrides=["trainer.val_check_interval=2","checkpoint.every_n_train_steps=2","data.batch_size=2"]',
     'eval_overrides=["warmup_tokens=0"]',
 ]
