@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from dflash.decoding.verify import propose_tokens
+from dflash.drafter.fast import lean_drafter
 from dflash.drafter.model import DFlashDrafter, DrafterCache
 
 
@@ -18,7 +19,9 @@ class DFlashProposer:
         embed: token ids (1, q) -> (1, q, D) embeddings as the target's first layer sees
             them (`TargetModel.embed`).
         logits: hidden (..., D) -> (..., V) logits through the target's head transform
-            (`TargetModel.logits`).
+            (`TargetModel.draft_logits`).
+        lean_dtype: run the drafter's lean decoding forward in this dtype
+            (`dflash.drafter.fast`; `TargetModel.draft_dtype`), or None: the module itself.
     """
 
     def __init__(
@@ -26,8 +29,10 @@ class DFlashProposer:
         drafter: DFlashDrafter,
         embed: Callable[[torch.Tensor], torch.Tensor],
         logits: Callable[[torch.Tensor], torch.Tensor],
+        lean_dtype: torch.dtype | None = None,
     ):
         self.drafter = drafter.eval()
+        self.forward = self.drafter if lean_dtype is None else lean_drafter(self.drafter, lean_dtype)
         self.embed = embed
         self.logits = logits
         self.mask_token_id = drafter.config.mask_token_id
@@ -59,6 +64,6 @@ class DFlashProposer:
         block_ids[0, 0] = committed_ids[0, -1]
         block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
         context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
-        hidden = self.drafter(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
+        hidden = self.forward(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
         self.cache.crop(anchor_pos)
         return self.logits(hidden[0, 1 : 1 + num_drafts]).float()

@@ -167,7 +167,7 @@ def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """HF's x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
@@ -267,7 +267,7 @@ class FastForward:
             if layer.q_norm is not None:
                 query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
             query, key = query.transpose(1, 2), key.transpose(1, 2)
-            query, key = _rope(query, cos, sin), _rope(key, cos, sin)
+            query, key = rope(query, cos, sin), rope(key, cos, sin)
             cache.keys[index, :, :, start:end] = key
             cache.values[index, :, :, start:end] = value.transpose(1, 2)
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]

@@ -302,6 +302,13 @@ class TargetModel:
         head = self.fast.lm_head if self.fast is not None and self.fast.prepared else self.lm_head
         return self._head_transform(head(hidden.to(self.lm_head.weight.dtype)))
 
+    @property
+    def draft_dtype(self) -> torch.dtype | None:
+        """The dtype drafters propose in where the fast engine decodes (bfloat16, as
+        `draft_logits`: half the bytes a propose reads; drafts only propose, docs/design.md
+        invariant 12), else None: the drafter's own (`dflash.drafter.fast`)."""
+        return torch.bfloat16 if self.fast is not None and self.device.type == "cpu" else None
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`logits` for a drafter's proposals: through a bfloat16 copy of the head when the fast
         engine decodes a float32 target (half the bytes of the largest matrix a propose

@@ -1,0 +1,108 @@
+"""The drafter's lean decoding forward: `DFlashDrafter.forward` over a `DrafterCache` without
+a mask, on the fast engine's kernels (`dflash.target.kernels`), in bfloat16.
+
+A decoding step's propose reads the drafter's weights for 3-6 rows. Through the module,
+torch's float32 GEMM and a few dozen small ops per layer cost the demo's 3-layer drafter
+about a fifth of a target forward; here its projections are fused (k with v, gate with up),
+run on the kernels tuned for this machine, and read in bfloat16, half the bytes
+(docs/results/engine-2026-11-27-xeon/).
+
+Invariants:
+- It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, op for op
+  in the same order (float32: equal within float rounding; tests/drafter/test_fast.py).
+- Drafts only propose: the target's verify decides every emitted token (docs/design.md
+  invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
+  output.
+- A snapshot: the weights are copied when it is built. `DFlashProposer` builds it for an
+  inference-only proposer, so a drafter still training is never read through a stale copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dflash.drafter.model import DFlashDrafter
+from dflash.target.engine import rms_norm, rope
+from dflash.target.kernels import Linear, attention, tune
+
+
+def _linear(dtype: torch.dtype, *modules) -> Linear:
+    """One kernel linear of `modules` stacked along their outputs (k with v, gate with up)."""
+    weight = torch.cat([m.weight.detach() for m in modules]).to(dtype)
+    biases = [m.bias for m in modules]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).to(dtype)
+    return Linear(weight, bias)
+
+
+def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    return module.weight.detach().to(dtype), module.eps
+
+
+class FastDrafter:
+    """`DFlashDrafter.forward` for decoding (module invariants); called like the module."""
+
+    def __init__(self, drafter: DFlashDrafter, dtype: torch.dtype):
+        self.config = drafter.config
+        self.dtype = dtype
+        self.rotary = drafter.rotary_emb
+        self.fc = None if drafter.fc is None else _linear(dtype, drafter.fc)
+        self.hidden_norm, self.norm = _norm(drafter.hidden_norm, dtype), _norm(drafter.norm, dtype)
+        self.layers = []
+        for layer in drafter.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                {
+                    "input_norm": _norm(layer.input_layernorm, dtype),
+                    "q": _linear(dtype, attn.q_proj),
+                    "kv": _linear(dtype, attn.k_proj, attn.v_proj),
+                    "q_norm": _norm(attn.q_norm, dtype),
+                    "k_norm": _norm(attn.k_norm, dtype),
+                    "o": _linear(dtype, attn.o_proj),
+                    "post_norm": _norm(layer.post_attention_layernorm, dtype),
+                    "gate_up": _linear(dtype, mlp.gate_proj, mlp.up_proj),
+                    "down": _linear(dtype, mlp.down_proj),
+                }
+            )
+        linears = [layer[name] for layer in self.layers for name in ("q", "kv", "o", "gate_up", "down")]
+        tune(linears + ([self.fc] if self.fc is not None else []))
+        first = drafter.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+        self.intermediate = drafter.layers[0].mlp.gate_proj.out_features
+
+    @torch.inference_mode()
+    def __call__(self, block_embeds, block_positions, context_features, context_positions, mask=None, cache=None):
+        if mask is not None or cache is None:
+            raise ValueError("the lean drafter forward decodes: no mask, with a DrafterCache")
+        batch, q, _ = block_embeds.shape
+        context = context_features.to(self.dtype)
+        context = rms_norm(self.fc(context) if self.fc is not None else context, self.hidden_norm)
+        hidden = block_embeds.to(self.dtype)
+        new = context.shape[1]
+        cos, sin = self.rotary(hidden, torch.cat([context_positions, block_positions], dim=1))
+        half = sin.shape[-1] // 2
+        cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(hidden, layer["input_norm"])
+            query = layer["q"](x).view(batch, q, heads, head_dim)
+            kv = layer["kv"](torch.cat([context, x], dim=1))
+            key = kv[..., : kv_heads * head_dim].view(batch, new + q, kv_heads, head_dim)
+            value = kv[..., kv_heads * head_dim :].view(batch, new + q, kv_heads, head_dim).transpose(1, 2)
+            query = rope(rms_norm(query, layer["q_norm"]).transpose(1, 2), cos[:, :, new:], sin[:, :, new:])
+            key = rope(rms_norm(key, layer["k_norm"]).transpose(1, 2), cos, sin)
+            keys, values = cache.append(index, key, value)
+            out = attention(query, keys, values, None)
+            if out is None:
+                out = F.scaled_dot_product_attention(query, keys, values, enable_gqa=heads != kv_heads)
+            hidden = hidden + layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
+            x = rms_norm(hidden, layer["post_norm"])
+            gate_up = layer["gate_up"](x)
+            hidden = hidden + layer["down"](F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
+        return rms_norm(hidden, self.norm)
+
+
+def lean_drafter(drafter: DFlashDrafter, dtype: torch.dtype) -> FastDrafter | DFlashDrafter:
+    """The lean forward of `drafter` in `dtype` where it applies (a CPU drafter), else the
+    drafter itself."""
+    return FastDrafter(drafter, dtype) if drafter.norm.weight.device.type == "cpu" else drafter
