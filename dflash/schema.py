@@ -18,6 +18,9 @@ what it holds: `<Thing>Spec` for what is loaded or built (`TargetSpec`, `Drafter
 `DecodingSettings`). A bare `Config` is a model's own configuration, what its config.json
 holds (`DrafterConfig`, `Eagle3Config`, `TinyCodeConfig`), never a schema of ours.
 
+Field docs: each field's description is a string literal right under it (an attribute
+docstring, as in litgpt's args.py); a class docstring describes only the class.
+
 Invariants:
 - The Python API and the command line get the same defaults: a composed app with no
   overrides, turned into objects, equals the dataclasses built with their defaults
@@ -58,45 +61,38 @@ def _default(cls, name: str):
 
 @dataclass
 class PathsSettings:
-    """The `paths` group: root (the working directory), artifacts (everything the apps
-    write; DFLASH_ARTIFACTS or paths.artifacts=...), output_dir (the run's directory)."""
+    """The `paths` group."""
 
     root: str = MISSING
+    """The working directory."""
     artifacts: str = MISSING
+    """Everything the apps write (DFLASH_ARTIFACTS or paths.artifacts=...)."""
     output_dir: str = MISSING
+    """The run's directory."""
 
 
 @dataclass
 class AfterTrainEvalSettings:
     """The train app's `eval` group: evaluation of the exported drafter at the end of
     training (eval.after_train=true), with the benchmark and decoding blocks of
-    `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME).
-
-    hf_generate: also time the target's own model.generate() (off here: training runs
-        compare against the autoregressive loop only).
-    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
-    tau_real: the real loop's tau on held-out prompts during training, logged as
-        val/tau_real (`dflash.training.tau_real.TauRealSettings`; off by default).
-    """
+    `python -m dflash.evaluate` (presets: benchmark@eval.benchmark=NAME, decoding@eval.decoding=NAME)."""
 
     benchmark: BenchmarkSpec = MISSING
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     after_train: bool = False
     hf_generate: bool = False
+    """Also time the target's own model.generate() (off here: training runs compare against
+    the autoregressive loop only)."""
     warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+    """Untimed warm-up generation on the first prompt; 0: none."""
     tau_real: TauRealSettings = field(default_factory=TauRealSettings)
+    """The real loop's tau on held-out prompts during training, logged as val/tau_real
+    (`dflash.training.tau_real.TauRealSettings`; off by default)."""
 
 
 @dataclass
 class TrainAppConfig:
-    """`python -m dflash.train` (dflash/conf/train.yaml).
-
-    run_name: directory under ${paths.artifacts}/runs (train.yaml derives it from the command line).
-    seed: the run's seed (data order, anchors, and the drafter's initialisation unless drafter.seed is set).
-    cpu_threads: torch intra-op threads; None: torch's default.
-    method: the `method` group: the trained method's `train_settings` (`dflash.methods`),
-        the group option's own schema (dflash/conf/method/NAME.yaml starts from `_NAME_schema`).
-    """
+    """`python -m dflash.train` (dflash/conf/train.yaml)."""
 
     paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
@@ -104,29 +100,27 @@ class TrainAppConfig:
     data: DataSpec = MISSING
     training: TrainingSettings = MISSING
     method: Any = None
+    """The `method` group: the trained method's `train_settings` (`dflash.methods`), the group
+    option's own schema (dflash/conf/method/NAME.yaml starts from `_NAME_schema`)."""
     trainer: TrainerSettings = MISSING
     logger: LoggerSettings = MISSING
     eval: AfterTrainEvalSettings = MISSING
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     run_name: str = MISSING
+    """Directory under ${paths.artifacts}/runs (train.yaml derives it from the command line)."""
     seed: int = 0
+    """The run's seed (data order, anchors, and the drafter's initialisation unless drafter.seed is set)."""
     cpu_threads: int | None = None
-    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
+    """Torch intra-op threads; None: torch's default."""
+    sweep: Any = None
+    """`+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep."""
 
 
 @dataclass
 class _EvaluateAppKeys:
     """`python -m dflash.evaluate` (dflash/conf/evaluate.yaml); `EvaluateAppConfig` adds one
     group per method with settings, named after it and typed by its schema
-    (`dflash.methods`; e.g. `ngram.*`), present with its defaults without any YAML.
-
-    methods: drafting methods compared on the same prompts, the first is primary
-        (`dflash.methods.METHODS`; dflash and dflash_tree draft with drafter.* at
-        decoding.block_size); every other method is configured by its own group.
-    hf_generate: also time the target's model.generate(), the baseline a user would otherwise run.
-    warmup_tokens: untimed warm-up generation on the first prompt; 0: none.
-    cpu_threads: torch intra-op threads; None: torch's default (the smoke preset uses 1).
-    """
+    (`dflash.methods`; e.g. `ngram.*`), present with its defaults without any YAML."""
 
     paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
@@ -134,15 +128,23 @@ class _EvaluateAppKeys:
     decoding: DecodingSettings = MISSING
     benchmark: BenchmarkSpec = MISSING
     methods: list[str] = field(default_factory=lambda: list(_default(EvalSettings, "methods")))
+    """Drafting methods compared on the same prompts, the first is primary
+    (`dflash.methods.METHODS`; dflash and dflash_tree draft with drafter.* at
+    decoding.block_size); every other method is configured by its own group."""
     hf_generate: bool = _default(EvalSettings, "hf_generate")
+    """Also time the target's model.generate(), the baseline a user would otherwise run."""
     warmup_tokens: int = _default(EvalSettings, "warmup_tokens")
+    """Untimed warm-up generation on the first prompt; 0: none."""
     cpu_threads: int | None = None
-    sweep: Any = None  # `+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep
-    # labels of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml, *_infer*.yaml):
-    # part of its directory name, and read by the tables from results.json. Keys only one sweep file reads
-    # live under that file's `sweep:` node.
+    """Torch intra-op threads; None: torch's default (the smoke preset uses 1)."""
+    sweep: Any = None
+    """`+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep (keys only
+    one sweep file reads live under that file's `sweep:` node)."""
     train_seed: int | None = None
+    """A label of the evaluated drafter that evaluation sweeps set (dflash/conf/sweep/_eval.yaml,
+    *_infer*.yaml): part of its directory name, and read by the tables from results.json."""
     train_block_size: int | None = None
+    """A label of the evaluated drafter, as train_seed."""
 
 
 EvaluateAppConfig = dataclasses.make_dataclass(
@@ -154,10 +156,10 @@ EvaluateAppConfig = dataclasses.make_dataclass(
 
 @dataclass
 class RegenerateRunSettings(RegenerateSettings):
-    """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir, where
-    the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
+    """The regenerate app's `regenerate` group: `RegenerateSettings` plus output_dir."""
 
     output_dir: str | None = None
+    """Where the shards go (regenerate.yaml: ${data.path}, where training then reads them)."""
 
 
 @dataclass
@@ -172,13 +174,14 @@ class RegenerateAppConfig:
 
 @dataclass
 class ExportAppConfig:
-    """`python -m dflash.export` (dflash/conf/export.yaml): ckpt, a .ckpt file or a run
-    directory (its checkpoints/last.ckpt); out, the drafter directory to write; dtype, the
-    weight dtype on disk (None: as trained)."""
+    """`python -m dflash.export` (dflash/conf/export.yaml)."""
 
     ckpt: str = MISSING
+    """A .ckpt file or a run directory (its checkpoints/last.ckpt)."""
     out: str = MISSING
+    """The drafter directory to write."""
     dtype: str | None = None
+    """The weight dtype on disk (None: as trained)."""
 
     def __post_init__(self):
         require(self.out != "", "out", "must be a directory path")
@@ -209,14 +212,18 @@ class TablesAppConfig:
 
 @dataclass
 class DemoEvaluationSettings:
-    """The demo's stage 4 (dflash/conf/demo.yaml): prompts per family, tokens per prompt, and
-    the reserve per evaluate app for its start."""
+    """The demo's stage 4 (dflash/conf/demo.yaml)."""
 
     humaneval: int = 16
+    """Prompts of this family."""
     math: int = 8
+    """Prompts of this family."""
     chat: int = 8
+    """Prompts of this family."""
     max_new_tokens: int = 128
+    """Tokens per prompt."""
     start_s: float = 20.0
+    """The reserve per evaluate app for its start."""
 
     def __post_init__(self):
         for key in ("humaneval", "math", "chat", "max_new_tokens"):
@@ -225,13 +232,13 @@ class DemoEvaluationSettings:
 
 @dataclass
 class DemoAppConfig:
-    """`python -m dflash.demo` (dflash/conf/demo.yaml, which says what each key does).
-    regenerate: settings of the regenerate app, passed to it as its overrides (it checks them)."""
+    """`python -m dflash.demo` (dflash/conf/demo.yaml, which says what each key does)."""
 
     paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     budget_minutes: float = 30.0
-    train_minutes: Any = "auto"  # "auto" | minutes
+    train_minutes: Any = "auto"
+    """"auto" | minutes."""
     min_train_minutes: float = 3.0
     margin_s: float = 240.0
     reserve_factor: float = 2.0
@@ -240,6 +247,7 @@ class DemoAppConfig:
     data_dtype: str = "bfloat16"
     data_overrides: list[str] = field(default_factory=list)
     regenerate: dict = field(default_factory=dict)
+    """Settings of the regenerate app, passed to it as its overrides (it checks them)."""
     train_overrides: list[str] = field(default_factory=list)
     evaluation: DemoEvaluationSettings = field(default_factory=DemoEvaluationSettings)
     eval_overrides: list[str] = field(default_factory=list)
@@ -257,14 +265,14 @@ class StdlibPromptsSettings:
 
 @dataclass
 class DemoTinyAppConfig:
-    """`python -m dflash.demo_tiny` (dflash/conf/demo_tiny.yaml, which says what each key does).
-    regenerate: `RegenerateSettings` of stage 2, checked by `dflash.cli.demo_tiny` (kept a
-    plain mapping: its keys as written name the data directory)."""
+    """`python -m dflash.demo_tiny` (dflash/conf/demo_tiny.yaml, which says what each key does)."""
 
     paths: PathsSettings = MISSING
     target: TargetSpec = MISSING
     prompts: StdlibPromptsSettings = field(default_factory=StdlibPromptsSettings)
     regenerate: dict = field(default_factory=dict)
+    """`RegenerateSettings` of stage 2, checked by `dflash.cli.demo_tiny` (kept a plain
+    mapping: its keys as written name the data directory)."""
     train_overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
 

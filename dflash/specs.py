@@ -22,28 +22,26 @@ from dflash.target.model import ENGINES, resolve_dtype
 
 @dataclass
 class TargetSpec:
-    """Where the target comes from.
-
-    path: hub id ("Qwen/Qwen3-8B") or local HF directory.
-    build: for offline tiny targets: {"arch": "qwen3"|"llama", "seed": int, ...}; the
-        target is built and saved at `path` when that directory does not exist yet.
-    gguf_file: a GGUF file (a path, or `pkg:<distribution>:<file>` for one shipped in an
-        installed package) converted once into an HF directory at `path`, and again only
-        when the file changes (`dflash.target.gguf`).
-    engine: the forward that decodes: "auto" (the fast engine, `dflash.target.engine`:
-        static KV cache, fused weights, kernels measured on this CPU, where it can run the
-        family on a CPU; else the HF forward), "fast" (also on CUDA) or "eager" (the HF
-        forward with a DynamicCache). A target the fast engine cannot run falls back to
-        the HF forward with one log line.
-    """
+    """Where the target comes from."""
 
     path: str
+    """Hub id ("Qwen/Qwen3-8B") or local HF directory."""
     dtype: str = "auto"
     attn_implementation: str | None = "sdpa"
     device: str = "cpu"
     build: dict | None = None
+    """For offline tiny targets: {"arch": "qwen3"|"llama", "seed": int, ...}; the target is
+    built and saved at `path` when that directory does not exist yet."""
     gguf_file: str | None = None
+    """A GGUF file (a path, or `pkg:<distribution>:<file>` for one shipped in an installed
+    package) converted once into an HF directory at `path`, and again only when the file
+    changes (`dflash.target.gguf`)."""
     engine: str = "auto"
+    """The forward that decodes: "auto" (the fast engine, `dflash.target.engine`: static KV
+    cache, fused weights, kernels measured on this CPU, where it can run the family on a
+    CPU; else the HF forward), "fast" (also on CUDA) or "eager" (the HF forward with a
+    DynamicCache). A target the fast engine cannot run falls back to the HF forward with
+    one log line."""
 
     def __post_init__(self):
         require(self.engine in ENGINES, "engine", f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
@@ -60,40 +58,38 @@ class TargetSpec:
 
 @dataclass
 class DrafterSpec:
-    """Which drafter to use.
-
-    path: a drafter directory; None builds a new randomly initialised drafter from the
-        fields below (for training, tests and the random-drafter floor).
-    init_from: a drafter directory (ours or a published one) whose weights start the
-        new drafter built from the fields below; its shape must match them.
-    block_size: training block size of a new drafter (a loaded drafter keeps its own).
-    target_layer_ids: explicit taps; None = the default rule with
-        `num_target_features` taps (None = as many taps as drafter layers).
-    intermediate_size: the drafter's MLP width (None: the target's).
-    mask_token: token string to use as <mask> (None: the tokenizer's, else "<|MASK|>").
-    attn_implementation: "sdpa", "flex_attention" or "flash_attention_2"; dtype: the
-        drafter's weights ("auto": the target's).
-    seed: initialisation of a new drafter (None: 0; `python -m dflash.train` passes the
-        run's `seed`, so a seed sweep trains different drafters).
-    use_target_features: False builds a standalone block-diffusion drafter whose context
-        is the prefix's token embeddings (the target-context ablation); taps are ignored.
-    init_from_target: start a new drafter from the target's top layers and final norm
-        (`dflash.drafter.target_init`) instead of random weights.
-    """
+    """Which drafter to use."""
 
     path: str | None = None
+    """A drafter directory; None builds a new randomly initialised drafter from the fields
+    below (for training, tests and the random-drafter floor)."""
     init_from: str | None = None
+    """A drafter directory (ours or a published one) whose weights start the new drafter
+    built from the fields below; its shape must match them."""
     num_layers: int = 5
     block_size: int = 16
+    """Training block size of a new drafter (a loaded drafter keeps its own)."""
     target_layer_ids: list[int] | None = None
+    """Explicit taps; None = the default rule with `num_target_features` taps."""
     num_target_features: int | None = None
+    """Taps of the default rule; None = as many taps as drafter layers."""
     intermediate_size: int | None = None
+    """The drafter's MLP width (None: the target's)."""
     mask_token: str | None = None
+    """Token string to use as <mask> (None: the tokenizer's, else "<|MASK|>")."""
     attn_implementation: str = "sdpa"
+    """"sdpa", "flex_attention" or "flash_attention_2"."""
     dtype: str = "float32"
+    """The drafter's weights ("auto": the target's)."""
     seed: int | None = None
+    """Initialisation of a new drafter (None: 0; `python -m dflash.train` passes the run's
+    `seed`, so a seed sweep trains different drafters)."""
     use_target_features: bool = True
+    """False builds a standalone block-diffusion drafter whose context is the prefix's token
+    embeddings (the target-context ablation); taps are ignored."""
     init_from_target: bool = False
+    """Start a new drafter from the target's top layers and final norm
+    (`dflash.drafter.target_init`) instead of random weights."""
 
     def __post_init__(self):
         # now, not after the target has loaded

@@ -25,35 +25,33 @@ _TOKENIZE_FIELDS = [f.name for f in dataclasses.fields(TokenizeSettings)]
 @dataclass
 class DataSpec(SourceSpec):
     """Everything in the `data` config group: the training conversations' source fields
-    (inherited, `SourceSpec`), regeneration sources, tokenisation and DataModule settings.
-
-    sources: prompt sources for regeneration; empty: the conversations at `path`.
-    allow_partial: train on regenerated data that holds fewer rows than its manifest lists.
-    max_length: tokens per training sequence (must match how the target is prompted at evaluation).
-    require_chat_template: a tokenizer without a chat template is an error.
-    enable_thinking: Qwen3 thinking mode; None passes nothing to the template.
-    assistant_turns: "last" trains on the final (regenerated) turn; "all" on every assistant turn.
-    batch_size: sequences per device per step (each opens many anchor blocks).
-    val_fraction: share of conversations held out, split with `seed` (0.05, as the command
-        line has always used; this dataclass said 0.01 before the schema).
-    num_workers: DataLoader workers. cache_dir: the tokenisation cache (None: off).
-    The source fields (path, format, split, subset, data_files, revision, *_column, limit,
-    shuffle_buffer) are documented in `dflash.data.sources.SourceSpec`; `seed` is both the
-    held-out split's seed and, for the conversations at `path`, the seed of a `limit`'s draw
-    (each of `sources` has its own `seed`).
-    """
+    (inherited, `SourceSpec`, where they are documented), regeneration sources,
+    tokenisation and DataModule settings."""
 
     sources: list[SourceSpec] = field(default_factory=list)
+    """Prompt sources for regeneration; empty: the conversations at `path`."""
     max_length: int = 3072
+    """Tokens per training sequence (must match how the target is prompted at evaluation)."""
     require_chat_template: bool = False
+    """A tokenizer without a chat template is an error."""
     enable_thinking: bool | None = False
+    """Qwen3 thinking mode; None passes nothing to the template."""
     assistant_turns: str = "last"
+    """"last" trains on the final (regenerated) turn; "all" on every assistant turn."""
     batch_size: int = 1
+    """Sequences per device per step (each opens many anchor blocks)."""
     val_fraction: float = 0.05
+    """Share of conversations held out, split with `seed` (0.05, as the command line has
+    always used; this dataclass said 0.01 before the schema)."""
     seed: int = 0
+    """Both the held-out split's seed and, for the conversations at `path`, the seed of a
+    `limit`'s draw (each of `sources` has its own `seed`)."""
     num_workers: int = 2
+    """DataLoader workers."""
     cache_dir: str | None = None
+    """The tokenisation cache (None: off)."""
     allow_partial: bool = False
+    """Train on regenerated data that holds fewer rows than its manifest lists."""
 
     def source(self) -> SourceSpec:
         """The training conversations as a source."""

@@ -45,33 +45,32 @@ LOCK_REMEDY = "wait for it to finish, or write elsewhere (regenerate.output_dir=
 
 @dataclass
 class RegenerateSettings:
-    """How the target regenerates responses.
-
-    batch_size: prompts per `generate` call (or concurrent requests to a server); the
-        command line's default, 16, is the default here too (it was 8 before the schema).
-    shard_size: rows per output file; the unit of resumption.
-    temperature: 0 for greedy decoding; top_p / top_k apply only when sampling
-        (top_k 0 = off, so a model's default top_k does not sneak in).
-    enable_thinking: passed to the chat template (Qwen3); None passes nothing.
-    seed: sampling seed; each shard reseeds with seed + its first row, so a resumed run
-        samples the same way.
-    server_url: OpenAI-compatible server (vLLM, SGLang) base URL, e.g.
-        "http://localhost:8000/v1"; None generates with the HF target in-process.
-    server_model: model name for the server; None asks the server's /models.
-    request_timeout_s: seconds a server request may take.
-    """
+    """How the target regenerates responses."""
 
     batch_size: int = 16
+    """Prompts per `generate` call (or concurrent requests to a server); the command line's
+    default, 16, is the default here too (it was 8 before the schema)."""
     shard_size: int = 512
+    """Rows per output file; the unit of resumption."""
     max_new_tokens: int = 2048
     temperature: float = 0.0
+    """0 for greedy decoding; top_p / top_k apply only when sampling."""
     top_p: float = 1.0
+    """Applies only when sampling (temperature > 0)."""
     top_k: int = 0
+    """Applies only when sampling; 0 = off, so a model's default top_k does not sneak in."""
     enable_thinking: bool | None = False
+    """Passed to the chat template (Qwen3); None passes nothing."""
     seed: int = 0
+    """Sampling seed; each shard reseeds with seed + its first row, so a resumed run samples
+    the same way."""
     server_url: str | None = None
+    """OpenAI-compatible server (vLLM, SGLang) base URL, e.g. "http://localhost:8000/v1";
+    None generates with the HF target in-process."""
     server_model: str | None = None
+    """Model name for the server; None asks the server's /models."""
     request_timeout_s: float = 600.0
+    """Seconds a server request may take."""
 
     def __post_init__(self):
         self.validate()

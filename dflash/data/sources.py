@@ -49,45 +49,45 @@ ROLE_ALIASES = {
 
 @dataclass
 class SourceSpec:
-    """Where conversations come from and how to read them.
-
-    path: a hub dataset id ("HuggingFaceH4/ultrachat_200k"), or a local .jsonl/.json/
-        .parquet file, or a local directory of such files (e.g. regenerated shards), or
-        `builtin:<family>`, prompts that need no network (`dflash.data.builtin_prompts`).
-    format: "auto" (pick by columns), "messages", "sharegpt" or "prompt_response".
-    split, subset: passed to `datasets.load_dataset` for hub datasets.
-    data_files: the files of `split` (a name, a glob such as "data/code-*.parquet", or a
-        list), read instead of the dataset's own file list: only these are downloaded, where
-        `datasets` would otherwise prepare every split of the repo.
-    revision: hub datasets only: the commit (or tag, branch) to read; None reads the
-        current main branch, whatever was last uploaded there.
-    input_column: optional extra prompt text appended after the prompt (Alpaca's `input`).
-    response_column: None for prompt-only datasets (fine for regeneration).
-    limit: keep `limit` rows. A hub dataset is then streamed (a large split is not
-        downloaded whole) and sampled: its shards in an order drawn with `seed`, its rows
-        through a seeded `shuffle_buffer`-row buffer, the first `limit` of that order kept
-        (`describe_source` says so in the data summary). A local file keeps its first
-        `limit` rows in file order; `builtin:` prompts are a seeded sample already.
-    seed: the seed of that draw (and of the `builtin:` prompts' order).
-    shuffle_buffer: rows held by the streamed shuffle; a draw is uniform over the split
-        only when the buffer holds all of it, otherwise rows are shuffled within the
-        buffer and shards within the split.
-    """
+    """Where conversations come from and how to read them."""
 
     path: str
+    """A hub dataset id ("HuggingFaceH4/ultrachat_200k"), or a local .jsonl/.json/.parquet
+    file, or a local directory of such files (e.g. regenerated shards), or
+    `builtin:<family>`, prompts that need no network (`dflash.data.builtin_prompts`)."""
     format: str = "auto"
+    """"auto" (pick by columns), "messages", "sharegpt" or "prompt_response"."""
     split: str = "train"
+    """Passed to `datasets.load_dataset` for hub datasets."""
     subset: str | None = None
-    data_files: Any = None  # str | list[str] | None (OmegaConf has no unions with containers)
+    """Passed to `datasets.load_dataset` for hub datasets."""
+    data_files: Any = None
+    """str | list[str] | None (OmegaConf has no unions with containers): the files of `split`
+    (a name, a glob such as "data/code-*.parquet", or a list), read instead of the dataset's
+    own file list: only these are downloaded, where `datasets` would otherwise prepare every
+    split of the repo."""
     messages_column: str = "messages"
     conversations_column: str = "conversations"
     prompt_column: str = "prompt"
     input_column: str | None = None
+    """Optional extra prompt text appended after the prompt (Alpaca's `input`)."""
     response_column: str | None = "response"
+    """None for prompt-only datasets (fine for regeneration)."""
     limit: int | None = None
+    """Keep `limit` rows. A hub dataset is then streamed (a large split is not downloaded
+    whole) and sampled: its shards in an order drawn with `seed`, its rows through a seeded
+    `shuffle_buffer`-row buffer, the first `limit` of that order kept (`describe_source`
+    says so in the data summary). A local file keeps its first `limit` rows in file order;
+    `builtin:` prompts are a seeded sample already."""
     revision: str | None = None
+    """Hub datasets only: the commit (or tag, branch) to read; None reads the current main
+    branch, whatever was last uploaded there."""
     seed: int = 0
+    """The seed of `limit`'s draw (and of the `builtin:` prompts' order)."""
     shuffle_buffer: int = 10_000
+    """Rows held by the streamed shuffle; a draw is uniform over the split only when the
+    buffer holds all of it, otherwise rows are shuffled within the buffer and shards within
+    the split."""
 
     def __post_init__(self):
         files = self.data_files

@@ -65,26 +65,24 @@ class Sample:
 
 @dataclass
 class BenchmarkSpec:
-    """The `benchmark` config group.
-
-    name: a key of BENCHMARKS, or any label when `path` is given.
-    path: local JSONL file to read instead of the hub (or the bundled HumanEval).
-    prompt_format: "paper" (the public harness's wording) or "raw" (the benchmark's text).
-    revision: the hub dataset's commit (or tag, branch) to read; None: the current main
-        branch. Ignored for a local `path` and the bundled HumanEval.
-    max_samples: keep this many conversations (None: all), chosen with `seed`.
-    chat_template: apply the tokenizer's chat template when it has one.
-    enable_thinking: passed to `apply_chat_template` (Qwen3 thinking mode).
-    """
+    """The `benchmark` config group."""
 
     name: str
+    """A key of BENCHMARKS, or any label when `path` is given."""
     path: str | None = None
+    """Local JSONL file to read instead of the hub (or the bundled HumanEval)."""
     revision: str | None = None
+    """The hub dataset's commit (or tag, branch) to read; None: the current main branch.
+    Ignored for a local `path` and the bundled HumanEval."""
     prompt_format: str = "paper"
+    """"paper" (the public harness's wording) or "raw" (the benchmark's text)."""
     max_samples: int | None = None
+    """Keep this many conversations (None: all), chosen with `seed`."""
     seed: int = 0
     chat_template: bool = True
+    """Apply the tokenizer's chat template when it has one."""
     enable_thinking: bool = False
+    """Passed to `apply_chat_template` (Qwen3 thinking mode)."""
 
     def __post_init__(self):
         # benchmark=jsonl's `path: ???` does not replace the schema's None when Hydra merges it

@@ -14,9 +14,10 @@ from dflash.methods.base import EvalContext, Method, MethodSetup
 
 @dataclass  # not frozen: Hydra merges the config group into it
 class TreeSettings:
-    """The `dflash_tree` config group. budget: draft nodes per verify step."""
+    """The `dflash_tree` config group."""
 
     budget: int = 16
+    """Draft nodes per verify step."""
 
     def __post_init__(self):
         require(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")

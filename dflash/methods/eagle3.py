@@ -15,11 +15,12 @@ from dflash.structured import config_key
 
 @dataclass  # not frozen: Hydra merges the config group into it
 class Eagle3Settings:
-    """The `eagle3` config group: path None drafts with a randomly initialised EAGLE-3 drafter
-    (the acceptance floor); num_draft_tokens k, the chain length (EAGLE-3's default 7)."""
+    """The `eagle3` config group."""
 
     path: str | None = None
+    """None drafts with a randomly initialised EAGLE-3 drafter (the acceptance floor)."""
     num_draft_tokens: int = 7
+    """k, the chain length (EAGLE-3's default 7)."""
 
     def __post_init__(self):
         require(self.num_draft_tokens >= 1, "num_draft_tokens", f"must be >= 1, got {self.num_draft_tokens}")
@@ -27,23 +28,22 @@ class Eagle3Settings:
 
 @dataclass
 class Eagle3TrainSettings:
-    """The `method` group of `method=eagle3` (dflash/conf/method/eagle3.yaml).
-
-    ttt_length: training-time-test steps (published: 7). step_weight_decay: loss weight
-    of step j is decay^j (published: 0.8). draft_vocab_size: None = the full target
-    vocabulary, else the most frequent response tokens of the training data (d2t/t2d).
-    target_layer_ids: three target layers, 0-based outputs (None: [1, L//2-1, L-4], as
-        SGLang and vLLM).
-    intermediate_size: MLP width (None: the target's). seed: initialisation (None: the run's seed).
-    """
+    """The `method` group of `method=eagle3` (dflash/conf/method/eagle3.yaml)."""
 
     name: str = "eagle3"
     ttt_length: int = 7
+    """Training-time-test steps (published: 7)."""
     step_weight_decay: float = 0.8
+    """Loss weight of step j is decay^j (published: 0.8)."""
     draft_vocab_size: int | None = None
+    """None = the full target vocabulary, else the most frequent response tokens of the
+    training data (d2t/t2d)."""
     target_layer_ids: list[int] | None = None
+    """Three target layers, 0-based outputs (None: [1, L//2-1, L-4], as SGLang and vLLM)."""
     intermediate_size: int | None = None
+    """MLP width (None: the target's)."""
     seed: int | None = None
+    """Initialisation (None: the run's seed)."""
 
     def __post_init__(self):
         require(self.ttt_length >= 1, "ttt_length", f"must be >= 1, got {self.ttt_length}")

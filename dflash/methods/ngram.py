@@ -11,12 +11,14 @@ from dflash.methods.base import EvalContext, Method, MethodSetup
 
 @dataclass  # not frozen: Hydra merges the config group into it
 class NgramSettings:
-    """The `ngram` config group: n-gram lengths tried (max_ngram first, down to min_ngram)
-    and num_draft_tokens, the most tokens proposed per verify step (verify width = it + 1)."""
+    """The `ngram` config group."""
 
     max_ngram: int = 2
+    """The longest n-gram length tried (tried first, down to min_ngram)."""
     min_ngram: int = 1
+    """The shortest n-gram length tried."""
     num_draft_tokens: int = 10
+    """The most tokens proposed per verify step (verify width = it + 1)."""
 
     def __post_init__(self):
         require(self.min_ngram >= 1, "min_ngram", f"must be >= 1, got {self.min_ngram}")

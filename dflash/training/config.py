@@ -21,72 +21,71 @@ TRAINING_ATTENTION = ("auto", "flex_attention", "sdpa")
 
 @dataclass
 class TrainingSettings:
-    """What the LightningModule needs besides the target and the drafter.
-
-    num_anchors: blocks per sequence (fewer when the sequence has fewer valid anchors).
-    anchor_sampling: "random" (uniform without replacement, the published recipe) or
-        "stride" (every B-th valid position from the first; ablation).
-    loss: the per-slot objective: "ce" (cross-entropy to the data token, published),
-        "kl" (forward KL from the target's distribution to the drafter's) or
-        "ce_target_argmax" (cross-entropy to the target's argmax). docs/training.md has
-        the sources.
-    agreement_mask: on-policy labels (`dflash.training.blocks.on_policy_blocks`, docs/design.md
-        invariant 26): slot k is scored on the target's greedy token, and only while the
-        text's tokens at slots 1..k-1 are the target's greedy tokens. For text the target
-        did not write (`dflash.data.shipped_text`); needs a loss that reads the target
-        ("ce_target_argmax" or "kl"). Metrics then read the greedy labels.
-    position_weights: "gamma" (w_k = exp(-(k-1)/gamma), published), "uniform" (ablation)
-        or "dpace" (D-PACE, arXiv 2605.18810: weights from the drafter's confidences).
-    loss_gamma: the decay of `position_weights=gamma`; "auto" picks the published value
-        for the block size (see `dflash.training.loss.default_gamma`).
-    dpace_alpha: D-PACE's confidence smoothing in [0, 1] (the authors' default 0.5).
-    loss_chunk_rows: rows x vocabulary of logits held at once by the loss, forward and
-        backward; None holds all of them (the dense reference path).
-    attention: the kernel of the drafter's training block mask: "auto" (flex_attention on
-        CUDA, SDPA with the factored mask elsewhere), "flex_attention" (likewise: it has no
-        CPU backward) or "sdpa" (the factored mask everywhere: slower and larger than flex on
-        a GPU; docs/design.md, "Measured figures"). The drafter's own `attn_implementation` is its decoding kernel.
-    learning_rate, betas, weight_decay, eps: AdamW.
-    warmup_ratio: fraction of the trainer's estimated total steps spent in linear warm-up
-        before the cosine decay.
-    min_lr_ratio: the cosine decays to learning_rate * min_lr_ratio.
-    target_cache_gib: memory (GiB) for keeping the frozen target's states of each
-        sequence after its first forward, so later epochs skip the target
-        (`dflash.training.feature_cache`); 0 turns it off. For small targets only: a
-        sequence of S tokens keeps S * (taps + 1) * D values.
-    target_cache_dir: root of the disk cache of the target's states
-        (`dflash.training.disk_cache`): filled once per target and tokenised data, in
-        `target_cache_dtype`, then memory-mapped by every run on that data, which never
-        runs the target; None turns it off. Takes the place of `target_cache_gib`.
-    target_cache_dtype: "bfloat16" (half the disk, rounding as a bf16 target would) or "float32".
-    target_cache_batch_size: sequences per target forward while filling the disk cache.
-    draft_vocab_size: score training steps over the K most frequent response tokens of the
-        training rows (`dflash.training.draft_vocab`); validation and decoding keep the
-        whole vocabulary. None (or K >= the vocabulary) scores everything.
-    """
+    """What the LightningModule needs besides the target and the drafter."""
 
     num_anchors: int = 512
+    """Blocks per sequence (fewer when the sequence has fewer valid anchors)."""
     anchor_sampling: str = "random"
+    """"random" (uniform without replacement, the published recipe) or "stride" (every B-th
+    valid position from the first; ablation)."""
     loss: str = "ce"
+    """The per-slot objective: "ce" (cross-entropy to the data token, published), "kl"
+    (forward KL from the target's distribution to the drafter's) or "ce_target_argmax"
+    (cross-entropy to the target's argmax). docs/training.md has the sources."""
     agreement_mask: bool = False
+    """On-policy labels (`dflash.training.blocks.on_policy_blocks`, docs/design.md invariant
+    26): slot k is scored on the target's greedy token, and only while the text's tokens at
+    slots 1..k-1 are the target's greedy tokens. For text the target did not write
+    (`dflash.data.shipped_text`); needs a loss that reads the target ("ce_target_argmax" or
+    "kl"). Metrics then read the greedy labels."""
     position_weights: str = "gamma"
-    loss_gamma: Any = (
-        "auto"  # float | "auto" (None only to refuse it with a pointer: it meant uniform); OmegaConf unions are fragile
-    )
+    """"gamma" (w_k = exp(-(k-1)/gamma), published), "uniform" (ablation) or "dpace" (D-PACE,
+    arXiv 2605.18810: weights from the drafter's confidences)."""
+    loss_gamma: Any = "auto"
+    """float | "auto" (None only to refuse it with a pointer: it meant uniform; OmegaConf
+    unions are fragile): the decay of `position_weights=gamma`; "auto" picks the published
+    value for the block size (see `dflash.training.loss.default_gamma`)."""
     dpace_alpha: float = 0.5
+    """D-PACE's confidence smoothing in [0, 1] (the authors' default 0.5)."""
     loss_chunk_rows: int | None = 256
+    """Rows x vocabulary of logits held at once by the loss, forward and backward; None holds
+    all of them (the dense reference path)."""
     attention: str = "auto"
+    """The kernel of the drafter's training block mask: "auto" (flex_attention on CUDA, SDPA
+    with the factored mask elsewhere), "flex_attention" (likewise: it has no CPU backward)
+    or "sdpa" (the factored mask everywhere: slower and larger than flex on a GPU;
+    docs/design.md, "Measured figures"). The drafter's own `attn_implementation` is its
+    decoding kernel."""
     learning_rate: float = 6e-4
+    """AdamW's learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's betas."""
     weight_decay: float = 0.0
+    """AdamW's weight decay."""
     eps: float = 1e-8
+    """AdamW's eps."""
     warmup_ratio: float = 0.04
+    """Fraction of the trainer's estimated total steps spent in linear warm-up before the
+    cosine decay."""
     min_lr_ratio: float = 0.0
+    """The cosine decays to learning_rate * min_lr_ratio."""
     target_cache_gib: float = 0.0
+    """Memory (GiB) for keeping the frozen target's states of each sequence after its first
+    forward, so later epochs skip the target (`dflash.training.feature_cache`); 0 turns it
+    off. For small targets only: a sequence of S tokens keeps S * (taps + 1) * D values."""
     target_cache_dir: str | None = None
+    """Root of the disk cache of the target's states (`dflash.training.disk_cache`): filled
+    once per target and tokenised data, in `target_cache_dtype`, then memory-mapped by every
+    run on that data, which never runs the target; None turns it off. Takes the place of
+    `target_cache_gib`."""
     target_cache_dtype: str = "bfloat16"
+    """"bfloat16" (half the disk, rounding as a bf16 target would) or "float32"."""
     target_cache_batch_size: int = 8
+    """Sequences per target forward while filling the disk cache."""
     draft_vocab_size: int | None = None
+    """Score training steps over the K most frequent response tokens of the training rows
+    (`dflash.training.draft_vocab`); validation and decoding keep the whole vocabulary.
+    None (or K >= the vocabulary) scores everything."""
 
     def __post_init__(self):
         require(self.num_anchors >= 1, "num_anchors", f"must be >= 1, got {self.num_anchors}")

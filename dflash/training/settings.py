@@ -21,38 +21,41 @@ FSDP_ACCELERATORS = ("gpu", "cuda", "cpu", "auto")  # dflash.training.fsdp: CUDA
 
 @dataclass
 class TrainerSettings:
-    """The `trainer` config group: arguments of `lightning.Trainer` (see dflash/conf/trainer/*.yaml).
-
-    max_epochs, gradient_clip_val: 6 and 1.0, the published recipe.
-    max_steps: > 0 stops after this many optimizer steps (wins over max_epochs).
-    log_every_n_steps: optimizer steps between train/* metric logs.
-    val_check_interval: float: fraction of an epoch; int: every N training batches.
-    check_val_every_n_epoch: None counts val_check_interval batches across epochs.
-    limit_val_batches: share (float) or number (int) of held-out batches per validation.
-    fsdp: only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}.
-    max_minutes: a wall-clock budget for the fit (Lightning's `max_time`, kept across
-        resumes): training stops when it is spent, and the learning-rate schedule follows
-        the fraction spent (`dflash.training.module.warmup_cosine_schedule`). With
-        max_steps too, the first limit reached ends training.
-    """
+    """The `trainer` config group: arguments of `lightning.Trainer` (see dflash/conf/trainer/*.yaml)."""
 
     accelerator: str = "cpu"
-    devices: Any = 1  # int | str | list[int] (OmegaConf has no unions with containers)
+    devices: Any = 1
+    """int | str | list[int] (OmegaConf has no unions with containers)."""
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
     max_epochs: int | None = 6
+    """6, the published recipe."""
     max_steps: int = -1
+    """> 0 stops after this many optimizer steps (wins over max_epochs)."""
     gradient_clip_val: float | None = 1.0
+    """1.0, the published recipe."""
     accumulate_grad_batches: int = 1
-    log_every_n_steps: int = 10  # the command line's default (trainer=cpu); trainer=gpu sets 50
-    val_check_interval: Any = 1.0  # int | float | None (checked below; OmegaConf unions are fragile)
+    log_every_n_steps: int = 10
+    """Optimizer steps between train/* metric logs; 10 is the command line's default
+    (trainer=cpu); trainer=gpu sets 50."""
+    val_check_interval: Any = 1.0
+    """int | float | None (checked below; OmegaConf unions are fragile): float: fraction of
+    an epoch; int: every N training batches."""
     check_val_every_n_epoch: int | None = 1
-    limit_val_batches: Any = 1.0  # int | float | None (checked below)
+    """None counts val_check_interval batches across epochs."""
+    limit_val_batches: Any = 1.0
+    """int | float | None (checked below): share (float) or number (int) of held-out batches
+    per validation."""
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
     fsdp: dict | None = None
+    """Only with strategy "fsdp": {"sharding_strategy": ..., "wrap_drafter_layers": bool}."""
     max_minutes: float | None = None
+    """A wall-clock budget for the fit (Lightning's `max_time`, kept across resumes):
+    training stops when it is spent, and the learning-rate schedule follows the fraction
+    spent (`dflash.training.module.warmup_cosine_schedule`). With max_steps too, the first
+    limit reached ends training."""
 
     def __post_init__(self):
         devices = self.devices
@@ -99,20 +102,24 @@ class TrainerSettings:
 
 @dataclass
 class LoggerSettings:
-    """The `logger` config group. kind: "csv" (default), "tensorboard", "wandb" or "none".
-
-    wandb only: project, entity, group, tags, name, offline (or WANDB_MODE=offline);
-    log_drafter: the exported drafter directory as a wandb artifact of type "model".
-    """
+    """The `logger` config group."""
 
     kind: str = "csv"
+    """"csv" (default), "tensorboard", "wandb" or "none"."""
     project: str = "dflash"
+    """wandb only."""
     entity: str | None = None
+    """wandb only."""
     group: str | None = None
+    """wandb only."""
     tags: list[str] = field(default_factory=list)
+    """wandb only."""
     name: str | None = None
+    """wandb only."""
     offline: bool = False
+    """wandb only (or WANDB_MODE=offline)."""
     log_drafter: bool = True
+    """wandb only: the exported drafter directory as a wandb artifact of type "model"."""
 
     def __post_init__(self):
         require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
@@ -120,22 +127,24 @@ class LoggerSettings:
 
 @dataclass
 class CheckpointSettings:
-    """every_n_train_steps: refresh `checkpoints/last.ckpt` this often (optimizer steps).
-    resume: "auto" (continue from last.ckpt when it exists), "never", or a .ckpt path.
-    export_dtype: weight dtype of the exported drafter (None: the training dtype).
-    select: which checkpoint the drafter is exported from: "best" (the best validation
-        `monitor` value, as SpecForge picks by simulated acceptance; the last one when no
-        validation ran) or "last".
-    monitor / mode: the logged validation metric that ranks checkpoints ("val/tau_sim",
-        higher is better; e.g. "val/loss" with mode "min"; "val/tau_real", the real loop's
-        tau, needs `eval.tau_real.every_n_validations=1`)."""
+    """The `checkpoint` config group."""
 
     every_n_train_steps: int = 1000
+    """Refresh `checkpoints/last.ckpt` this often (optimizer steps)."""
     resume: str = "auto"
+    """"auto" (continue from last.ckpt when it exists), "never", or a .ckpt path."""
     export_dtype: str | None = None
+    """Weight dtype of the exported drafter (None: the training dtype)."""
     select: str = "best"
+    """Which checkpoint the drafter is exported from: "best" (the best validation `monitor`
+    value, as SpecForge picks by simulated acceptance; the last one when no validation ran)
+    or "last"."""
     monitor: str = "val/tau_sim"
+    """The logged validation metric that ranks checkpoints ("val/tau_sim", higher is better;
+    e.g. "val/loss" with mode "min"; "val/tau_real", the real loop's tau, needs
+    `eval.tau_real.every_n_validations=1`)."""
     mode: str = "max"
+    """With `monitor`: "max" (higher is better, as val/tau_sim) or "min" (as val/loss)."""
 
     def __post_init__(self):
         require(self.every_n_train_steps >= 1, "every_n_train_steps", f"must be >= 1, got {self.every_n_train_steps}")
@@ -159,18 +168,16 @@ KEY = "eval.tau_real"
 
 @dataclass
 class TauRealSettings:
-    """The `eval.tau_real` block: the real loop's tau on held-out prompts while training.
-
-    every_n_validations: None: off; k: decode at every k-th validation and at the end of
-        training (k x trainer.val_check_interval training batches apart).
-    num_prompts: held-out prompts decoded each time (fewer when the validation split is smaller).
-    max_new_tokens: tokens generated per prompt (the target's greedy output is computed
-        once, at the first evaluation, and reused).
-    """
+    """The `eval.tau_real` block: the real loop's tau on held-out prompts while training."""
 
     every_n_validations: int | None = None
+    """None: off; k: decode at every k-th validation and at the end of training
+    (k x trainer.val_check_interval training batches apart)."""
     num_prompts: int = 8
+    """Held-out prompts decoded each time (fewer when the validation split is smaller)."""
     max_new_tokens: int = 64
+    """Tokens generated per prompt (the target's greedy output is computed once, at the first
+    evaluation, and reused)."""
 
     def __post_init__(self):
         k = self.every_n_validations
