@@ -215,11 +215,14 @@ class FastForward:
         return StaticCache(len(self.layers), batch, self.num_kv_heads, self.head_dim, self.dtype, device, capacity)
 
     def kernel_path(self) -> str:
-        """The kernels chosen per row count for the largest layer weight and for the head."""
+        """The kernels chosen per row count for each projection (every layer chooses alike:
+        one choice per weight shape) and for the head."""
         if not self.prepared:
             return "untuned"
-        largest = max(self.linears()[:-1], key=lambda linear: linear.weight.numel())
-        path = f"{self.dtype}".removeprefix("torch.") + f"; layers {largest.describe()}; head {self.lm_head.describe()}"
+        layer = self.layers[0]
+        projections = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
+        layers = ", ".join(f"{name} {linear.describe()}" for name, linear in projections.items())
+        path = f"{self.dtype}".removeprefix("torch.") + f"; layers {layers}; head {self.lm_head.describe()}"
         return path + ("; attention ours(1-16) sdpa" if attention_available(self.final_norm[0]) else "; attention sdpa")
 
     @torch.inference_mode()

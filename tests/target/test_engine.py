@@ -67,7 +67,8 @@ def test_fast_engine_tunes_on_first_use_and_names_its_kernels():
     assert not fast.fast.prepared and fast.kernel_path == "fast: untuned"
     fast.new_cache()
     assert fast.fast.prepared
-    assert fast.kernel_path.startswith("fast: float32; layers ") and "head " in fast.kernel_path
+    assert fast.kernel_path.startswith("fast: float32; layers qkv ") and "head " in fast.kernel_path
+    assert all(name in fast.kernel_path for name in (", o ", ", gate_up ", ", down "))  # every projection's choice
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
