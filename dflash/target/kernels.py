@@ -94,7 +94,7 @@ _AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 
 @functools.cache
 def small_gemm():
-    """Our AVX-512 kernel module, built on first use (about 30 s, then cached by torch under
+    """Our AVX-512 kernel module, built on first use (about 25 s, then cached by torch under
     ~/.cache/torch_extensions); None where this CPU or machine cannot build or run it."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -114,7 +114,7 @@ def small_gemm():
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     sources = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("small_gemm.cpp", "decode_attention.cpp")]
-    log.info("engine: loading our AVX-512 kernels (built on first use on a machine: about 30 s)")
+    log.info("engine: loading our AVX-512 kernels (built on first use on a machine: about 25 s)")
     flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
     try:
         # One build directory per sources and flags: two checkouts with other sources never
