@@ -13,8 +13,9 @@ Invariants:
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
-- A snapshot: the weights are copied when it is built. `DFlashProposer` builds it for an
-  inference-only proposer, so a drafter still training is never read through a stale copy.
+- A snapshot: the weights are copied when it is built, so it is built where they no longer
+  change: each proposer the evaluate app, the bench or a tau_real probe (from the exported
+  drafter) builds for one evaluation.
 """
 
 from __future__ import annotations
