@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from dflash.decoding.verify import propose_tokens
-from dflash.drafter.fast import lean_drafter
+from dflash.drafter.fast import FastDrafter
 from dflash.drafter.model import DFlashDrafter, DrafterCache
 
 
@@ -32,7 +32,7 @@ class DFlashProposer:
         lean_dtype: torch.dtype | None = None,
     ):
         self.drafter = drafter.eval()
-        self.forward = self.drafter if lean_dtype is None else lean_drafter(self.drafter, lean_dtype)
+        self.forward = self.drafter if lean_dtype is None else FastDrafter(self.drafter, lean_dtype)
         self.embed = embed
         self.logits = logits
         self.mask_token_id = drafter.config.mask_token_id

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash.drafter.model import DFlashDrafter
-from dflash.target.engine import rms_norm, rope
-from dflash.target.kernels import Linear, attention, tune
+from dflash.target.engine import rms_norm, rope, rope_tables
+from dflash.target.kernels import Linear, attention_plan, run_attention, tune
 
 
 def _linear(dtype: torch.dtype, *modules) -> Linear:
@@ -80,9 +80,7 @@ class FastDrafter:
         context = rms_norm(self.fc(context) if self.fc is not None else context, self.hidden_norm)
         hidden = block_embeds.to(self.dtype)
         new = context.shape[1]
-        cos, sin = self.rotary(hidden, torch.cat([context_positions, block_positions], dim=1))
-        half = sin.shape[-1] // 2
-        cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+        cos, sin = rope_tables(self.rotary, hidden, torch.cat([context_positions, block_positions], dim=1))
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer["input_norm"])
@@ -93,7 +91,9 @@ class FastDrafter:
             query = rope(rms_norm(query, layer["q_norm"]).transpose(1, 2), cos[:, :, new:], sin[:, :, new:])
             key = rope(rms_norm(key, layer["k_norm"]).transpose(1, 2), cos, sin)
             keys, values = cache.append(index, key, value)
-            out = attention(query, keys, values, None)
+            if index == 0:  # every layer has the same shapes: check once per forward
+                plan = attention_plan(query, keys, values, None)
+            out = None if plan is None else run_attention(query, keys, values, None)
             if out is None:
                 out = F.scaled_dot_product_attention(query, keys, values, enable_gqa=heads != kv_heads)
             hidden = hidden + layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
@@ -101,9 +101,3 @@ class FastDrafter:
             gate_up = layer["gate_up"](x)
             hidden = hidden + layer["down"](F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
         return rms_norm(hidden, self.norm)
-
-
-def lean_drafter(drafter: DFlashDrafter, dtype: torch.dtype) -> FastDrafter | DFlashDrafter:
-    """The lean forward of `drafter` in `dtype` where it applies (a CPU drafter), else the
-    drafter itself."""
-    return FastDrafter(drafter, dtype) if drafter.norm.weight.device.type == "cpu" else drafter

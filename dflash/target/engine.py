@@ -25,7 +25,7 @@ Invariants:
   choice is recorded (`kernel_path`) in results.
 - Attention. A forward of up to `MAX_ATTENTION_QUERIES` (16) new positions on CPU, in
   float32 or bfloat16, with no mask or a boolean one (decoding, batched regeneration's
-  key mask, draft verification), runs our AVX-512 kernel (`kernels.attention`,
+  key mask, draft verification), runs our AVX-512 kernel (`kernels.attention_plan`, `run_attention`,
   `csrc/decode_attention.cpp`): it reads each kv head's cached keys and values once for
   its group of query heads, straight from the cache's views, and agrees with SDPA within
   float rounding (float32: 1e-6 relative; tests/target/test_attention.py). Everything
@@ -167,6 +167,13 @@ def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def rope_tables(rotary, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed_sin) of an HF rotary module at `positions` (b, q), each (b, 1, q, d), for `rope`."""
+    cos, sin = rotary(x, positions)
+    half = sin.shape[-1] // 2
+    return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """HF's x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
@@ -246,9 +253,7 @@ class FastForward:
         end = start + q
         cache.reserve(end, batch)
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(hidden, position_ids)
-        half = sin.shape[-1] // 2
-        cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+        cos, sin = rope_tables(self.rotary, hidden, position_ids)
         mask, causal = attention_mask, False
         if mask is None and q > 1:
             if start == 0:

@@ -24,7 +24,8 @@ Invariants:
   instead of measuring again (14 s for a 135M model on 2 cores); a key that differs in
   anything is measured. The choice changes speed only: every candidate computes the same
   product (the first invariant).
-- Attention of a few new positions (`attention`, `csrc/decode_attention.cpp`, built into
+- Attention of a few new positions (`attention_plan` once per forward, then `run_attention`
+  per layer; `csrc/decode_attention.cpp`, built into
   the same module) computes what SDPA computes (float32: within 1e-5 relative, bfloat16:
   within its rounding) or returns None, and the engine runs SDPA: it is never an error.
 """
@@ -328,29 +329,22 @@ def _sweep(kernel, group: list[Linear], x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-#: query positions up to which `attention` runs our kernel (decoding and draft verification)
+#: query positions up to which `run_attention` runs our kernel (decoding and draft verification)
 MAX_ATTENTION_QUERIES = 16
 _ATTENTION_HEAD_DIMS = (64, 128, 256)
 _attention_broken = False
 
 
-def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """softmax(query keys^T / sqrt(d) + mask) values with our AVX-512 decode-attention kernel
-    (`csrc/decode_attention.cpp`), as SDPA with `enable_gqa` computes it; None where it does
-    not apply, and the caller runs SDPA. query (b, heads, q, d); keys, values (b, kv_heads, L, d),
-    views of a cache (any strides, the last one 1), never copied. A forward whose layers share
-    shapes checks once (`attention_plan`) and runs each layer with `run_attention`."""
-    plan = attention_plan(query, keys, values, mask)
-    return None if plan is None else run_attention(query, keys, values, plan[0])
-
-
 def attention_plan(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor | None] | None:
-    """(the mask expanded to (batch, 1, q, keys),) where `attention` applies to tensors like
-    these; None where it does not: not CPU, not float32 or bfloat16 throughout, more than
-    `MAX_ATTENTION_QUERIES` query positions, a head_dim other than 64/128/256, a mask that is
-    not boolean or does not broadcast, gradients, or no kernel on this machine."""
+    """(the mask expanded to (batch, 1, q, keys),) where our decode-attention kernel computes
+    softmax(query keys^T / sqrt(d) + mask) values for tensors like these, as SDPA with
+    `enable_gqa` does (query (b, heads, q, d); keys, values (b, kv_heads, L, d), views of a
+    cache, any strides with the last one 1, never copied); None, and the caller runs SDPA:
+    not CPU, not float32 or bfloat16 throughout, more than `MAX_ATTENTION_QUERIES` query
+    positions, a head_dim other than 64/128/256, a mask that is not boolean or does not
+    broadcast, gradients, or no kernel on this machine."""
     batch, heads, q, head_dim = query.shape
     if (
         _attention_broken
@@ -394,7 +388,7 @@ def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 def attention_available(like: torch.Tensor) -> bool:
-    """Whether `attention` can run for tensors like this one (device, dtype, a built kernel)."""
+    """Whether our attention kernel can run for tensors like this one (device, dtype, a built kernel)."""
     return (
         not _attention_broken
         and like.device.type == "cpu"

@@ -1,4 +1,4 @@
-"""Our decode-attention kernel (dflash.target.kernels.attention) computes what SDPA computes,
+"""Our decode-attention kernel (dflash.target.kernels.attention_plan, run_attention) computes what SDPA computes,
 and the engine runs SDPA wherever the kernel does not apply."""
 
 import pytest
@@ -39,9 +39,15 @@ def case(dtype, batch, length, heads, kv_heads, head_dim=64, q=1, mask="pad", se
     return query, keys, values, keep
 
 
+def attention(query, keys, values, mask):
+    """What the engine runs for one layer: the plan's check, then our kernel (None: SDPA's turn)."""
+    plan = kernels.attention_plan(query, keys, values, mask)
+    return None if plan is None else kernels.run_attention(query, keys, values, plan[0])
+
+
 def check(dtype, *args, **kwargs):
     query, keys, values, mask = case(dtype, *args, **kwargs)
-    ours = kernels.attention(query, keys, values, mask)
+    ours = attention(query, keys, values, mask)
     assert ours is not None and ours.dtype == dtype and ours.shape == query.shape
     gqa = query.shape[1] != keys.shape[1]
     sdpa = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=gqa)
@@ -78,7 +84,7 @@ def test_a_row_with_every_key_masked_is_zero_as_sdpa():
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     mask = mask.clone()
     mask[1] = False
-    ours = kernels.attention(query, keys, values, mask)
+    ours = attention(query, keys, values, mask)
     sdpa = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(ours, sdpa)
     assert not ours[1].any()
@@ -87,18 +93,18 @@ def test_a_row_with_every_key_masked_is_zero_as_sdpa():
 def test_where_the_kernel_does_not_apply_the_caller_runs_sdpa():
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
-    assert kernels.attention(query, keys, values, additive) is None
-    assert kernels.attention(query.half(), keys.half(), values.half(), None) is None
+    assert attention(query, keys, values, additive) is None
+    assert attention(query.half(), keys.half(), values.half(), None) is None
     long_query = torch.randn(2, 9, kernels.MAX_ATTENTION_QUERIES + 1, 64)
-    assert kernels.attention(long_query, keys, values, None) is None
+    assert attention(long_query, keys, values, None) is None
     odd = case(torch.float32, 2, 17, 9, 3, head_dim=48)
-    assert kernels.attention(*odd) is None
+    assert attention(*odd) is None
     with torch.inference_mode(False), torch.enable_grad():
-        assert kernels.attention(query.clone(), keys.clone(), values.clone(), mask) is None
+        assert attention(query.clone(), keys.clone(), values.clone(), mask) is None
 
 
 def test_no_kernel_on_the_machine_means_sdpa(monkeypatch):
     monkeypatch.setattr(kernels, "small_gemm", lambda: None)
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
-    assert kernels.attention(query, keys, values, mask) is None
+    assert attention(query, keys, values, mask) is None
     assert not kernels.attention_available(query)

@@ -1,7 +1,7 @@
 // softmax(q k^T * scale + mask) v for a few query positions over a KV cache (decoding),
 // reading each kv head's keys and values from memory once for all the query heads of its
 // group (GQA). dflash.target.kernels builds this file with small_gemm.cpp (one module) and
-// calls it from the engine's forward where it applies (`kernels.attention`).
+// calls it from the engine's forward where it applies (`kernels.attention_plan`, `run_attention`).
 //
 // query: (B, H, Q, D); keys, values: (B, KVH, L, D), any strides with the last one 1 (the
 // engine passes views of its static cache); mask: none, or bool (B, 1, Q, L), any strides
