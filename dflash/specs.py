@@ -90,6 +90,10 @@ class DrafterSpec:
     init_from_target: bool = False
     """Start a new drafter from the target's top layers and final norm
     (`dflash.drafter.target_init`) instead of random weights."""
+    draft_vocab: bool = True
+    """Draft over the directory's draft vocabulary (draft_vocab.json: the tokens its training
+    scored, `training.draft_vocab_size`) where it has one: the head reads those rows only.
+    False drafts over the whole vocabulary. Drafts only propose: the output is the same."""
 
     def __post_init__(self):
         # now, not after the target has loaded
@@ -173,7 +177,12 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     )
     if spec.path is not None:
         drafter = load_drafter(spec.path, device=target.device, dtype=dtype, attn_implementation=spec.attn_implementation)
+        if not spec.draft_vocab:
+            drafter.draft_vocab = None
         check_drafter_fits(drafter.config, target)
+        rows = target.embedding_rows
+        fits = drafter.draft_vocab is None or int(drafter.draft_vocab[-1]) < rows
+        require(fits, "path", f"the drafter's draft_vocab.json names token ids beyond the target's {rows}-token vocabulary")
         if target.tokenizer is not None and target.tokenizer.mask_token is None:
             mask = target.tokenizer.convert_ids_to_tokens(drafter.config.mask_token_id)
             target.tokenizer.add_special_tokens({"mask_token": mask})

@@ -46,6 +46,7 @@ class DFlashObjective:
         self.num_target_layers = target.num_layers
         self.hidden_size = target.hidden_size
         self.draft_vocab: DraftVocab | None = None  # counted on the first training step
+        self.drafter.draft_vocab = None  # exported: the vocabulary this training scores, if any
         self.datamodule = None  # the trainer's (`setup`): the vocabulary counts its training rows
 
     def feature_layers(self) -> list[int]:
@@ -109,6 +110,7 @@ class DFlashObjective:
                 rows.input_ids, rows.loss_mask, rows.offsets, train_set.indices, size, target.embedding_rows
             )
             self.draft_vocab = DraftVocab.build(ids, target.head_rows_of(ids), target.embedding_rows)
+            self.drafter.draft_vocab = ids  # exported beside the weights: decoding drafts over it
         if self.draft_vocab.ids.device != target.device:
             self.draft_vocab = self.draft_vocab.to(target.device)
         return self.draft_vocab

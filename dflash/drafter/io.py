@@ -9,6 +9,11 @@ speculators read ours and we read theirs: config.json is a Qwen3 config with
 `...{q,k}_norm`, `layers.{i}.mlp.*`, `fc`, `hidden_norm`, `norm`. No embedding and no
 LM head: those are the target's. dflash.py is `dflash.drafter.hf_modeling`, the code
 `AutoModel.from_pretrained(dir, trust_remote_code=True)` runs.
+
+A drafter trained over a draft vocabulary (`training.draft_vocab_size`) also keeps it in
+draft_vocab.json (`{"token_ids": [...]}`, ascending), which our decoding drafts over
+(`DFlashDrafter.draft_vocab`); other readers ignore the file and draft over the whole
+vocabulary.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dflash.fileio import atomic_write, write_json
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 _FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
+VOCAB_NAME = "draft_vocab.json"
 MODELING_NAME = "dflash.py"  # the module named by config.json's auto_map
 _MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_modeling.py")
 
@@ -50,7 +56,8 @@ _INIT_FIELDS = {
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | None = None) -> None:
-    """Write `config.json`, `model.safetensors` and `dflash.py` into `directory` (created if needed).
+    """Write `config.json`, `model.safetensors`, `dflash.py` and, when the drafter has one, its
+    draft vocabulary (`draft_vocab.json`) into `directory` (created if needed).
 
     Files are written to temporary names and renamed, so a killed job never leaves a
     half-written drafter behind.
@@ -61,6 +68,11 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
     config["dtype"] = str(dtype or next(drafter.parameters()).dtype).removeprefix("torch.")
     atomic_write(os.path.join(directory, WEIGHTS_NAME), lambda path: save_file(state, path, metadata={"format": "pt"}))
     atomic_write(os.path.join(directory, MODELING_NAME), lambda path: shutil.copyfile(_MODELING_SOURCE, path))
+    vocab_path = os.path.join(directory, VOCAB_NAME)
+    if drafter.draft_vocab is not None:
+        write_json(vocab_path, {"token_ids": drafter.draft_vocab.tolist()})
+    elif os.path.exists(vocab_path):  # an earlier drafter's, in the same directory
+        os.remove(vocab_path)
     write_json(os.path.join(directory, CONFIG_NAME), config, indent=2, sort_keys=True)
 
 
@@ -111,7 +123,24 @@ def load_drafter(
     with reading("path", path, _FIX, errors=(OSError, SafetensorError)):
         state = load_file(path)
     drafter.load_state_dict(state, strict=True)
+    drafter.draft_vocab = load_draft_vocab(directory, drafter.config.vocab_size)
     return place_drafter(drafter, device, dtype or next(iter(state.values())).dtype).eval()
+
+
+def load_draft_vocab(directory: str, vocab_size: int) -> torch.Tensor | None:
+    """The directory's draft vocabulary (`draft_vocab.json`) as (K,) long ids, or None without
+    one; ConfigError (drafter.path) unless it holds distinct ascending ids below `vocab_size`."""
+    path = os.path.join(directory, VOCAB_NAME)
+    if not os.path.isfile(path):
+        return None
+    with reading("path", path, _FIX):
+        with open(path) as f:
+            data = json.load(f)
+    ids = data.get("token_ids") if isinstance(data, dict) else None
+    valid = isinstance(ids, list) and len(ids) > 0 and all(type(i) is int for i in ids)
+    valid = valid and 0 <= ids[0] and ids[-1] < vocab_size and all(a < b for a, b in zip(ids, ids[1:]))
+    require(valid, "path", f'{path!r} must hold {{"token_ids": [distinct ascending ids below {vocab_size}]}}; {_FIX}')
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def place_drafter(drafter: DFlashDrafter, device: str | torch.device, dtype: torch.dtype) -> DFlashDrafter:

@@ -152,6 +152,10 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary_emb = _build_rotary(config)
         self.apply(self._init_weights)
+        self.draft_vocab: torch.Tensor | None = None
+        """(K,) ascending token ids the drafter drafts over at decode, the vocabulary its training
+        scored (`training.draft_vocab_size`; `dflash.drafter.io` keeps it beside the weights), or
+        None: the whole vocabulary. Not a weight: readers of the directory never see it."""
 
     @staticmethod
     def _init_weights(module):

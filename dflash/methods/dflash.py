@@ -15,7 +15,9 @@ def dflash_proposer(target, context: EvalContext, threshold: float):
     from dflash.dflash.adaptive import ThresholdProposer
     from dflash.dflash.proposer import DFlashProposer
 
-    proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits, target.draft_dtype)
+    proposer = DFlashProposer(
+        context.drafter, target.embed, target.draft_logits_over(context.drafter.draft_vocab), target.draft_dtype
+    )
     return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
 
 

@@ -31,7 +31,9 @@ def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
     block_size = context.block_size or trained
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     verifier = TreeVerifier(settings.budget, context.draft_threshold)
-    proposer = DFlashProposer(context.drafter, target.embed, target.draft_logits, target.draft_dtype)
+    proposer = DFlashProposer(
+        context.drafter, target.embed, target.draft_logits_over(context.drafter.draft_vocab), target.draft_dtype
+    )
     return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
 
 

@@ -197,9 +197,13 @@ class FastForward:
         self.prepared = False
         self._draft_head: Linear | None = None
 
-    def draft_head(self) -> Linear:
+    def draft_head(self, rows: torch.Tensor | None = None) -> Linear:
         """A bfloat16 copy of the LM head for drafting (`TargetModel.draft_logits`), tuned on
-        first use."""
+        first use; with `rows` (K, D), of those rows of the head's weight (no bias) instead."""
+        if rows is not None:
+            head = Linear(rows.to(torch.bfloat16), None)
+            tune([head], rows=TUNED_ROWS)
+            return head
         if self._draft_head is None:
             head = Linear(
                 self.lm_head.weight.to(torch.bfloat16), None if self.lm_head.bias is None else self.lm_head.bias.bfloat16()

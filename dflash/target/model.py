@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -318,6 +319,30 @@ class TargetModel:
         if self.fast is None or not self.fast.prepared or self.dtype != torch.float32 or torch.is_grad_enabled():
             return self.logits(hidden)
         return self._head_transform(self.fast.draft_head()(hidden.to(torch.bfloat16)))
+
+    def draft_logits_over(self, token_ids: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`draft_logits` for a drafter that drafts over `token_ids` (K,) only, its draft
+        vocabulary (`DFlashDrafter.draft_vocab`; None: `draft_logits` itself). The head reads
+        those K rows; every other token gets -inf, so argmaxes and samples stay inside the
+        vocabulary, and the logits keep the whole vocabulary's width (..., V)."""
+        if token_ids is None:
+            return self.draft_logits
+        ids = token_ids.to(self.device)
+        rows = self.head_rows_of(ids)
+        fast = self.fast is not None and self.dtype == torch.float32 and self.device.type == "cpu"
+        head = self.fast.draft_head(rows) if fast else None
+        width = self.lm_head.weight.shape[0]
+
+        def logits(hidden: torch.Tensor) -> torch.Tensor:
+            if head is None or torch.is_grad_enabled():
+                chosen = self.logits(hidden, head_rows=rows)
+            else:
+                chosen = self._head_transform(head(hidden.to(torch.bfloat16)))
+            out = chosen.new_full((*chosen.shape[:-1], width), float("-inf"))
+            out[..., ids] = chosen
+            return out
+
+        return logits
 
     def _head_transform(self, logits: torch.Tensor) -> torch.Tensor:
         """The family's transform after the head (logit scale, divisor, soft-capping), as float32."""

@@ -84,7 +84,8 @@ class TrainingSettings:
     """Sequences per target forward while filling the disk cache."""
     draft_vocab_size: int | None = None
     """Score training steps over the K most frequent response tokens of the training rows
-    (`dflash.training.draft_vocab`); validation and decoding keep the whole vocabulary.
+    (`dflash.training.draft_vocab`); validation keeps the whole vocabulary, the export keeps
+    these tokens beside the weights and decoding drafts over them (`drafter.draft_vocab`).
     None (or K >= the vocabulary) scores everything."""
 
     def __post_init__(self):

@@ -3,13 +3,16 @@ over the K most frequent response tokens of the training rows instead of the who
 
 Why: on a small target the frozen head dominates a training step (SmolLM2-135M's 49,152 x
 576 head: nearly all of a CPU step; docs/design.md, "Measured figures"); the target's answers to the demo's prompts use about
-4,000 distinct tokens. EAGLE-3 trains and drafts over a reduced vocabulary for the same reason;
-here only training does: the drafter's weights and files are unchanged, and decoding
-still takes the argmax over the whole vocabulary.
+4,000 distinct tokens. EAGLE-3 trains and drafts over a reduced vocabulary for the same reason.
+Here the drafter's weights are unchanged; the vocabulary travels beside them
+(`DFlashDrafter.draft_vocab`, draft_vocab.json) and our decoding drafts over it: the head
+reads K rows instead of the vocabulary's (`TargetModel.draft_logits_over`).
 
 Invariants:
-- Only training steps use it. Validation scores the whole vocabulary, so `val/tau_sim` is
-  the figure decoding would see, out-of-vocabulary tokens included.
+- Validation scores the whole vocabulary, out-of-vocabulary tokens included: `val/tau_sim`
+  is the figure of decoding over the whole vocabulary (`drafter.draft_vocab=false`).
+  Decoding over the draft vocabulary differs only where the drafter's argmax falls
+  outside it (docs/results/engine-2026-11-27b-xeon/ measures both).
 - A slot whose label is outside the vocabulary is not supervised in that step and is not
   counted in the `train/*` metrics. With `training.loss=kl` the target's distribution is
   taken over the same K tokens (renormalised), like the drafter's.

@@ -11,7 +11,7 @@ import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError, reading
-from dflash.training.module import DRAFTER_CONFIG_KEY
+from dflash.training.module import DRAFT_VOCAB_KEY, DRAFTER_CONFIG_KEY
 
 _DRAFTER_PREFIX = "drafter."
 
@@ -60,6 +60,7 @@ def drafter_from_state(checkpoint: dict) -> DFlashDrafter:
     state = drafter_state(checkpoint)
     drafter = DFlashDrafter(config)
     drafter.load_state_dict(state, strict=True)
+    drafter.draft_vocab = checkpoint.get(DRAFT_VOCAB_KEY)
     return drafter.to(next(iter(state.values())).dtype).eval()
 
 

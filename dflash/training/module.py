@@ -8,8 +8,9 @@ Invariants:
   outside the optimizer, the state_dict, checkpoints and DDP/FSDP wrapping. It runs in
   eval mode under no_grad and is moved to the module's device at the first step.
 - The drafter is the submodule `drafter` (checkpoint keys `drafter.*`); checkpoints also
-  hold the drafter's config.json dict under `DRAFTER_CONFIG_KEY`, so a method's exporter
-  rebuilds the drafter without loading the target.
+  hold the drafter's config.json dict under `DRAFTER_CONFIG_KEY`, and a DFlash drafter's
+  draft vocabulary (`DFlashDrafter.draft_vocab`) under `DRAFT_VOCAB_KEY`, so a method's
+  exporter rebuilds the drafter without loading the target.
 - A step's target states (the objective's `taps()`, concatenated in that order) come from
   the disk cache when `training.target_cache_dir` is set (filled in `setup`,
   `dflash.training.disk_cache`), else from the in-memory cache when
@@ -58,6 +59,7 @@ from dflash.training.normalisation import GlobalLossScale
 from dflash.training.objective import Objective
 
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"
+DRAFT_VOCAB_KEY = "dflash_draft_vocab"
 
 
 class DrafterTrainingModule(L.LightningModule):
@@ -255,6 +257,9 @@ class DrafterTrainingModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[DRAFTER_CONFIG_KEY] = self.objective.checkpoint_config()
+        vocab = getattr(self.drafter, "draft_vocab", None)  # a DFlash drafter's, once its training counted it
+        if vocab is not None:
+            checkpoint[DRAFT_VOCAB_KEY] = vocab.clone()
 
 
 def open_disk_cache(

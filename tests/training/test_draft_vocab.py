@@ -1,13 +1,19 @@
 """The training vocabulary (`training.draft_vocab_size`): which tokens, what a step scores,
-and that validation still scores the whole vocabulary."""
+that validation still scores the whole vocabulary, and that the export keeps it for decoding."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 import pytest
 import torch
 
+from dflash.drafter import load_drafter, save_drafter
+from dflash.drafter.io import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
+from dflash.training.export import export_state
 from dflash.training.loss import LossSettings, block_loss
 from helpers.training import BATCH, BLOCKS, B, D, V, batch, module_for, random_blocks, softcapped_head
 
@@ -43,9 +49,9 @@ def test_a_step_scores_the_vocabulary_and_skips_labels_outside_it():
     assert result.slots.numel() == int(scored.sum())
 
 
-def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_path):
-    module = module_for(tmp_path, "training.draft_vocab_size=64", "training.num_anchors=512")
-    data = batch()
+def _vocab_module(tmp_path, data: dict, size: int = 64):
+    """The training module with `training.draft_vocab_size=size`, counting on the rows of `data`."""
+    module = module_for(tmp_path, f"training.draft_vocab_size={size}", "training.num_anchors=512")
 
     class Rows:  # the DFlashDataModule fields the vocabulary is counted from
         input_ids = data["input_ids"].reshape(-1).numpy()
@@ -56,6 +62,12 @@ def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_pa
         rows, train_set = Rows(), type("Split", (), {"indices": np.array([0, 1])})()
 
     module.objective.setup(module.target, DataModule())
+    return module
+
+
+def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_path):
+    data = batch()
+    module = _vocab_module(tmp_path, data)
     full_module = module_for(tmp_path, "training.num_anchors=512")
     full_module.drafter.load_state_dict(module.drafter.state_dict())
     torch.manual_seed(0)
@@ -68,3 +80,26 @@ def test_training_steps_use_it_and_validation_scores_the_whole_vocabulary(tmp_pa
     assert step.loss.item() < full.loss.item()  # softmax over 64 tokens, not the whole vocabulary
     # every response token of these rows is in the vocabulary, so every slot is still scored
     assert step.slots.numel() == full.slots.numel()
+
+
+def test_the_export_keeps_it_beside_unchanged_weights_and_config(tmp_path):
+    data = batch()
+    module = _vocab_module(tmp_path, data)
+    assert module.drafter.draft_vocab is None  # counted on the first step, not before
+    module.compute_loss(data, torch.Generator().manual_seed(0))
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    directory = export_state(checkpoint, str(tmp_path / "drafter"))
+    counted = module.objective.draft_vocab.ids.cpu()
+    assert torch.equal(load_drafter(directory).draft_vocab, counted)
+    with open(os.path.join(directory, VOCAB_NAME)) as f:
+        assert json.load(f) == {"token_ids": counted.tolist()}
+    # what other readers open is byte for byte what a drafter without a vocabulary writes
+    plain = load_drafter(directory)
+    plain.draft_vocab = None
+    save_drafter(plain, str(tmp_path / "plain"))
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        with open(os.path.join(directory, name), "rb") as ours, open(tmp_path / "plain" / name, "rb") as theirs:
+            assert ours.read() == theirs.read()
+    save_drafter(plain, directory)  # a drafter without one, saved over it, leaves none behind
+    assert load_drafter(directory).draft_vocab is None

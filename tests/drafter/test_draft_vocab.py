@@ -1,0 +1,76 @@
+"""Drafting over a drafter's draft vocabulary (`DFlashDrafter.draft_vocab`): the logits of its
+tokens are the head's, every other token is -inf, decoding stays lossless, and a damaged
+draft_vocab.json or `drafter.draft_vocab=false` is handled as the user would expect."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash.decoding import generate
+from dflash.dflash.proposer import DFlashProposer
+from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id, save_drafter
+from dflash.drafter.io import VOCAB_NAME
+from dflash.errors import ConfigError
+from dflash.specs import DrafterSpec, build_drafter
+from dflash.target import TargetModel
+from dflash.toy.tiny import build_tiny_target
+
+
+@pytest.fixture(scope="module", params=["auto", "eager"])
+def target(request) -> TargetModel:
+    # widths in multiples of 64: the shapes the fast engine's kernels take ("auto" runs them)
+    model, tokenizer = build_tiny_target("qwen3", seed=0, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=384)
+    return TargetModel(model, tokenizer, engine=request.param)
+
+
+def _drafter(target: TargetModel) -> DFlashDrafter:
+    torch.manual_seed(1)
+    mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
+    config = DrafterConfig.from_target(target.config, num_layers=2, block_size=4, mask_token_id=mask_id)
+    return DFlashDrafter(config).eval()
+
+
+def test_the_vocabularys_logits_are_the_heads_and_the_rest_minus_infinity(target):
+    ids = torch.arange(1, target.embedding_rows, 3)
+    hidden = torch.randn(3, target.hidden_size, generator=torch.Generator().manual_seed(0))
+    target.new_cache()  # prepares the fast engine, as decoding does
+    with torch.inference_mode():
+        full, over = target.draft_logits(hidden), target.draft_logits_over(ids)(hidden)
+    assert over.shape == full.shape
+    outside = torch.ones(full.shape[-1], dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(over[:, outside]).all()
+    assert torch.allclose(over[:, ids], full[:, ids], rtol=0, atol=1e-5 * float(full.abs().max()))
+    assert target.draft_logits_over(None) == target.draft_logits
+
+
+def test_decoding_drafts_inside_the_vocabulary_and_stays_lossless(target):
+    drafter = _drafter(target)
+    drafter.draft_vocab = ids = torch.arange(0, target.embedding_rows, 2)
+    over = target.draft_logits_over(drafter.draft_vocab)
+    proposed = []
+
+    def logits(hidden):
+        proposed.append(over(hidden).argmax(-1))
+        return over(hidden)
+
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3))
+    plain = generate(target, prompt, max_new_tokens=40).output_ids
+    proposer = DFlashProposer(drafter, target.embed, logits, target.draft_dtype)
+    assert generate(target, prompt, max_new_tokens=40, block_size=4, proposer=proposer).output_ids == plain
+    drafted = torch.cat(proposed)
+    assert drafted.numel() > 0 and torch.isin(drafted, ids).all()
+
+
+def test_a_damaged_vocabulary_is_one_line_and_false_drafts_over_everything(target, tmp_path):
+    drafter = _drafter(target)
+    drafter.draft_vocab = torch.tensor([2, 5, 9])
+    save_drafter(drafter, str(tmp_path))
+    assert torch.equal(build_drafter(DrafterSpec(path=str(tmp_path)), target).draft_vocab, drafter.draft_vocab)
+    assert build_drafter(DrafterSpec(path=str(tmp_path), draft_vocab=False), target).draft_vocab is None
+    for text in ('{"token_ids": [5, 2]}', '{"token_ids": [1, 99999999]}', '{"token_ids": []}', "[1, 2]", "{not json"):
+        (tmp_path / VOCAB_NAME).write_text(text)
+        with pytest.raises(ConfigError, match=VOCAB_NAME) as err:
+            load_drafter(str(tmp_path))
+        assert err.value.key == "path" and "\n" not in str(err.value)
