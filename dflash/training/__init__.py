@@ -11,7 +11,7 @@ _EXPORTS = {
     "dflash.training.anchors": ["Anchors", "sample_anchors", "valid_anchor_mask"],
     "dflash.training.blocks": ["Blocks", "build_blocks"],
     "dflash.training.config": ["TrainingSettings"],
-    "dflash.training.export": ["drafter_from_checkpoint", "export_checkpoint", "export_drafter"],
+    "dflash.training.export": ["drafter_from_checkpoint", "export_drafter"],
     "dflash.training.loss": ["LossSettings", "block_loss", "default_gamma", "dpace_weights", "position_weights"],
     "dflash.training.masks": ["block_attention_rule", "dense_block_mask", "factored_block_mask", "flex_block_mask"],
     "dflash.training.metrics": ["BlockMetrics", "simulated_acceptance_length"],

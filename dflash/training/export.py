@@ -64,11 +64,6 @@ def drafter_from_state(checkpoint: dict) -> DFlashDrafter:
     return drafter.to(next(iter(state.values())).dtype).eval()
 
 
-def export_checkpoint(ckpt_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
-    """Write the drafter of a Lightning checkpoint file into `out_dir`; returns out_dir."""
-    return export_state(read_checkpoint(ckpt_path), out_dir, dtype)
-
-
 def export_state(checkpoint: dict, out_dir: str, dtype: torch.dtype | None = None) -> str:
     """Write the DFlash drafter of a loaded training checkpoint into `out_dir`; returns out_dir."""
     save_drafter(drafter_from_state(checkpoint), out_dir, dtype=dtype)

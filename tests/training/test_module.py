@@ -12,7 +12,8 @@ from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import load_drafter, save_drafter
 from dflash.errors import ConfigError
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.training import TrainingSettings, export_checkpoint, export_drafter
+from dflash.training import TrainingSettings, export_drafter
+from dflash.training.export import export_state, read_checkpoint
 from dflash.training.module import warmup_cosine_schedule
 from helpers.training import dflash_training_module
 
@@ -158,10 +159,10 @@ def test_fit_logs_metrics_and_exports_a_drafter_that_decodes(target_spec, tmp_pa
 
     # Exporting a checkpoint must not load the target.
     def no_target(*args, **kwargs):
-        raise AssertionError("export_checkpoint loaded the target")
+        raise AssertionError("exporting a checkpoint loaded the target")
 
     monkeypatch.setattr("dflash.target.TargetModel.load", no_target)
-    export_checkpoint(str(checkpoint), str(tmp_path / "from_ckpt"))
+    export_state(read_checkpoint(str(checkpoint)), str(tmp_path / "from_ckpt"))  # as python -m dflash.export does
     monkeypatch.undo()
     export_drafter(module, str(tmp_path / "from_module"))
     from_ckpt = load_drafter(str(tmp_path / "from_ckpt"))
