@@ -29,8 +29,8 @@ LOG_FILE = "job.log"  # a sweep job's stdout and stderr
 
 
 def artifacts_root() -> str:
-    """Where outputs go for the apps outside Hydra (bench, serve_check): as `paths.artifacts`,
-    DFLASH_ARTIFACTS, else ./artifacts."""
+    """Where outputs go for the apps outside Hydra (bench, serve_check, dflash.sweep.prompts):
+    as `paths.artifacts` (dflash/conf/paths/default.yaml), DFLASH_ARTIFACTS, else ./artifacts."""
     return os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
 
 

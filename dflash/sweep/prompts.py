@@ -27,11 +27,7 @@ import sys
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
-
-
-def artifacts_root() -> str:
-    """$DFLASH_ARTIFACTS, else ./artifacts (as dflash/conf/paths/default.yaml)."""
-    return os.environ.get("DFLASH_ARTIFACTS", os.path.join(os.getcwd(), "artifacts"))
+from dflash.layout import artifacts_root
 
 
 def default_path() -> str:
