@@ -86,27 +86,17 @@ class RegenerateSettings:
 
 def make_generator(target, settings: RegenerateSettings) -> Generator:
     """The server generator when `settings.server_url` is set, else the HF target."""
+    sampling = {key: getattr(settings, key) for key in ("max_new_tokens", "temperature", "top_p", "top_k", "enable_thinking")}
     if settings.server_url:
         return ServerGenerator(
             settings.server_url,
             model=settings.server_model,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            enable_thinking=settings.enable_thinking,
             concurrency=settings.batch_size,
             timeout_s=settings.request_timeout_s,
+            **sampling,
         )
     require(target is not None, "target", "a target model is needed when regenerate.server_url is not set")
-    return HFGenerator(
-        target,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        enable_thinking=settings.enable_thinking,
-    )
+    return HFGenerator(target, **sampling)
 
 
 def regenerate(
