@@ -36,6 +36,7 @@ from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifes
 from dflash.errors import ConfigError, require
 from dflash.fileio import remove_partial_writes, write_json, write_jsonl
 from dflash.locks import DirectoryLock
+from dflash.progress import bar_interval
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,6 @@ def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSetti
     done_rows = len(prompts) - sum(stop - start for start, stop in todo)
     if done_rows:
         log.info("regenerate: %d of %d rows already done in %s", done_rows, len(prompts), out_dir)
-    from dflash.progress import bar_interval  # lazily: it imports Lightning
-
     bar = tqdm(
         total=len(prompts), initial=done_rows, desc="regenerate", unit="row", disable=not progress, mininterval=bar_interval()
     )

@@ -34,6 +34,7 @@ from dflash.data.chat import (
 from dflash.data.sources import split_prompt
 from dflash.data.token_ids import TOKEN_IDS, sequence_from_token_ids, tokenizer_fingerprint
 from dflash.errors import require
+from dflash.progress import bar_interval
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,6 @@ def tokenize_conversations(tokenizer, rows: Iterable[dict], settings: TokenizeSe
     dropped = {"no_response_tokens": 0, "unlocatable_response": 0}
     counts = dict.fromkeys(_COUNT_NAMES, 0)
     num_conversations = 0
-    from dflash.progress import bar_interval  # lazily: it imports Lightning
-
     bar = tqdm(rows, desc="tokenise", unit="row", disable=not progress, mininterval=bar_interval(terminal_s=2.0))
     for index, row in enumerate(bar):
         num_conversations += 1

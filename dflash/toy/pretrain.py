@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset
 
 from dflash.errors import require
-from dflash.progress import training_progress
+from dflash.fit_progress import training_progress
 
 
 class TokenWindows(Dataset):

@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, json_digest, write_json
+from dflash.progress import PROGRESS_INTERVAL_S, format_duration, is_interactive
 
 log = logging.getLogger(__name__)
 
@@ -335,8 +336,6 @@ class _FillProgress:
     `PROGRESS_INTERVAL_S` seconds: `target states: 136/512 rows (27%), 965 tokens/s, ETA 0:02:20`."""
 
     def __init__(self, total_rows: int, enabled: bool):
-        from dflash.progress import PROGRESS_INTERVAL_S, is_interactive  # imports Lightning: not at the top
-
         self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S
         self.began = self.last_line = time.perf_counter()
         self.bar = tqdm(total=total_rows, desc="target states", unit="row") if enabled and is_interactive() else None
@@ -350,8 +349,6 @@ class _FillProgress:
             self.bar.update(rows)
             self.bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
         elif self.lines and now - self.last_line >= self.interval:
-            from dflash.progress import format_duration
-
             self.last_line = now
             eta = (now - self.began) / self.done * (self.total - self.done)
             log.info(

@@ -47,9 +47,9 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 
 from dflash.data.config import DataSpec
 from dflash.fileio import remove_partial_writes
+from dflash.fit_progress import training_progress
 from dflash.layout import CHECKPOINT_DIR, DRAFTER_DIR
 from dflash.locks import DirectoryLock
-from dflash.progress import training_progress
 from dflash.specs import DrafterSpec, TargetSpec, load_target
 from dflash.structured import config_key
 from dflash.training.after_train import log_evaluation

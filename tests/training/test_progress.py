@@ -9,7 +9,8 @@ import pytest
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.cli.common import quiet_third_party_logs
-from dflash.progress import PROGRESS_INTERVAL_S, LineProgress, bar_interval, format_duration, training_progress
+from dflash.fit_progress import LineProgress, training_progress
+from dflash.progress import PROGRESS_INTERVAL_S, bar_interval, format_duration
 
 
 class FakeClock:
