@@ -18,8 +18,7 @@ from dflash.structured import build
 
 def checkpoint_path(ckpt: str) -> str:
     """`ckpt` itself when it is a file; `<ckpt>/checkpoints/last.ckpt` for a run directory."""
-    from dflash.layout import CHECKPOINT_DIR
-    from dflash.training.checkpoints import LAST_CHECKPOINT
+    from dflash.layout import CHECKPOINT_DIR, LAST_CHECKPOINT
 
     path = os.path.abspath(os.path.expanduser(ckpt))
     if os.path.isdir(path):
@@ -31,10 +30,10 @@ def checkpoint_path(ckpt: str) -> str:
 @hydra.main(config_path=str(CONF_DIR), config_name="export", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
+    from dflash.layout import DRAFTER_CONFIG_KEY
     from dflash.methods import method_of_checkpoint, trained_methods
     from dflash.training.export import read_checkpoint
     from dflash.training.model_card import run_files, write_model_card
-    from dflash.training.module import DRAFTER_CONFIG_KEY
     from dflash.training.settings import weight_dtype
 
     options = build(cfg, "")  # dflash.schema.ExportAppConfig

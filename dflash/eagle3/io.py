@@ -86,8 +86,8 @@ def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtyp
 
 def eagle3_from_checkpoint(checkpoint: dict) -> Eagle3Drafter:
     """The drafter of a loaded EAGLE-3 training checkpoint (CPU, eval mode)."""
+    from dflash.layout import DRAFTER_CONFIG_KEY
     from dflash.training.export import drafter_state
-    from dflash.training.module import DRAFTER_CONFIG_KEY
 
     drafter = Eagle3Drafter(Eagle3Config.from_hf_dict(checkpoint[DRAFTER_CONFIG_KEY]))
     drafter.load_state_dict(drafter_state(checkpoint), strict=True)

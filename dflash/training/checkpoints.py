@@ -29,10 +29,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, write_json
+from dflash.layout import DRAFTER_CONFIG_KEY, LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
 
-LAST_CHECKPOINT = "last.ckpt"
 BEST_CHECKPOINT = "best.ckpt"
 EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
 PREVIOUS_CHECKPOINT = "previous.ckpt"
@@ -124,8 +124,6 @@ _DRAFTER_SHAPE_KEYS = (
 
 def check_checkpoint_fits(path: str, module, key: str) -> None:
     """ConfigError(key) unless checkpoint `path` holds a drafter of the module's shape."""
-    from dflash.training.module import DRAFTER_CONFIG_KEY
-
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     stored, current = checkpoint.get(DRAFTER_CONFIG_KEY, {}), module.drafter.config.to_hf_dict()
     differences = [

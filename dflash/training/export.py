@@ -11,7 +11,7 @@ import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError, reading
-from dflash.training.module import DRAFT_VOCAB_KEY, DRAFTER_CONFIG_KEY
+from dflash.layout import DRAFT_VOCAB_KEY, DRAFTER_CONFIG_KEY
 
 _DRAFTER_PREFIX = "drafter."
 

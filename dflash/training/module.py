@@ -9,7 +9,7 @@ Invariants:
   eval mode under no_grad and is moved to the module's device at the first step.
 - The drafter is the submodule `drafter` (checkpoint keys `drafter.*`); checkpoints also
   hold the drafter's config.json dict under `DRAFTER_CONFIG_KEY`, and a DFlash drafter's
-  draft vocabulary (`DFlashDrafter.draft_vocab`) under `DRAFT_VOCAB_KEY`, so a method's
+  draft vocabulary (`DFlashDrafter.draft_vocab`) under `DRAFT_VOCAB_KEY` (both named in `dflash.layout`), so a method's
   exporter rebuilds the drafter without loading the target.
 - A step's target states (the objective's `taps()`, concatenated in that order) come from
   the disk cache when `training.target_cache_dir` is set (filled in `setup`,
@@ -45,6 +45,7 @@ import lightning as L
 import torch
 
 from dflash.errors import require
+from dflash.layout import DRAFT_VOCAB_KEY, DRAFTER_CONFIG_KEY
 from dflash.progress import budget_timer
 from dflash.structured import config_key
 from dflash.target import TargetModel
@@ -57,9 +58,6 @@ from dflash.training.metrics import BlockMetrics
 from dflash.training.monitor import StepMonitor
 from dflash.training.normalisation import GlobalLossScale
 from dflash.training.objective import Objective
-
-DRAFTER_CONFIG_KEY = "dflash_drafter_config"
-DRAFT_VOCAB_KEY = "dflash_draft_vocab"
 
 
 class DrafterTrainingModule(L.LightningModule):

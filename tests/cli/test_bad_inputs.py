@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
 from dflash.errors import ConfigError, check_writable_dir
+from dflash.layout import DRAFTER_CONFIG_KEY
 from dflash.toy.tiny import save_tiny_target, tiny_config
 from dflash.training.config import check_block_fits
-from dflash.training.module import DRAFTER_CONFIG_KEY
 from helpers import REPO
 from helpers.apps import write_conversations
 from helpers.tables import make_depth_sweep
