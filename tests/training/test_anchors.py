@@ -1,10 +1,10 @@
 """Anchor sampling and block layout (docs/design.md invariants 3, 4 and 9)."""
 
 import torch
-from scipy.stats import chi2
 
 from dflash.training.anchors import Anchors, sample_anchors, valid_anchor_mask
 from dflash.training.blocks import build_blocks
+from helpers.stats import chi2_sf
 
 T, F = True, False
 
@@ -43,7 +43,7 @@ def uniformity_p_value(sampler, loss_mask: torch.Tensor, block_size: int) -> flo
     num_valid, p = int(valid.sum()), UNIFORMITY_ANCHORS / int(valid.sum())
     expected = UNIFORMITY_ROWS * p
     pearson = float(((counts[valid] - expected) ** 2 / expected).sum())
-    return float(chi2.sf(pearson / ((1 - p) * num_valid / (num_valid - 1)), num_valid - 1))
+    return chi2_sf(pearson / ((1 - p) * num_valid / (num_valid - 1)), num_valid - 1)
 
 
 def early_biased_anchors(loss_mask, block_size, num_anchors, generator):
