@@ -56,3 +56,14 @@ def test_a_bad_value_is_reported_without_importing_lightning():
     )
     assert result.stdout.strip() == "exit 2 False", result.stderr[-2000:]
     assert result.stderr.strip() == "error: training.learning_rate: expected float, got 'abc'"
+
+
+def test_apps_that_never_train_import_no_lightning():
+    """Lightning and torchmetrics cost seconds of imports per process: evaluate and export
+    (and the library code they call) must not import them (dflash.progress, dflash.layout)."""
+    modules = ["dflash.cli.evaluate", "dflash.cli.export", "dflash.eval", "dflash.eval.evaluator", "dflash.methods"]
+    modules += ["dflash.specs", "dflash.training.export", "dflash.training.model_card", "dflash.eagle3.io", "dflash.progress"]
+    result = _python(
+        f"import importlib, sys\nfor m in {modules}:\n    importlib.import_module(m)\nprint('lightning' in sys.modules)"
+    )
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
