@@ -36,6 +36,7 @@ from dflash.eval.divergence import diagnose, first_difference, hf_generate_logit
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
 from dflash.methods import METHODS, EvalContext, MethodSetup, build_method, check_method_names
+from dflash.progress import bar_interval
 from dflash.target import TargetModel
 from dflash.target.cache import decode_attention
 
@@ -145,8 +146,6 @@ def evaluate(
         warmup_ids = prompts.encode(samples[0].turns[:1])
         warmup = GenerationRecord(prompt_index=samples[0].index, turn=0, num_prompt_tokens=warmup_ids.shape[1])
         methods.run(warmup_ids, min(settings.warmup_tokens, decoding.max_new_tokens), decoding.seed, warmup)
-
-    from dflash.progress import bar_interval  # lazily: it imports Lightning
 
     records = []
     for sample in tqdm(samples, desc=f"evaluate {benchmark}", unit="prompt", disable=not progress, mininterval=bar_interval()):
