@@ -18,6 +18,7 @@ import re
 
 import yaml
 
+from dflash.drafter.io import load_draft_vocab
 from dflash.fileio import write_text
 from dflash.layout import HYDRA_CONFIG, RESULTS_FILE, Results
 
@@ -41,7 +42,9 @@ def write_model_card(drafter_dir: str, run_config: dict | None = None, results: 
     """Write `drafter_dir`/README.md for the drafter directory; returns its path."""
     with open(os.path.join(drafter_dir, "config.json")) as f:
         drafter = json.load(f)
-    return write_text(os.path.join(drafter_dir, CARD_NAME), model_card(drafter, run_config or {}, results, drafter_dir))
+    vocab = load_draft_vocab(drafter_dir, drafter.get("vocab_size") or 0)
+    card = model_card(drafter, run_config or {}, results, drafter_dir, None if vocab is None else vocab.numel())
+    return write_text(os.path.join(drafter_dir, CARD_NAME), card)
 
 
 def read_results(path: str | None) -> Results | None:
@@ -89,8 +92,9 @@ def _resolve_leaves(node, data, prefix: str) -> None:
                 pass
 
 
-def model_card(drafter: dict, run: dict, results: Results | None, location: str) -> str:
-    """The card's text for drafter config.json `drafter`, resolved run config `run` and results.json `results`."""
+def model_card(drafter: dict, run: dict, results: Results | None, location: str, draft_vocab: int | None = None) -> str:
+    """The card's text for drafter config.json `drafter`, resolved run config `run`, results.json
+    `results` and the size of its draft vocabulary (draft_vocab.json; None: none)."""
     method = "eagle3" if "eagle_config" in drafter or any("Eagle3" in a for a in drafter.get("architectures", [])) else "dflash"
     target = run.get("target") or {}
     base_model = None if target.get("build") or target.get("gguf_file") else hub_id(target.get("path"))
@@ -109,7 +113,7 @@ def model_card(drafter: dict, run: dict, results: Results | None, location: str)
         "it reads the target's hidden states and shares its embedding and output head.",
         "",
     ]
-    lines += _shape(drafter, method)
+    lines += _shape(drafter, method, draft_vocab)
     lines += _measured(results)
     lines += _recipe(run)
     lines += _serving(method, drafter, base_model or target.get("path") or "TARGET", location)
@@ -124,7 +128,7 @@ def block_size(drafter: dict) -> int | None:
     return (drafter.get("dflash_config") or {}).get("block_size") or drafter.get("block_size")
 
 
-def _shape(drafter: dict, method: str) -> list[str]:
+def _shape(drafter: dict, method: str, draft_vocab: int | None) -> list[str]:
     rows = [("layers", drafter.get("num_hidden_layers")), ("hidden size", drafter.get("hidden_size"))]
     if method == "dflash":
         dflash = drafter.get("dflash_config") or {}
@@ -134,6 +138,10 @@ def _shape(drafter: dict, method: str) -> list[str]:
             ("mask token", dflash.get("mask_token") or dflash.get("mask_token_id")),
         ]
     rows.append(("weights dtype", drafter.get("dtype") or drafter.get("torch_dtype")))
+    if draft_vocab is not None:
+        rows.append(
+            ("draft vocabulary", f"{draft_vocab} tokens (draft_vocab.json: dflash drafts over them; other engines ignore it)")
+        )
     return ["## Drafter", "", *_table(rows), ""]
 
 

@@ -78,6 +78,17 @@ def test_card_of_an_unmeasured_drafter_of_a_local_target_leaves_unknowns_out(dra
     assert "Not measured yet" in text and "tau (tokens" not in text
 
 
+def test_card_names_the_draft_vocabulary_where_the_directory_has_one(drafter_dir):
+    write_model_card(str(drafter_dir), RUN, None)
+    assert "draft vocabulary" not in (drafter_dir / "README.md").read_text()
+    (drafter_dir / "draft_vocab.json").write_text('{"token_ids": [3, 7, 11]}')
+    try:
+        write_model_card(str(drafter_dir), RUN, None)
+        assert "| draft vocabulary | 3 tokens (draft_vocab.json" in (drafter_dir / "README.md").read_text()
+    finally:
+        (drafter_dir / "draft_vocab.json").unlink()
+
+
 def test_card_without_a_run_config_still_has_its_metadata(drafter_dir):
     write_model_card(str(drafter_dir))
     assert front_matter(drafter_dir / "README.md")["library_name"] == "transformers"
