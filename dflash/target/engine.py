@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, run_attention, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+PREFILL_ROWS = 8  # rows per prefill group of `greedy_batch`
 
 
 def fast_engine_refusal(model) -> str | None:
@@ -93,6 +94,14 @@ class StaticCache:
         if count >= 0:
             raise ValueError(f"crop takes a negative count, got {count}")
         self.length = max(0, self.length + count)
+
+    def row_view(self, start: int, stop: int, length: int) -> StaticCache:
+        """Rows [start, stop) as a cache of their own holding `length` positions: views of this
+        one's buffers, so a forward through it writes here (its `length` moves, not ours)."""
+        view = StaticCache.__new__(StaticCache)
+        view.keys, view.values, view.length = self.keys[:, start:stop], self.values[:, start:stop], length
+        view._views()
+        return view
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (a copy of their keys and values), in this order."""
@@ -311,16 +320,21 @@ def greedy_batch(
     fast: FastForward, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int
 ) -> list[list[int]]:
     """Greedy continuations of several prompts at once (regeneration's path), through the stop
-    token or max_new_tokens; new ids only.
+    token or max_new_tokens; new ids only, in the prompts' order.
 
-    Prompts are left-padded into one static cache; each row keeps its own positions (0 at
-    its first real token) and a key mask hides its padding. A padded query position may
-    see itself, so no attention row is empty (an empty one would give NaN, and 0 x NaN
-    reaches the real rows' values). A row that stops leaves the batch (its cache rows are
-    dropped), so the others' steps do not pay for it.
+    Prompts are left-padded into one static cache, longest first; each row keeps its own
+    positions (0 at its first real token) and a key mask hides its padding. A padded query
+    position may see itself, so no attention row is empty (an empty one would give NaN, and
+    0 x NaN reaches the real rows' values). The prefill runs `PREFILL_ROWS` rows at a time,
+    each group only over its own longest prompt's width (`StaticCache.row_view`), so short
+    prompts do not pay for the longest one. A row that stops keeps running, unread, until
+    half the batch has stopped; then the stopped rows leave it (one copy of the cache for
+    several rows, not one per row), so the others' steps do not pay for them.
     """
     device = fast.final_norm[0].device
-    batch, width = len(prompts), max(len(p) for p in prompts)
+    order = sorted(range(len(prompts)), key=lambda row: -len(prompts[row]))  # longest first
+    prompts = [prompts[row] for row in order]
+    batch, width = len(prompts), len(prompts[0])
     pads = torch.tensor([width - len(p) for p in prompts], device=device)
     ids = torch.full((batch, width), pad_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
@@ -329,28 +343,40 @@ def greedy_batch(
     key_valid = keys.unsqueeze(0) >= pads.unsqueeze(1)  # (batch, total)
     cache = fast.new_cache(batch=batch, capacity=len(keys))
     positions = (torch.arange(width, device=device).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)
-    causal = keys[:width].unsqueeze(0) <= keys[:width].unsqueeze(1)
-    mask = (key_valid[:, None, None, :width] & causal) | torch.eye(width, dtype=torch.bool, device=device)
-    logits, _ = fast.forward(ids, positions, cache, None, logits_to_keep=1, attention_mask=mask)
+    last = []
+    for first in range(0, batch, PREFILL_ROWS):
+        rows = slice(first, min(first + PREFILL_ROWS, batch))
+        offset = width - len(prompts[first])  # the group's own width: its longest prompt's
+        slots = keys[offset:width].unsqueeze(1)
+        mask = (key_valid[rows, None, None, :width] & (keys[:width] <= slots)) | (keys[:width] == slots)
+        view = cache.row_view(rows.start, rows.stop, offset)
+        logits, _ = fast.forward(ids[rows, offset:], positions[rows, offset:], view, None, logits_to_keep=1, attention_mask=mask)
+        last.append(logits[:, -1])
+    cache.length = width
     stops = torch.tensor(sorted(stop_ids), device=device)
-    token, position = logits[:, -1].argmax(-1), width - pads  # each row's next position
+    token, position = torch.cat(last).argmax(-1), width - pads  # each row's next position
     outputs: list[list[int]] = [[] for _ in prompts]
-    alive = list(range(batch))  # the rows still generating, in the cache's order
+    alive = list(range(batch))  # the rows in the cache, in its order
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # of those rows
     for step in range(max_new_tokens):
-        for row, new in zip(alive, token.tolist()):
-            outputs[row].append(new)
-        going = ~torch.isin(token, stops)
-        if step == max_new_tokens - 1 or not bool(going.any()):
+        for row, new, done in zip(alive, token.tolist(), stopped.tolist()):
+            if not done:
+                outputs[row].append(new)
+        stopped |= torch.isin(token, stops)
+        if step == max_new_tokens - 1 or bool(stopped.all()):
             break
-        if not bool(going.all()):
-            kept = going.nonzero().squeeze(1)
+        if 2 * int(stopped.sum()) >= len(alive):
+            kept = (~stopped).nonzero().squeeze(1)
             alive = [alive[i] for i in kept.tolist()]
-            token, position, key_valid = token[kept], position[kept], key_valid[kept]
+            token, position, key_valid, stopped = token[kept], position[kept], key_valid[kept], stopped[kept]
             cache.keep_rows(kept)
         mask = key_valid[:, None, None, : cache.length + 1]
         logits, _ = fast.forward(token.unsqueeze(1), position.unsqueeze(1), cache, None, attention_mask=mask)
         token, position = logits[:, -1].argmax(-1), position + 1
-    return outputs
+    in_order: list[list[int]] = [[] for _ in prompts]
+    for row, original in enumerate(order):
+        in_order[original] = outputs[row]
+    return in_order
 
 
 def _ordered(features: list[torch.Tensor], layer_ids):

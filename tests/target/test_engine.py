@@ -202,19 +202,26 @@ def test_fused_weights_are_shared_with_the_hf_modules():
     torch.testing.assert_close(fast.model(ids).logits, eager.model(ids).logits)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch):
-    """Left padding, per-row positions and the key mask: every row continues as if alone,
-    through its stop token; a stopped row's padding never reaches the others."""
-    from dflash.target.engine import greedy_batch
+@pytest.mark.parametrize("arch, prefill_rows", [("llama", 8), ("qwen3", 8), ("qwen3", 1)])
+def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, prefill_rows, monkeypatch):
+    """Left padding, per-row positions, the key mask, prefill groups of their own widths (1:
+    each row alone) and stopped rows leaving the batch: every row continues as if alone,
+    through its stop token, in the prompts' order; a stopped row never reaches the others."""
+    from dflash.target import engine
 
+    monkeypatch.setattr(engine, "PREFILL_ROWS", prefill_rows)
     eager, fast = pair(arch)
     fast.new_cache()  # tunes
     prompts = [eager.tokenizer(p).input_ids for p in PROMPTS]  # 1 to 35 tokens
     alone = [generate(eager, torch.tensor([p]), max_new_tokens=24).output_ids for p in prompts]
-    stop = alone[0][5]  # the first row stops early; the others may or may not
-    expected = [out[: out.index(stop) + 1] if stop in out else out for out in alone]
-    assert greedy_batch(fast.fast, prompts, 24, {stop}, pad_id=eager.tokenizer.pad_token_id) == expected
+    stops = {alone[0][5], alone[2][3]}  # two rows stop early (half the batch: it compacts)
+
+    def through_stop(out):
+        ends = [i for i, token in enumerate(out) if token in stops]
+        return out[: ends[0] + 1] if ends else out
+
+    expected = [through_stop(out) for out in alone]
+    assert engine.greedy_batch(fast.fast, prompts, 24, stops, pad_id=eager.tokenizer.pad_token_id) == expected
 
 
 def test_regeneration_answers_alike_on_both_engines():
