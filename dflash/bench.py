@@ -253,7 +253,8 @@ def report(args) -> str:
         f"- weights read per forward: {nbytes / 1e6:.1f} MB; measured read bandwidth {bandwidth / 1e9:.1f} GB/s; "
         f"floor {floor_ms:.2f} ms per forward",
         f"- decoding forward: {target.kernel_path}",
-        f"- context {args.context} positions; drafter: {args.drafter or f'random, {args.drafter_layers} layer(s)'}; "
+        f"- context {args.context} positions; drafter: {args.drafter or f'random, {args.drafter_layers} layer(s)'}"
+        f" (drafts over {'all tokens' if drafter.draft_vocab is None else f'{drafter.draft_vocab.numel()} tokens'}); "
         f"median of {args.repeats} interleaved repeats",
         "",
         "| B | verify ms | / floor | / t(1) | HF forward ms | propose ms | step ms | break-even tau |",

@@ -209,17 +209,14 @@ class FastForward:
     def draft_head(self, rows: torch.Tensor | None = None) -> Linear:
         """A bfloat16 copy of the LM head for drafting (`TargetModel.draft_logits`), tuned on
         first use; with `rows` (K, D), of those rows of the head's weight (no bias) instead."""
-        if rows is not None:
-            head = Linear(rows.to(torch.bfloat16), None)
-            tune([head], rows=TUNED_ROWS)
-            return head
-        if self._draft_head is None:
-            head = Linear(
-                self.lm_head.weight.to(torch.bfloat16), None if self.lm_head.bias is None else self.lm_head.bias.bfloat16()
-            )
-            tune([head], rows=TUNED_ROWS)
+        if rows is None and self._draft_head is not None:
+            return self._draft_head
+        bias = self.lm_head.bias if rows is None else None
+        head = Linear((self.lm_head.weight if rows is None else rows).bfloat16(), None if bias is None else bias.bfloat16())
+        tune([head], rows=TUNED_ROWS)
+        if rows is None:
             self._draft_head = head
-        return self._draft_head
+        return head
 
     def linears(self) -> list[Linear]:
         return [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
