@@ -79,6 +79,21 @@ def test_other_head_dims_and_several_queries_equal_sdpa(dtype, head_dim, q):
     check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q, mask="none")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(dtype):
+    """The kernel starts each (batch row, kv head) at the first key any of its query rows sees:
+    rows that start at other keys (not the first row's, not in order) still see all of theirs."""
+    needs_kernel()
+    query, keys, values, _ = case(dtype, 2, 100, 9, 3, q=3, mask="none")
+    first = torch.tensor([[70, 21, 40], [33, 90, 17]])  # (batch, query row): its first seen key
+    mask = (torch.arange(100) >= first.unsqueeze(-1)).unsqueeze(1)
+    ours = attention(query, keys, values, mask)
+    exact = F.scaled_dot_product_attention(query.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=True)
+    assert (ours.double() - exact).abs().max() <= (2e-6 if dtype == torch.float32 else 2e-2) * exact.abs().max()
+    # the same keys without the leading 16 that no row sees: the same result, bit for bit
+    torch.testing.assert_close(attention(query, keys[:, :, 16:], values[:, :, 16:], mask[..., 16:]), ours, rtol=0, atol=0)
+
+
 def test_a_row_with_every_key_masked_is_zero_as_sdpa():
     needs_kernel()
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)

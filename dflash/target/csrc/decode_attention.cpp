@@ -187,8 +187,22 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
           q_rows[g * Q + i] = query + b * qs.b + h * qs.h + i * q_pos_stride;
           out_rows[g * Q + i] = out + ((b * Q + i) * H + h) * D;
         }
+      // keys before the first one any row sees (a row's left padding) are skipped, from a
+      // multiple of 16 on: the scores' lanes keep their keys, so the result is bit for bit
+      // the one over every key (the skipped ones weigh exactly 0)
+      int64_t j_lo = 0;
+      if (mask) {
+        j_lo = L;
+        for (int64_t i = 0; i < Q; ++i) {
+          const bool* m = mask + b * mask_b + i * mask_q;
+          int64_t j = 0;
+          while (j < j_lo && !m[j * mask_l]) ++j;
+          j_lo = j;
+        }
+        j_lo = j_lo == L ? 0 : j_lo / 16 * 16;
+      }
       const T* k = keys + b * ks.b + kvh * ks.h;
-      for (int64_t j0 = 0; j0 < L; j0 += 16)
+      for (int64_t j0 = j_lo; j0 < L; j0 += 16)
         score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(16, L - j0)), q_rows.data(),
                         static_cast<int>(R), scale_v, scores.data(), ld, j0);
       for (int64_t r = 0; r < R; ++r) {
@@ -196,18 +210,18 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         const int64_t i = r % Q;
         if (mask) {
           const bool* m = mask + b * mask_b + i * mask_q;
-          for (int64_t j = 0; j < L; ++j)
+          for (int64_t j = j_lo; j < L; ++j)
             if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
         }
         const int64_t full = L / 16 * 16;
         const __mmask16 tail = (__mmask16)((1u << (L - full)) - 1u);
         __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        for (int64_t j = 0; j < full; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+        for (int64_t j = j_lo; j < full; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
         if (tail) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, s + full));
         const float top = _mm512_reduce_max_ps(mx);
         const __m512 topv = _mm512_set1_ps(top);
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t j = 0; j < full; j += 16) {
+        for (int64_t j = j_lo; j < full; j += 16) {
           const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), topv));
           _mm512_storeu_ps(s + j, e);
           sum = _mm512_add_ps(sum, e);
@@ -220,8 +234,8 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         // all keys masked: every weight is 0 and so is the row, as SDPA's CPU flash kernel
         inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / _mm512_reduce_add_ps(sum);
       }
-      weigh_group<NC>(values + b * vs.b + kvh * vs.h, vs.l, L, scores.data(), ld, inverse_sums.data(), out_rows.data(),
-                      static_cast<int>(R));
+      weigh_group<NC>(values + b * vs.b + kvh * vs.h + j_lo * vs.l, vs.l, L - j_lo, scores.data() + j_lo, ld,
+                      inverse_sums.data(), out_rows.data(), static_cast<int>(R));
     }
     _mm_setcsr(csr);
   });
