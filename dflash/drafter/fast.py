@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash.drafter.model import DFlashDrafter
-from dflash.target.engine import rms_norm, rope, rope_tables
-from dflash.target.kernels import Linear, attention_plan, run_attention, tune
+from dflash.target.engine import add_rms_norm, rms_norm, rope, rope_tables, silu_mul
+from dflash.target.kernels import Linear, attention_plan, layer_ops, run_attention, tune
 
 
 def _linear(dtype: torch.dtype, *modules) -> Linear:
@@ -77,13 +77,14 @@ class FastDrafter:
             raise ValueError("the lean drafter forward decodes: no mask, with a DrafterCache")
         batch, q, _ = block_embeds.shape
         context = context_features.to(self.dtype)
-        context = rms_norm(self.fc(context) if self.fc is not None else context, self.hidden_norm)
+        ops = layer_ops(context)
+        context = add_rms_norm(ops, self.fc(context) if self.fc is not None else context, self.hidden_norm)[1]
         hidden = block_embeds.to(self.dtype)
         new = context.shape[1]
         cos, sin = rope_tables(self.rotary, hidden, torch.cat([context_positions, block_positions], dim=1))
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
-            x = rms_norm(hidden, layer["input_norm"])
+            hidden, x = add_rms_norm(ops, hidden, layer["input_norm"])
             query = layer["q"](x).view(batch, q, heads, head_dim)
             kv = layer["kv"](torch.cat([context, x], dim=1))
             key = kv[..., : kv_heads * head_dim].view(batch, new + q, kv_heads, head_dim)
@@ -96,8 +97,7 @@ class FastDrafter:
             out = None if plan is None else run_attention(query, keys, values, None)
             if out is None:
                 out = F.scaled_dot_product_attention(query, keys, values, enable_gqa=heads != kv_heads)
-            hidden = hidden + layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
-            x = rms_norm(hidden, layer["post_norm"])
-            gate_up = layer["gate_up"](x)
-            hidden = hidden + layer["down"](F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
-        return rms_norm(hidden, self.norm)
+            attended = layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
+            hidden, x = add_rms_norm(ops, hidden, layer["post_norm"], attended)
+            hidden = hidden + layer["down"](silu_mul(ops, layer["gate_up"](x), self.intermediate))
+        return add_rms_norm(ops, hidden, self.norm)[1]

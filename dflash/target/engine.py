@@ -31,6 +31,11 @@ Invariants:
   float rounding (float32: 1e-6 relative; tests/target/test_attention.py). Everything
   else (prefill's causal forward, longer inputs, additive masks, CUDA, a machine without
   the kernel) runs `F.scaled_dot_product_attention` as before. `kernel_path` says which.
+- Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
+  residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
+  run as our fused ops (`kernels.layer_ops`, `csrc/layer_ops.cpp`): one pass each where
+  PyTorch runs 4 to 9 ops, rounding where PyTorch's ops round (equal within the last bit;
+  tests/target/test_layer_ops.py). Elsewhere, and for widths they do not take, PyTorch's ops.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, run_attention, tune
+from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, layer_ops, run_attention, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 8  # rows per prefill group of `greedy_batch`
@@ -176,6 +181,24 @@ def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def add_rms_norm(ops, hidden: torch.Tensor, norm, delta: torch.Tensor | None = None):
+    """(hidden + delta, its `rms_norm`), or without delta (hidden, its `rms_norm`): our fused op
+    where `ops` (`kernels.layer_ops`) runs and the rows allow it, else PyTorch's ops."""
+    if ops is not None and hidden.shape[-1] % 16 == 0 and hidden.is_contiguous() and (delta is None or delta.is_contiguous()):
+        normed, summed = ops.rms_norm(hidden, norm[0], norm[1], delta)
+        return summed, normed
+    if delta is not None:
+        hidden = hidden + delta
+    return hidden, rms_norm(hidden, norm)
+
+
+def silu_mul(ops, gate_up: torch.Tensor, n: int) -> torch.Tensor:
+    """silu(gate_up[..., :n]) * gate_up[..., n:], as `add_rms_norm` by our op or PyTorch's."""
+    if ops is not None and n % 16 == 0 and gate_up.is_contiguous():
+        return ops.silu_mul(gate_up, n)
+    return F.silu(gate_up[..., :n]) * gate_up[..., n:]
+
+
 def rope_tables(rotary, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, signed_sin) of an HF rotary module at `positions` (b, q), each (b, 1, q, d), for `rope`."""
     cos, sin = rotary(x, positions)
@@ -203,6 +226,8 @@ class FastForward:
         self.layers = [_Layer(layer) for layer in base.layers]
         self.embed_tokens = base.embed_tokens
         self.lm_head = Linear(model.lm_head.weight, model.lm_head.bias)
+        # our fused rotary (kernels.layer_ops) applies to these heads; PyTorch's ops elsewhere
+        self.fused_rope = self.head_dim % 32 == 0 and self.layers[0].q_norm is None
         self.prepared = False
         self._draft_head: Linear | None = None
 
@@ -276,18 +301,24 @@ class FastForward:
         features = []
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        ops = layer_ops(hidden)
+        if ops is not None and self.fused_rope:
+            cos_rows, sin_rows = (table[:, 0].expand(batch, q, head_dim).contiguous() for table in (cos, sin))
         for index, layer in enumerate(self.layers):
-            x = rms_norm(hidden, layer.input_norm)
+            hidden, x = add_rms_norm(ops, hidden, layer.input_norm)
             qkv = layer.qkv(x)
-            query = qkv[..., :q_width].view(batch, q, heads, head_dim)
-            key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
-            value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
-            if layer.q_norm is not None:
-                query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
-            query, key = query.transpose(1, 2), key.transpose(1, 2)
-            query, key = rope(query, cos, sin), rope(key, cos, sin)
-            cache.keys[index, :, :, start:end] = key
-            cache.values[index, :, :, start:end] = value.transpose(1, 2)
+            if ops is not None and self.fused_rope:
+                query = ops.rope_into_cache(qkv, cos_rows, sin_rows, cache.keys[index], cache.values[index], start, heads, kv_heads)
+            else:
+                query = qkv[..., :q_width].view(batch, q, heads, head_dim)
+                key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
+                value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
+                if layer.q_norm is not None:
+                    query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
+                query, key = query.transpose(1, 2), key.transpose(1, 2)
+                query, key = rope(query, cos, sin), rope(key, cos, sin)
+                cache.keys[index, :, :, start:end] = key
+                cache.values[index, :, :, start:end] = value.transpose(1, 2)
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
             if index == 0:  # every layer has the same shapes: check once per forward
                 plan = None if causal else attention_plan(query, keys, values, mask)
@@ -296,14 +327,14 @@ class FastForward:
                 out = F.scaled_dot_product_attention(
                     query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads
                 )
-            hidden = hidden + layer.o(out.transpose(1, 2).reshape(batch, q, q_width))
-            x = rms_norm(hidden, layer.post_norm)
+            attended = layer.o(out.transpose(1, 2).reshape(batch, q, q_width))
+            hidden, x = add_rms_norm(ops, hidden, layer.post_norm, attended)
             gate_up = layer.gate_up(x)
-            hidden = hidden + layer.down(F.silu(gate_up[..., : layer.intermediate]) * gate_up[..., layer.intermediate :])
+            hidden = hidden + layer.down(silu_mul(ops, gate_up, layer.intermediate))
             if index in taps and index != last:
                 features.append(hidden)
         cache.length = end
-        normed = rms_norm(hidden, self.final_norm)
+        _, normed = add_rms_norm(ops, hidden, self.final_norm)
         if last in taps:
             features.append(normed)
         if logits_to_keep:

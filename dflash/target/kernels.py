@@ -28,6 +28,8 @@ Invariants:
   per layer; `csrc/decode_attention.cpp`, built into
   the same module) computes what SDPA computes (float32: within 1e-5 relative, bfloat16:
   within its rounding) or returns None, and the engine runs SDPA: it is never an error.
+- The layer ops (`layer_ops`, `csrc/layer_ops.cpp`, the same module) run where the module
+  does, on CPU in float32 or bfloat16 without gradients; else None, and PyTorch's ops run.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def _pack_avx512(weight: torch.Tensor) -> torch.Tensor:
 
 
 _AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
+_SOURCES = ("small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp")  # one module; vec.h is included
 
 
 @functools.cache
@@ -114,7 +117,7 @@ def small_gemm():
 
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    sources = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("small_gemm.cpp", "decode_attention.cpp")]
+    sources = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in _SOURCES]
     log.info("engine: loading our AVX-512 kernels (built on first use on a machine: about 25 s)")
     flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
     try:
@@ -123,7 +126,7 @@ def small_gemm():
         # behind, on which every later process would wait forever; a flock dies with its
         # process, so whoever holds ours knows that lock file is stale.
         text = b""
-        for source in sources:
+        for source in [*sources, os.path.join(os.path.dirname(__file__), "csrc", "vec.h")]:
             with open(source, "rb") as f:
                 text += f.read()
         digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:12]
@@ -385,6 +388,20 @@ def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         _attention_broken = True
         log.warning("engine: our attention kernel failed (%s); SDPA from now on", str(error)[:200])
         return None
+
+
+def layer_ops(like: torch.Tensor):
+    """Our fused layer ops (`csrc/layer_ops.cpp`: RMSNorm after an optional residual add,
+    SiLU-and-multiply, rotary embedding into the cache) for tensors like this one, or None
+    and the engine runs PyTorch's ops: not CPU, not float32 or bfloat16, gradients, or no
+    kernel on this machine. The caller checks the widths (multiples of 16, head_dim of 32)."""
+    if (
+        like.device.type != "cpu"
+        or like.dtype not in (torch.float32, torch.bfloat16)
+        or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+    ):
+        return None
+    return small_gemm()
 
 
 def attention_available(like: torch.Tensor) -> bool:

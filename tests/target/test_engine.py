@@ -25,9 +25,12 @@ def pair(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
     return eager, fast
 
 
-@pytest.mark.parametrize("arch", FAST_FAMILIES)
-def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch):
-    eager, fast = pair(arch)
+# head_dim 32: our fused rotary runs too (the tiny models' 16 runs PyTorch's)
+@pytest.mark.parametrize(
+    ("arch", "sizes"), [(arch, {}) for arch in FAST_FAMILIES] + [("llama", {"num_heads": 2, "num_kv_heads": 1})]
+)
+def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch, sizes):
+    eager, fast = pair(arch, **sizes)
     assert eager.fast is None and fast.fast is not None
     ids = torch.randint(0, 250, (1, 300), generator=torch.Generator().manual_seed(1))
     taps = [eager.num_layers - 1, 0, 1]  # out of order; the last layer's tap is the final-normed output, as HF's hidden_states[-1]

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <tuple>
 
 namespace {
 
@@ -145,7 +146,17 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& packed, const c10
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                const c10::optional<at::Tensor>& mask, double scale);
 
+// layer_ops.cpp, built into the same module
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                            const c10::optional<at::Tensor>& delta);
+at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n);
+at::Tensor rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor keys,
+                           at::Tensor values, int64_t start, int64_t heads, int64_t kv_heads);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "x @ w.T (+ bias) for a few rows of x, from a packed weight");
   m.def("decode_attention", &decode_attention, "softmax(q k^T scale + mask) v for a few query positions (GQA)");
+  m.def("rms_norm", &rms_norm, "HF's RMSNorm of rows, after an optional residual add");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of fused gate_up rows");
+  m.def("rope_into_cache", &rope_into_cache, "rotary query and keys, keys and values into a layer's cache");
 }

@@ -1,0 +1,98 @@
+"""Our fused layer ops (dflash/target/csrc/layer_ops.cpp) compute what the engine's PyTorch ops
+compute, within the last bit, and the engine gives the same logits with them as without."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dflash.target import TargetModel, kernels
+from dflash.target.engine import rms_norm, rope
+from dflash.toy.tiny import build_tiny_target
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def inference():
+    with torch.inference_mode():
+        yield
+
+
+@pytest.fixture
+def ops():
+    module = kernels.small_gemm()
+    if module is None:
+        pytest.skip("this machine does not build our AVX-512 kernels (no AVX-512 BF16 or no compiler)")
+    return module
+
+
+def close(ours: torch.Tensor, reference: torch.Tensor):
+    """Equal within the last bit of the dtype (float32: a few ulps), of each value or, where a
+    sum cancels (the rotation), of the tensor's largest."""
+    assert ours.dtype == reference.dtype and ours.shape == reference.shape
+    ulp = 2.0**-7 if ours.dtype == torch.bfloat16 else 2.0**-21
+    error, size = (ours.double() - reference.double()).abs(), reference.double().abs()
+    assert bool((error <= ulp * (size + size.max())).all()), float(error.max())
+
+
+def randn(*shape, dtype, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_with_and_without_the_residual_add(ops, dtype):
+    hidden, delta = randn(3, 5, 576, dtype=dtype), randn(3, 5, 576, dtype=dtype, seed=1)
+    weight = randn(576, dtype=dtype, seed=2)
+    normed, same = ops.rms_norm(hidden, weight, 1e-5, None)
+    assert same is hidden
+    close(normed, rms_norm(hidden, (weight, 1e-5)))
+    normed, summed = ops.rms_norm(hidden, weight, 1e-5, delta)
+    assert torch.equal(summed, hidden + delta)  # one rounding, as PyTorch's add
+    close(normed, rms_norm(hidden + delta, (weight, 1e-5)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(ops, dtype):
+    gate_up = randn(7, 2 * 1536, dtype=dtype) * 6  # both tails of the exponential
+    close(ops.silu_mul(gate_up, 1536), F.silu(gate_up[:, :1536]) * gate_up[:, 1536:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_writes_keys_and_values_at_their_positions_and_returns_the_query(ops, dtype):
+    batch, q, heads, kv_heads, head_dim, start = 2, 3, 6, 2, 64, 5
+    qkv = randn(batch, q, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    cos, sin = randn(batch, q, head_dim, dtype=dtype, seed=1), randn(batch, q, head_dim, dtype=dtype, seed=2)
+    cache = randn(2, batch, kv_heads, 16, head_dim, dtype=dtype, seed=3)
+    before = cache.clone()
+    query = ops.rope_into_cache(qkv, cos, sin, cache[0], cache[1], start, heads, kv_heads)
+    split = qkv.view(batch, q, heads + 2 * kv_heads, head_dim).transpose(1, 2)
+    table = cos.unsqueeze(1), sin.unsqueeze(1)
+    close(query, rope(split[:, :heads], *table))
+    close(cache[0, :, :, start : start + q], rope(split[:, heads : heads + kv_heads], *table))
+    assert torch.equal(cache[1, :, :, start : start + q], split[:, heads + kv_heads :])
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[start : start + q] = False
+    assert torch.equal(cache[:, :, :, outside], before[:, :, :, outside])  # nothing else written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_engine_gives_the_same_logits_with_our_layer_ops_as_with_pytorchs(ops, dtype, monkeypatch):
+    # head_dim 32: every op of ours applies (the default tiny model's 16 runs PyTorch's rotary)
+    model, tokenizer = build_tiny_target("llama", seed=0, num_heads=2, num_kv_heads=1)
+    fast = TargetModel(model.to(dtype), tokenizer, engine="fast").fast
+    assert fast.fused_rope
+    ids = torch.randint(0, 250, (2, 40), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(40).expand(2, 40)
+
+    def run():
+        cache = fast.new_cache(batch=2)
+        prefill, _ = fast.forward(ids[:, :37], positions[:, :37], cache, [0, 1])
+        step, features = fast.forward(ids[:, 37:], positions[:, 37:], cache, [0, 1])
+        return prefill, step, features, cache.keys[:, :, :, :40].clone()
+
+    ours = run()
+    monkeypatch.setattr("dflash.target.engine.layer_ops", lambda like: None)
+    theirs = run()
+    tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **tolerance)
