@@ -258,14 +258,15 @@ class FastForward:
 
     def kernel_path(self) -> str:
         """The kernels chosen per row count for each projection (every layer chooses alike:
-        one choice per weight shape) and for the head."""
+        one choice per weight shape) and for the head; whose attention and layer ops run."""
         if not self.prepared:
             return "untuned"
         layer = self.layers[0]
         projections = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
         layers = ", ".join(f"{name} {linear.describe()}" for name, linear in projections.items())
         path = f"{self.dtype}".removeprefix("torch.") + f"; layers {layers}; head {self.lm_head.describe()}"
-        return path + ("; attention ours(1-16) sdpa" if attention_available(self.final_norm[0]) else "; attention sdpa")
+        ours = attention_available(self.final_norm[0])  # the same module holds the layer ops
+        return path + ("; attention ours(1-16) sdpa; layer ops ours" if ours else "; attention sdpa; layer ops torch")
 
     @torch.inference_mode()
     def forward(

@@ -72,6 +72,8 @@ def test_fast_engine_tunes_on_first_use_and_names_its_kernels():
     assert fast.fast.prepared
     assert fast.kernel_path.startswith("fast: float32; layers qkv ") and "head " in fast.kernel_path
     assert all(name in fast.kernel_path for name in (", o ", ", gate_up ", ", down "))  # every projection's choice
+    ours = kernels.small_gemm() is not None
+    assert fast.kernel_path.endswith("; layer ops ours" if ours else "; layer ops torch")
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
