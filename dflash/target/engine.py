@@ -184,8 +184,10 @@ def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
 def add_rms_norm(ops, hidden: torch.Tensor, norm, delta: torch.Tensor | None = None):
     """(hidden + delta, its `rms_norm`), or without delta (hidden, its `rms_norm`): our fused op
     where `ops` (`kernels.layer_ops`) runs and the rows allow it, else PyTorch's ops."""
-    if ops is not None and hidden.shape[-1] % 16 == 0 and hidden.is_contiguous() and (delta is None or delta.is_contiguous()):
-        normed, summed = ops.rms_norm(hidden, norm[0], norm[1], delta)
+    weight = norm[0]
+    rows_fit = hidden.shape[-1] % 16 == 0 and hidden.is_contiguous() and weight.dtype == hidden.dtype
+    if ops is not None and rows_fit and (delta is None or (delta.is_contiguous() and delta.dtype == hidden.dtype)):
+        normed, summed = ops.rms_norm(hidden, weight, norm[1], delta)
         return summed, normed
     if delta is not None:
         hidden = hidden + delta
@@ -265,8 +267,9 @@ class FastForward:
         projections = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
         layers = ", ".join(f"{name} {linear.describe()}" for name, linear in projections.items())
         path = f"{self.dtype}".removeprefix("torch.") + f"; layers {layers}; head {self.lm_head.describe()}"
-        ours = attention_available(self.final_norm[0])  # the same module holds the layer ops
-        return path + ("; attention ours(1-16) sdpa; layer ops ours" if ours else "; attention sdpa; layer ops torch")
+        like = self.final_norm[0]
+        path += "; attention ours(1-16) sdpa" if attention_available(like) else "; attention sdpa"
+        return path + ("; layer ops ours" if layer_ops(like) is not None else "; layer ops torch")
 
     @torch.inference_mode()
     def forward(
@@ -303,12 +306,13 @@ class FastForward:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         ops = layer_ops(hidden)
-        if ops is not None and self.fused_rope:
+        fused_rope = ops is not None and self.fused_rope and cos.dtype == hidden.dtype
+        if fused_rope:
             cos_rows, sin_rows = (table[:, 0].expand(batch, q, head_dim).contiguous() for table in (cos, sin))
         for index, layer in enumerate(self.layers):
             hidden, x = add_rms_norm(ops, hidden, layer.input_norm)
             qkv = layer.qkv(x)
-            if ops is not None and self.fused_rope:
+            if fused_rope:
                 query = ops.rope_into_cache(qkv, cos_rows, sin_rows, cache.keys[index], cache.values[index], start, heads, kv_heads)
             else:
                 query = qkv[..., :q_width].view(batch, q, heads, head_dim)

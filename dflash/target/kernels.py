@@ -29,7 +29,7 @@ Invariants:
   the same module) computes what SDPA computes (float32: within 1e-5 relative, bfloat16:
   within its rounding) or returns None, and the engine runs SDPA: it is never an error.
 - The layer ops (`layer_ops`, `csrc/layer_ops.cpp`, the same module) run where the module
-  does, on CPU in float32 or bfloat16 without gradients; else None, and PyTorch's ops run.
+  does, on CPU in float32 or bfloat16, under inference mode; else PyTorch's ops run.
 """
 
 from __future__ import annotations
@@ -393,22 +393,12 @@ def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 def layer_ops(like: torch.Tensor):
     """Our fused layer ops (`csrc/layer_ops.cpp`: RMSNorm after an optional residual add,
     SiLU-and-multiply, rotary embedding into the cache) for tensors like this one, or None
-    and the engine runs PyTorch's ops: not CPU, not float32 or bfloat16, gradients, or no
-    kernel on this machine. The caller checks the widths (multiples of 16, head_dim of 32)."""
-    if (
-        like.device.type != "cpu"
-        or like.dtype not in (torch.float32, torch.bfloat16)
-        or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-    ):
-        return None
-    return small_gemm()
+    and the engine runs PyTorch's ops: not CPU, not float32 or bfloat16, or no kernel on this
+    machine. Callers run under inference mode (the ops have no backward) and check the
+    widths and dtypes (rows of multiples of 16, head_dim of 32, one dtype)."""
+    return small_gemm() if like.device.type == "cpu" and like.dtype in (torch.float32, torch.bfloat16) else None
 
 
 def attention_available(like: torch.Tensor) -> bool:
     """Whether our attention kernel can run for tensors like this one (device, dtype, a built kernel)."""
-    return (
-        not _attention_broken
-        and like.device.type == "cpu"
-        and like.dtype in (torch.float32, torch.bfloat16)
-        and small_gemm() is not None
-    )
+    return not _attention_broken and layer_ops(like) is not None

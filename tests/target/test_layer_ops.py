@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.target import TargetModel, kernels
-from dflash.target.engine import rms_norm, rope
+from dflash.target.engine import add_rms_norm, rms_norm, rope
 from dflash.toy.tiny import build_tiny_target
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -49,6 +49,15 @@ def test_rms_norm_with_and_without_the_residual_add(ops, dtype):
     normed, summed = ops.rms_norm(hidden, weight, 1e-5, delta)
     assert torch.equal(summed, hidden + delta)  # one rounding, as PyTorch's add
     close(normed, rms_norm(hidden + delta, (weight, 1e-5)))
+
+
+def test_what_our_ops_do_not_take_runs_pytorchs_ops(ops):
+    """A norm weight in another dtype than the rows (a model keeping its norms in float32) or
+    rows that are not contiguous: PyTorch's ops, the same result, no error."""
+    hidden, weight = randn(2, 64, dtype=torch.bfloat16), randn(64, dtype=torch.float32)
+    assert torch.equal(add_rms_norm(ops, hidden, (weight, 1e-5))[1], rms_norm(hidden, (weight, 1e-5)))
+    strided = randn(64, 2, dtype=torch.float32).t()
+    assert torch.equal(add_rms_norm(ops, strided, (weight, 1e-5))[1], rms_norm(strided, (weight, 1e-5)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
