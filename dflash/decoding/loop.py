@@ -40,6 +40,7 @@ from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.target.cache import decode_attention
+from dflash.target.kernels import argmax
 
 
 @dataclass
@@ -145,7 +146,7 @@ def synchronize(device: torch.device) -> None:
 def target_token(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
     """The target's own next token from its (V,) logits: argmax when greedy, else a sample."""
     if sampling.greedy:
-        return int(logits.argmax(-1))
+        return int(argmax(logits))
     return int(sample(probabilities(logits, sampling), generator))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
+from dflash.target.kernels import argmax
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Drafts:
 def propose_tokens(draft_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Drafts:
     """Turn drafter logits (k, vocab) into draft tokens: argmax when greedy, else samples."""
     if sampling.greedy:
-        return Drafts(tokens=draft_logits.argmax(-1))
+        return Drafts(tokens=argmax(draft_logits))
     probs = probabilities(draft_logits, sampling)
     return Drafts(tokens=sample(probs, generator), probs=probs)
 
@@ -45,7 +46,7 @@ def verify(target_logits: torch.Tensor, drafts: Drafts, sampling: SamplingConfig
         (accepted, next_token): the first `accepted` drafts are kept, then `next_token`.
     """
     if sampling.greedy:
-        return _leading_matches(drafts.tokens, target_logits.argmax(-1))
+        return _leading_matches(drafts.tokens, argmax(target_logits))
     target_probs = probabilities(target_logits, sampling)
     if sampling.verify_rule == "match" or drafts.tokens.numel() == 0:
         return _leading_matches(drafts.tokens, sample(target_probs, generator))

@@ -5,7 +5,8 @@ A decoding step's propose reads the drafter's weights for 3-6 rows. Through the 
 torch's float32 GEMM and a few dozen small ops per layer cost the demo's 3-layer drafter
 about a fifth of a target forward; here its projections are fused (k with v, gate with up),
 run on the kernels tuned for this machine, and read in bfloat16, half the bytes
-(docs/results/engine-2026-11-27-xeon/).
+(docs/results/engine-2026-11-27-xeon/); norms, MLP activation and each head's q/k norm with
+its rotary run as our fused layer ops (`kernels.layer_ops`; docs/results/engine-2026-11-27d-xeon/).
 
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, op for op
@@ -83,14 +84,21 @@ class FastDrafter:
         new = context.shape[1]
         cos, sin = rope_tables(self.rotary, hidden, torch.cat([context_positions, block_positions], dim=1))
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        fused = ops is not None and head_dim % 32 == 0 and head_dim <= 256 and cos.dtype == hidden.dtype
+        if fused:  # our norm and rotary of each head in one pass (kernels.layer_ops)
+            cos_rows, sin_rows = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for index, layer in enumerate(self.layers):
             hidden, x = add_rms_norm(ops, hidden, layer["input_norm"])
             query = layer["q"](x).view(batch, q, heads, head_dim)
             kv = layer["kv"](torch.cat([context, x], dim=1))
             key = kv[..., : kv_heads * head_dim].view(batch, new + q, kv_heads, head_dim)
             value = kv[..., kv_heads * head_dim :].view(batch, new + q, kv_heads, head_dim).transpose(1, 2)
-            query = rope(rms_norm(query, layer["q_norm"]).transpose(1, 2), cos[:, :, new:], sin[:, :, new:])
-            key = rope(rms_norm(key, layer["k_norm"]).transpose(1, 2), cos, sin)
+            if fused:
+                query = ops.norm_rope(query, *layer["q_norm"], cos_rows[:, new:], sin_rows[:, new:])
+                key = ops.norm_rope(key, *layer["k_norm"], cos_rows, sin_rows)
+            else:
+                query = rope(rms_norm(query, layer["q_norm"]).transpose(1, 2), cos[:, :, new:], sin[:, :, new:])
+                key = rope(rms_norm(key, layer["k_norm"]).transpose(1, 2), cos, sin)
             keys, values = cache.append(index, key, value)
             if index == 0:  # every layer has the same shapes: check once per forward
                 plan = attention_plan(query, keys, values, None)

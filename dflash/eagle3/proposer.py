@@ -20,6 +20,7 @@ from dflash.decoding.verify import Drafts
 from dflash.drafter.model import DrafterCache
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.errors import require
+from dflash.target.kernels import argmax
 
 GREEDY = SamplingConfig()
 
@@ -76,7 +77,7 @@ class Eagle3Proposer:
                 out = drafter.forward_cached(self.embed(token).to(out.dtype), out, position, self.cache)
             logits = drafter.target_logits(out[0, -1:])[0]
             if sampling.greedy:
-                drafted.append(int(logits.argmax()))
+                drafted.append(int(argmax(logits)))
             else:
                 probs = probabilities(logits.unsqueeze(0), sampling)[0]
                 drafted.append(int(sample(probs.unsqueeze(0), generator)[0]))

@@ -33,7 +33,7 @@ Invariants:
   the kernel) runs `F.scaled_dot_product_attention` as before. `kernel_path` says which.
 - Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
   residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
-  run as our fused ops (`kernels.layer_ops`, `csrc/layer_ops.cpp`): one pass each where
+  (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`, `csrc/layer_ops.cpp`): one pass each where
   PyTorch runs 4 to 9 ops, rounding where PyTorch's ops round (equal within the last bit;
   tests/target/test_layer_ops.py). Elsewhere, and for widths they do not take, PyTorch's ops.
 """
@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, layer_ops, run_attention, tune
+from dflash.target.kernels import TUNED_ROWS, Linear, argmax, attention_available, attention_plan, layer_ops, run_attention, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 8  # rows per prefill group of `greedy_batch`
@@ -229,7 +229,7 @@ class FastForward:
         self.embed_tokens = base.embed_tokens
         self.lm_head = Linear(model.lm_head.weight, model.lm_head.bias)
         # our fused rotary (kernels.layer_ops) applies to these heads; PyTorch's ops elsewhere
-        self.fused_rope = self.head_dim % 32 == 0 and self.layers[0].q_norm is None
+        self.fused_rope = self.head_dim % 32 == 0 and self.head_dim <= 256
         self.prepared = False
         self._draft_head: Linear | None = None
 
@@ -306,22 +306,27 @@ class FastForward:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         ops = layer_ops(hidden)
+        q_norm = self.layers[0].q_norm
         fused_rope = ops is not None and self.fused_rope and cos.dtype == hidden.dtype
+        fused_rope = fused_rope and (q_norm is None or q_norm[0].dtype == hidden.dtype)
         if fused_rope:
             cos_rows, sin_rows = (table[:, 0].expand(batch, q, head_dim).contiguous() for table in (cos, sin))
         for index, layer in enumerate(self.layers):
             hidden, x = add_rms_norm(ops, hidden, layer.input_norm)
             qkv = layer.qkv(x)
-            if fused_rope:
+            if fused_rope and layer.q_norm is None:
                 query = ops.rope_into_cache(qkv, cos_rows, sin_rows, cache.keys[index], cache.values[index], start, heads, kv_heads)
             else:
                 query = qkv[..., :q_width].view(batch, q, heads, head_dim)
                 key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
                 value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
-                if layer.q_norm is not None:
-                    query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
-                query, key = query.transpose(1, 2), key.transpose(1, 2)
-                query, key = rope(query, cos, sin), rope(key, cos, sin)
+                if fused_rope:  # Qwen3: the norm of each head, then the rotary, in one pass
+                    query = ops.norm_rope(query, *layer.q_norm, cos_rows, sin_rows)
+                    key = ops.norm_rope(key, *layer.k_norm, cos_rows, sin_rows)
+                else:
+                    if layer.q_norm is not None:
+                        query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
+                    query, key = rope(query.transpose(1, 2), cos, sin), rope(key.transpose(1, 2), cos, sin)
                 cache.keys[index, :, :, start:end] = key
                 cache.values[index, :, :, start:end] = value.transpose(1, 2)
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
@@ -387,7 +392,7 @@ def greedy_batch(
         last.append(logits[:, -1])
     cache.length = width
     stops = torch.tensor(sorted(stop_ids), device=device)
-    token, position = torch.cat(last).argmax(-1), width - pads  # each row's next position
+    token, position = argmax(torch.cat(last)), width - pads  # each row's next position
     outputs: list[list[int]] = [[] for _ in prompts]
     alive = list(range(batch))  # the rows in the cache, in its order
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # of those rows
@@ -405,7 +410,7 @@ def greedy_batch(
             cache.keep_rows(kept)
         mask = key_valid[:, None, None, : cache.length + 1]
         logits, _ = fast.forward(token.unsqueeze(1), position.unsqueeze(1), cache, None, attention_mask=mask)
-        token, position = logits[:, -1].argmax(-1), position + 1
+        token, position = argmax(logits[:, -1].contiguous()), position + 1
     in_order: list[list[int]] = [[] for _ in prompts]
     for row, original in enumerate(order):
         in_order[original] = outputs[row]

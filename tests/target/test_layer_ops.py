@@ -67,6 +67,39 @@ def test_silu_mul(ops, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("normed", [True, False])
+def test_norm_rope_of_strided_heads(ops, dtype, normed):
+    """Each head through RMSNorm (q_norm, k_norm) then the rotary, read from a slice of fused
+    rows (the drafter's keys beside its values), returned as (B, H, S, D)."""
+    batch, s, heads, head_dim = 2, 5, 3, 64
+    fused = randn(batch, s, 2 * heads * head_dim, dtype=dtype) * 3
+    heads_in = fused[..., : heads * head_dim].view(batch, s, heads, head_dim)  # rows of D, strided
+    weight = randn(head_dim, dtype=dtype, seed=1)
+    cos, sin = randn(batch, s, head_dim, dtype=dtype, seed=2), randn(batch, s, head_dim, dtype=dtype, seed=3)
+    expected = rms_norm(heads_in, (weight, 1e-6)) if normed else heads_in
+    ours = ops.norm_rope(heads_in, weight if normed else None, 1e-6, cos, sin)
+    close(ours, rope(expected.transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1, 17, 49152, 50257])
+def test_argmax_is_torchs_index_for_index(ops, dtype, width):
+    """The first maximum among ties, the first NaN if any, 0 for a row of -inf, -0.0 equal to
+    0.0, in the 16-lane body and the tail."""
+    rows = torch.randint(-2, 3, (8, width), generator=torch.Generator().manual_seed(width)).to(dtype)
+    rows[1] = float("-inf")
+    rows[2, -1] = float("inf")
+    rows[3, width // 2] = float("nan")
+    rows[3, -1] = float("nan")
+    rows[4] = -0.0
+    rows[4, -1] = 0.0
+    rows[5, -1] = float("nan")
+    assert torch.equal(kernels.argmax(rows), rows.argmax(-1))
+    assert torch.equal(kernels.argmax(rows[6]), rows[6].argmax(-1))  # one row: a 0-d index
+    assert torch.equal(kernels.argmax(rows[:, ::2]), rows[:, ::2].argmax(-1))  # strided: torch's
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_writes_keys_and_values_at_their_positions_and_returns_the_query(ops, dtype):
     batch, q, heads, kv_heads, head_dim, start = 2, 3, 6, 2, 64, 5
     qkv = randn(batch, q, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
@@ -85,9 +118,10 @@ def test_rope_writes_keys_and_values_at_their_positions_and_returns_the_query(op
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_engine_gives_the_same_logits_with_our_layer_ops_as_with_pytorchs(ops, dtype, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: its q/k norms before the rotary
+def test_the_engine_gives_the_same_logits_with_our_layer_ops_as_with_pytorchs(ops, dtype, arch, monkeypatch):
     # head_dim 32: every op of ours applies (the default tiny model's 16 runs PyTorch's rotary)
-    model, tokenizer = build_tiny_target("llama", seed=0, num_heads=2, num_kv_heads=1)
+    model, tokenizer = build_tiny_target(arch, seed=0, num_heads=2, num_kv_heads=1)
     fast = TargetModel(model.to(dtype), tokenizer, engine="fast").fast
     assert fast.fused_rope
     ids = torch.randint(0, 250, (2, 40), generator=torch.Generator().manual_seed(0))

@@ -13,7 +13,13 @@
 //   (x cos + roll(x, D/2) signed_sin, as engine.rope), writes keys and values at positions
 //   [start, start + Q) of one layer's cache (B, KVH, capacity, D) and returns the query
 //   (B, H, Q, D). cos, signed_sin: (B, Q, D).
-// All tensors float32 or all bfloat16, rows contiguous, widths multiples of 16 (D of 32);
+// - norm_rope(x, weight, eps, cos, signed_sin): heads (B, S, H, D), rows of D contiguous,
+//   each through HF's RMSNorm over D when weight is given (Qwen3's q_norm and k_norm, the
+//   drafter's), then rotated as rope_into_cache does; returns (B, H, S, D).
+// - argmax_rows(x): x.argmax(-1) of contiguous (..., V) rows as (rows,) int64, any V: the
+//   first index of the row's maximum, or of its first NaN (PyTorch's rule); torch's CPU
+//   argmax compares one value at a time (130 us for one 49,152-wide float32 row here).
+// All other tensors float32 or all bfloat16, rows contiguous, widths multiples of 16 (D of 32);
 // kernels.py checks it all.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -117,6 +123,65 @@ void rope_rows(const T* qkv, const T* cos, const T* sin, T* keys, T* values, T* 
   });
 }
 
+// rms_rows' normalisation of one head into out (float32 sums, rounded where HF rounds)
+template <typename T>
+inline void norm_row(const T* x, const T* weight, float eps, T* out, int64_t D) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D; j += 16) {
+    const __m512 v = load_f32(x + j);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  }
+  const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(D) + eps));
+  for (int64_t j = 0; j < D; j += 16)
+    store(out + j, _mm512_mul_ps(load_f32(weight + j), rounded(x, _mm512_mul_ps(load_f32(x + j), scale))));
+}
+
+template <typename T>
+void norm_rope_rows(const T* x, const T* weight, float eps, const T* cos, const T* sin, T* out, int64_t B, int64_t S,
+                    int64_t H, int64_t D, int64_t sb, int64_t ss, int64_t sh) {
+  at::parallel_for(0, B * S, 1, [&](int64_t begin, int64_t end) {
+    T normed[256];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / S, i = task % S;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* head = x + b * sb + i * ss + h * sh;
+        if (weight) {
+          norm_row(head, weight, eps, normed, D);
+          head = normed;
+        }
+        rotate(head, cos + task * D, sin + task * D, out + ((b * H + h) * S + i) * D, D);
+      }
+    }
+  });
+}
+
+// the first index of x's maximum (of its first NaN if it has one), 16 lanes at a time
+template <typename T>
+int64_t argmax_row(const T* x, int64_t V) {
+  const int64_t body = V - V % 16;
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < body; j += 16) {
+    const __m512 v = load_f32(x + j);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) return j + __builtin_ctz(nan);
+    best = _mm512_max_ps(best, v);
+  }
+  float top = _mm512_reduce_max_ps(best);
+  for (int64_t j = body; j < V; ++j) {
+    const float v = static_cast<float>(x[j]);
+    if (std::isnan(v)) return j;
+    top = v > top ? v : top;
+  }
+  const __m512 tops = _mm512_set1_ps(top);
+  for (int64_t j = 0; j < body; j += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(load_f32(x + j), tops, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+  for (int64_t j = body; j < V; ++j)
+    if (static_cast<float>(x[j]) == top) return j;
+  return 0;  // every value -inf
+}
+
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
               "layer_ops: ", name, " must be a float32 or bfloat16 CPU tensor");
@@ -194,4 +259,48 @@ at::Tensor rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const a
                   keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2));
   }
   return query;
+}
+
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  x.is_contiguous() && x.dim() >= 1 && x.size(-1) > 0,
+              "layer_ops: argmax_rows of contiguous float32 or bfloat16 CPU rows");
+  const int64_t V = x.size(-1), rows = x.numel() / V;
+  auto out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* index = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      index[r] = x.scalar_type() == at::kFloat ? argmax_row(x.data_ptr<float>() + r * V, V)
+                                               : argmax_row(x.data_ptr<at::BFloat16>() + r * V, V);
+    }
+  });
+  return out;
+}
+
+at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
+                     const at::Tensor& signed_sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 4 && x.stride(3) == 1, "layer_ops: norm_rope of (B, S, H, D) CPU heads");
+  check_rows(cos, "cos");
+  check_rows(signed_sin, "signed_sin");
+  const int64_t B = x.size(0), S = x.size(1), H = x.size(2), D = x.size(3);
+  TORCH_CHECK(D % 32 == 0 && D <= 256 && cos.numel() == B * S * D && signed_sin.numel() == B * S * D,
+              "layer_ops: norm_rope: D % 32 == 0, D <= 256, cos and signed_sin (B, S, D)");
+  const auto dtype = x.scalar_type();
+  const bool has_weight = weight.has_value() && weight->defined();
+  TORCH_CHECK(cos.scalar_type() == dtype && signed_sin.scalar_type() == dtype &&
+                  (!has_weight || (weight->scalar_type() == dtype && weight->is_contiguous() && weight->numel() == D)),
+              "layer_ops: norm_rope: one dtype, weight (D,)");
+  auto out = at::empty({B, H, S, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const float e = static_cast<float>(eps);
+  if (dtype == at::kFloat) {
+    norm_rope_rows<float>(x.data_ptr<float>(), has_weight ? weight->data_ptr<float>() : nullptr, e, cos.data_ptr<float>(),
+                          signed_sin.data_ptr<float>(), out.data_ptr<float>(), B, S, H, D, x.stride(0), x.stride(1),
+                          x.stride(2));
+  } else {
+    TORCH_CHECK(dtype == at::kBFloat16, "layer_ops: norm_rope of float32 or bfloat16");
+    using bf = at::BFloat16;
+    norm_rope_rows<bf>(x.data_ptr<bf>(), has_weight ? weight->data_ptr<bf>() : nullptr, e, cos.data_ptr<bf>(),
+                       signed_sin.data_ptr<bf>(), out.data_ptr<bf>(), B, S, H, D, x.stride(0), x.stride(1), x.stride(2));
+  }
+  return out;
 }

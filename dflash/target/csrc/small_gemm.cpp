@@ -152,11 +152,16 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
 at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n);
 at::Tensor rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, at::Tensor keys,
                            at::Tensor values, int64_t start, int64_t heads, int64_t kv_heads);
+at::Tensor argmax_rows(const at::Tensor& x);
+at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
+                     const at::Tensor& signed_sin);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "x @ w.T (+ bias) for a few rows of x, from a packed weight");
   m.def("decode_attention", &decode_attention, "softmax(q k^T scale + mask) v for a few query positions (GQA)");
   m.def("rms_norm", &rms_norm, "HF's RMSNorm of rows, after an optional residual add");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of fused gate_up rows");
+  m.def("norm_rope", &norm_rope, "HF's RMSNorm of each head (optional), then the rotary embedding");
+  m.def("argmax_rows", &argmax_rows, "x.argmax(-1) of contiguous rows");
   m.def("rope_into_cache", &rope_into_cache, "rotary query and keys, keys and values into a layer's cache");
 }
