@@ -33,9 +33,11 @@ Invariants:
   the kernel) runs `F.scaled_dot_product_attention` as before. `kernel_path` says which.
 - Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
   residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
-  (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`, `csrc/layer_ops.cpp`): one pass each where
-  PyTorch runs 4 to 9 ops, rounding where PyTorch's ops round (equal within the last bit;
-  tests/target/test_layer_ops.py). Elsewhere, and for widths they do not take, PyTorch's ops.
+  (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`,
+  `csrc/layer_ops.cpp`): one pass each where PyTorch runs 4 to 9 ops, rounding where
+  PyTorch's ops round (equal within the last bit; tests/target/test_layer_ops.py).
+  Elsewhere, and for widths they do not take, PyTorch's ops. Greedy tokens come from
+  `kernels.argmax`, index for index torch's.
 """
 
 from __future__ import annotations
