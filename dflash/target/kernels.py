@@ -409,8 +409,8 @@ def attention_available(like: torch.Tensor) -> bool:
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)`, equal to it index for index (the first maximum; the first NaN if
     any), through our kernel for contiguous float32 or bfloat16 CPU rows where this process
-    has loaded it: torch's CPU argmax compares one value at a time (130 us for one 49,152-wide
-    float32 row and 8 ms for 64 bfloat16 rows on the Intel Xeon), about a tenth of that here."""
+    has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once (about a
+    tenth of the time; docs/results/engine-2026-11-27d-xeon/)."""
     ops = layer_ops(logits) if small_gemm.cache_info().currsize else None
     if ops is None or logits.dim() == 0 or logits.shape[-1] == 0 or not logits.is_contiguous():
         return logits.argmax(-1)
