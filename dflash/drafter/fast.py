@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.drafter.model import DFlashDrafter
-from dflash.target.engine import add_rms_norm, rms_norm, rope, rope_tables, silu_mul
+from dflash.target.engine import add_rms_norm, rms_norm, rope, rope_tables, rotary_fits, silu_mul
 from dflash.target.kernels import Linear, attention_plan, layer_ops, run_attention, tune
 
 
@@ -84,7 +84,7 @@ class FastDrafter:
         new = context.shape[1]
         cos, sin = rope_tables(self.rotary, hidden, torch.cat([context_positions, block_positions], dim=1))
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        fused = ops is not None and head_dim % 32 == 0 and head_dim <= 256 and cos.dtype == hidden.dtype
+        fused = ops is not None and rotary_fits(head_dim) and cos.dtype == hidden.dtype
         if fused:  # our norm and rotary of each head in one pass (kernels.layer_ops)
             cos_rows, sin_rows = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for index, layer in enumerate(self.layers):

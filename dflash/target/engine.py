@@ -210,6 +210,11 @@ def rope_tables(rotary, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch
     return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
 
 
+def rotary_fits(head_dim: int) -> bool:
+    """Whether our fused rotary ops (`rope_into_cache`, `norm_rope`) take heads of this width."""
+    return head_dim % 32 == 0 and head_dim <= 256
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """HF's x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
@@ -230,8 +235,11 @@ class FastForward:
         self.layers = [_Layer(layer) for layer in base.layers]
         self.embed_tokens = base.embed_tokens
         self.lm_head = Linear(model.lm_head.weight, model.lm_head.bias)
-        # our fused rotary (kernels.layer_ops) applies to these heads; PyTorch's ops elsewhere
-        self.fused_rope = self.head_dim % 32 == 0 and self.head_dim <= 256
+        # our fused rotary (kernels.layer_ops) applies to these heads (and Qwen3's norms of
+        # them, kept in the rows' dtype); PyTorch's ops elsewhere
+        q_norm = self.layers[0].q_norm
+        same_dtype = q_norm is None or q_norm[0].dtype == self.embed_tokens.weight.dtype
+        self.fused_rope = rotary_fits(self.head_dim) and same_dtype
         self.prepared = False
         self._draft_head: Linear | None = None
 
@@ -308,9 +316,7 @@ class FastForward:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         ops = layer_ops(hidden)
-        q_norm = self.layers[0].q_norm
         fused_rope = ops is not None and self.fused_rope and cos.dtype == hidden.dtype
-        fused_rope = fused_rope and (q_norm is None or q_norm[0].dtype == hidden.dtype)
         if fused_rope:
             cos_rows, sin_rows = (table[:, 0].expand(batch, q, head_dim).contiguous() for table in (cos, sin))
         for index, layer in enumerate(self.layers):
@@ -412,7 +418,7 @@ def greedy_batch(
             cache.keep_rows(kept)
         mask = key_valid[:, None, None, : cache.length + 1]
         logits, _ = fast.forward(token.unsqueeze(1), position.unsqueeze(1), cache, None, attention_mask=mask)
-        token, position = argmax(logits[:, -1].contiguous()), position + 1
+        token, position = argmax(logits[:, -1]), position + 1
     in_order: list[list[int]] = [[] for _ in prompts]
     for row, original in enumerate(order):
         in_order[original] = outputs[row]
