@@ -373,9 +373,12 @@ def greedy_batch(
     position may see itself, so no attention row is empty (an empty one would give NaN, and
     0 x NaN reaches the real rows' values). The prefill runs `PREFILL_ROWS` rows at a time,
     each group only over its own longest prompt's width (`StaticCache.row_view`), so short
-    prompts do not pay for the longest one. A row that stops keeps running, unread, until
-    half the batch has stopped; then the stopped rows leave it (one copy of the cache for
-    several rows, not one per row), so the others' steps do not pay for them.
+    prompts do not pay for the longest one. The tokens every prompt starts with (a chat
+    template's system turn) run once, as one row, and their keys and values are copied to each
+    row's slots: they hold the same positions in every row, so they are the same values. A row
+    that stops keeps running, unread, until half the batch has stopped; then the stopped rows
+    leave it (one copy of the cache for several rows, not one per row), so the others' steps
+    do not pay for them.
     """
     device = fast.final_norm[0].device
     order = sorted(range(len(prompts)), key=lambda row: -len(prompts[row]))  # longest first
@@ -389,10 +392,17 @@ def greedy_batch(
     key_valid = keys.unsqueeze(0) >= pads.unsqueeze(1)  # (batch, total)
     cache = fast.new_cache(batch=batch, capacity=len(keys))
     positions = (torch.arange(width, device=device).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)
+    shared = shared_prefix(prompts)
+    if shared:
+        prefix = fast.new_cache(batch=1, capacity=shared)
+        fast.forward(ids[:1, :shared], positions[:1, :shared], prefix, None, logits_to_keep=1)  # row 0 has no padding
+        for row, pad in enumerate(pads.tolist()):
+            cache.keys[:, row, :, pad : pad + shared] = prefix.keys[:, 0, :, :shared]
+            cache.values[:, row, :, pad : pad + shared] = prefix.values[:, 0, :, :shared]
     last = []
     for first in range(0, batch, PREFILL_ROWS):
         rows = slice(first, min(first + PREFILL_ROWS, batch))
-        offset = width - len(prompts[first])  # the group's own width: its longest prompt's
+        offset = width - len(prompts[first]) + shared  # the group's own width: its longest prompt's, after the shared part
         slots = keys[offset:width].unsqueeze(1)
         mask = (key_valid[rows, None, None, :width] & (keys[:width] <= slots)) | (keys[:width] == slots)
         view = cache.row_view(rows.start, rows.stop, offset)
@@ -423,6 +433,16 @@ def greedy_batch(
     for row, original in enumerate(order):
         in_order[original] = outputs[row]
     return in_order
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many tokens every prompt starts with, short of the shortest one's last (whose
+    logits begin its answer)."""
+    limit, first = min(len(prompt) for prompt in prompts) - 1, prompts[0]
+    count = 0
+    while count < limit and all(prompt[count] == first[count] for prompt in prompts):
+        count += 1
+    return count
 
 
 def _ordered(features: list[torch.Tensor], layer_ids):

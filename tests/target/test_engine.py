@@ -207,17 +207,22 @@ def test_fused_weights_are_shared_with_the_hf_modules():
     torch.testing.assert_close(fast.model(ids).logits, eager.model(ids).logits)
 
 
-@pytest.mark.parametrize("arch, prefill_rows", [("llama", 8), ("qwen3", 8), ("qwen3", 1)])
-def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, prefill_rows, monkeypatch):
+@pytest.mark.parametrize(
+    "arch, prefill_rows, system", [("llama", 8, ""), ("qwen3", 8, ""), ("qwen3", 1, ""), ("llama", 2, "# a system turn\n")]
+)
+def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, prefill_rows, system, monkeypatch):
     """Left padding, per-row positions, the key mask, prefill groups of their own widths (1:
-    each row alone) and stopped rows leaving the batch: every row continues as if alone,
-    through its stop token, in the prompts' order; a stopped row never reaches the others."""
+    each row alone), the prompts' shared start run once and stopped rows leaving the batch:
+    every row continues as if alone, through its stop token, in the prompts' order; a stopped
+    row never reaches the others."""
     from dflash.target import engine
 
     monkeypatch.setattr(engine, "PREFILL_ROWS", prefill_rows)
     eager, fast = pair(arch)
     fast.new_cache()  # tunes
-    prompts = [eager.tokenizer(p).input_ids for p in PROMPTS]  # 1 to 35 tokens
+    prompts = [eager.tokenizer(system + p).input_ids for p in PROMPTS]  # 1 to 35 tokens, and the system turn's
+    # the shared start, up to the shortest prompt's last token (whose logits begin its answer)
+    assert engine.shared_prefix(prompts) == (min(map(len, prompts)) - 1 if system else 0)
     alone = [generate(eager, torch.tensor([p]), max_new_tokens=24).output_ids for p in prompts]
     stops = {alone[0][5], alone[2][3]}  # two rows stop early (half the batch: it compacts)
 
