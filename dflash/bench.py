@@ -201,7 +201,7 @@ def generation(target, args) -> dict:
     """{engine: tokens/s} of batched greedy generation (every row runs to --new-tokens)."""
     import torch
 
-    from dflash.target.engine import greedy_batch
+    from dflash.target.batched import greedy_batch
 
     rows = [[100 + (7 * row + i) % 5000 for i in range(48 + row % 16)] for row in range(args.batch)]
     never = {-1}  # no stop token: every row runs the full length

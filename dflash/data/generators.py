@@ -19,8 +19,8 @@ import torch
 
 from dflash.data.chat import end_of_turn_token_id, prompt_token_ids
 from dflash.errors import ConfigError, require
+from dflash.target.batched import greedy_batch
 from dflash.target.cache import decode_attention
-from dflash.target.engine import greedy_batch
 
 
 @dataclass
@@ -57,7 +57,7 @@ class HFGenerator:
     default top_k does not sneak into sampling. Every answer carries its prompt and
     response token ids (see `dflash.data.token_ids`); `tokenizer` names their vocabulary.
     Greedy generation on a target with the fast engine runs on it
-    (`dflash.target.engine.greedy_batch`: static cache, the engine's kernels, the
+    (`dflash.target.batched.greedy_batch`: static cache, the engine's kernels, the
     target's dtype); sampling and other targets run HF `generate`.
     """
 

@@ -215,14 +215,14 @@ def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, p
     each row alone), the prompts' shared start run once and stopped rows leaving the batch:
     every row continues as if alone, through its stop token, in the prompts' order; a stopped
     row never reaches the others."""
-    from dflash.target import engine
+    from dflash.target import batched
 
-    monkeypatch.setattr(engine, "PREFILL_ROWS", prefill_rows)
+    monkeypatch.setattr(batched, "PREFILL_ROWS", prefill_rows)
     eager, fast = pair(arch)
     fast.new_cache()  # tunes
     prompts = [eager.tokenizer(system + p).input_ids for p in PROMPTS]  # 1 to 35 tokens, and the system turn's
     # the shared start, up to the shortest prompt's last token (whose logits begin its answer)
-    assert engine.shared_prefix(prompts) == (min(map(len, prompts)) - 1 if system else 0)
+    assert batched.shared_prefix(prompts) == (min(map(len, prompts)) - 1 if system else 0)
     alone = [generate(eager, torch.tensor([p]), max_new_tokens=24).output_ids for p in prompts]
     stops = {alone[0][5], alone[2][3]}  # two rows stop early (half the batch: it compacts)
 
@@ -231,7 +231,7 @@ def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, p
         return out[: ends[0] + 1] if ends else out
 
     expected = [through_stop(out) for out in alone]
-    assert engine.greedy_batch(fast.fast, prompts, 24, stops, pad_id=eager.tokenizer.pad_token_id) == expected
+    assert batched.greedy_batch(fast.fast, prompts, 24, stops, pad_id=eager.tokenizer.pad_token_id) == expected
 
 
 def test_regeneration_answers_alike_on_both_engines():

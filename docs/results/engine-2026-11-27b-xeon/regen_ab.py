@@ -19,12 +19,12 @@ from dflash.data.builtin_prompts import builtin_rows
 from dflash.data.chat import prompt_token_ids
 from dflash.data.generators import HFGenerator
 from dflash.specs import TargetSpec, load_target
-from dflash.target import engine
+from dflash.target import batched, engine
 
 source = subprocess.check_output(["git", "show", "1a1c6b59fef84d5bf739fdc834574c0229748aa4:dflash/target/engine.py"], text=True)
-namespace = dict(vars(engine))
+namespace = {**vars(engine), **vars(batched)}
 exec(source[source.index("def greedy_batch(") : source.index("def _ordered(")], namespace)
-runs = {"before": namespace["greedy_batch"], "after": engine.greedy_batch}
+runs = {"before": namespace["greedy_batch"], "after": batched.greedy_batch}
 
 torch.set_num_threads(2)
 target = load_target(TargetSpec(path=sys.argv[1], dtype="bfloat16"))

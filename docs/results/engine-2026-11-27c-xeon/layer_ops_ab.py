@@ -30,7 +30,7 @@ from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import fast as fast_drafter
 from dflash.eval.benchmarks import HUMANEVAL_TEMPLATE, humaneval_path
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.target import engine, kernels
+from dflash.target import batched, engine, kernels
 
 torch.set_num_threads(2)
 ours = kernels.layer_ops
@@ -77,7 +77,7 @@ def regeneration():
             use(name)
             start = time.perf_counter()
             for first in range(0, len(prompts), 64):
-                out = engine.greedy_batch(target.fast, prompts[first : first + 64], 128, generator.stop_ids, generator.pad_id)
+                out = batched.greedy_batch(target.fast, prompts[first : first + 64], 128, generator.stop_ids, generator.pad_id)
                 totals[name][0] += sum(map(len, out))
             totals[name][1] += time.perf_counter() - start
     before, after = (tokens / seconds for tokens, seconds in totals.values())

@@ -23,7 +23,7 @@ from dflash.data.builtin_prompts import builtin_rows
 from dflash.data.chat import prompt_token_ids
 from dflash.data.generators import HFGenerator
 from dflash.specs import TargetSpec, load_target
-from dflash.target import engine, kernels
+from dflash.target import batched, kernels
 
 torch.set_num_threads(2)
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 256
@@ -69,7 +69,7 @@ def regenerate(batch, shard):
         for first in range(0, len(order), batch):
             rows_ = order[first : first + batch]
             for i, out in zip(
-                rows_, engine.greedy_batch(target.fast, [prompts[i] for i in rows_], 128, generator.stop_ids, generator.pad_id)
+                rows_, batched.greedy_batch(target.fast, [prompts[i] for i in rows_], 128, generator.stop_ids, generator.pad_id)
             ):
                 answers[i] = out
     return answers
@@ -77,7 +77,7 @@ def regenerate(batch, shard):
 
 for module, _, _ in configs.values():  # warm-up
     kernels.small_gemm = lambda module=module: module
-    engine.greedy_batch(target.fast, prompts[:4], 4, generator.stop_ids, generator.pad_id)
+    batched.greedy_batch(target.fast, prompts[:4], 4, generator.stop_ids, generator.pad_id)
 totals = {name: [0, 0.0] for name in configs}
 for round_ in range(rounds):
     for name in list(configs)[:: 1 if round_ % 2 == 0 else -1]:

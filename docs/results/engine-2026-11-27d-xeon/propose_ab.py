@@ -30,7 +30,7 @@ from dflash.decoding import generate, loop, verify
 from dflash.dflash.proposer import DFlashProposer
 from dflash.eval.benchmarks import HUMANEVAL_TEMPLATE, humaneval_path
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter, load_target
-from dflash.target import engine, kernels
+from dflash.target import batched, kernels
 
 torch.set_num_threads(2)
 before_source = subprocess.run(["git", "show", "ea6dab0:dflash/drafter/fast.py"], capture_output=True, text=True, check=True)
@@ -44,7 +44,7 @@ def torch_argmax(logits):
 
 def use(name):
     chosen = kernels.argmax if name == "after" else torch_argmax
-    engine.argmax = verify.argmax = loop.argmax = chosen
+    batched.argmax = verify.argmax = loop.argmax = chosen
 
 
 def proposer(name, target, drafter):
@@ -101,7 +101,7 @@ def regeneration():
             start = time.perf_counter()
             done = []
             for first in range(0, len(prompts), 64):
-                done += engine.greedy_batch(target.fast, prompts[first : first + 64], 128, generator.stop_ids, generator.pad_id)
+                done += batched.greedy_batch(target.fast, prompts[first : first + 64], 128, generator.stop_ids, generator.pad_id)
             totals[name][0] += sum(map(len, done))
             totals[name][1] += time.perf_counter() - start
             outputs.setdefault(name, done)

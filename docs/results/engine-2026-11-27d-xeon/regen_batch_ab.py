@@ -18,7 +18,7 @@ from dflash.data.builtin_prompts import builtin_rows
 from dflash.data.chat import prompt_token_ids
 from dflash.data.generators import HFGenerator
 from dflash.specs import TargetSpec, load_target
-from dflash.target import engine
+from dflash.target import batched
 
 torch.set_num_threads(2)
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 256
@@ -46,13 +46,13 @@ def regenerate(batch, shard):
         for first in range(0, len(order), batch):
             rows_ = order[first : first + batch]
             for i, out in zip(
-                rows_, engine.greedy_batch(target.fast, [prompts[i] for i in rows_], 128, generator.stop_ids, generator.pad_id)
+                rows_, batched.greedy_batch(target.fast, [prompts[i] for i in rows_], 128, generator.stop_ids, generator.pad_id)
             ):
                 answers[i] = out
     return answers
 
 
-engine.greedy_batch(target.fast, prompts[:4], 4, generator.stop_ids, generator.pad_id)  # warm-up
+batched.greedy_batch(target.fast, prompts[:4], 4, generator.stop_ids, generator.pad_id)  # warm-up
 totals = {config: [0, 0.0] for config in configs}
 answers = {}
 for round_ in range(rounds):

@@ -1,4 +1,4 @@
-"""Regeneration with and without the prompts' shared start run once (engine.shared_prefix),
+"""Regeneration with and without the prompts' shared start run once (batched.shared_prefix),
 on the first 128 prompts of demo data shards, bfloat16, 128 new tokens, the two alternating
 in one process (off, on, on, off per shard).
 
@@ -15,20 +15,20 @@ import time
 import torch
 
 from dflash.specs import TargetSpec, load_target
-from dflash.target import engine
+from dflash.target import batched
 
 torch.set_num_threads(2)
 target = load_target(TargetSpec(path="artifacts/targets/smollm2_135m", dtype="bfloat16"))
 fast = target.fast
 fast.prepare()
 shards = sys.argv[1:]
-real = engine.shared_prefix
+real = batched.shared_prefix
 
 
 def run(prompts, on):
-    engine.shared_prefix = real if on else (lambda p: 0)
+    batched.shared_prefix = real if on else (lambda p: 0)
     s = time.perf_counter()
-    out = engine.greedy_batch(fast, prompts, 128, {2}, 0)
+    out = batched.greedy_batch(fast, prompts, 128, {2}, 0)
     return out, time.perf_counter() - s
 
 

@@ -1,7 +1,7 @@
 """Where one batch of regeneration spends its time: the first 128 prompts of a demo data shard,
-bfloat16, 128 new tokens, as `greedy_batch` runs them (commit ccaacec: without the shared
-start run once), each projection, SDPA, our attention kernel and the fused ops timed inside
-the prefill and the decode steps (seconds).
+bfloat16, 128 new tokens, as `greedy_batch` runs them at the checkout (profiles.log names the
+commit of each run), each projection, SDPA, our attention kernel and the fused ops timed
+inside the prefill and the decode steps (seconds).
 
     python docs/results/engine-2026-11-27e-amd/regen_parts.py SHARD.jsonl
 """
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.specs import TargetSpec, load_target
-from dflash.target import engine, kernels
+from dflash.target import batched, engine, kernels
 
 torch.set_num_threads(2)
 target = load_target(TargetSpec(path="artifacts/targets/smollm2_135m", dtype="bfloat16"))
@@ -36,8 +36,9 @@ def timed(name, fn):
 
 
 kernels.Linear.__call__ = timed(lambda self, x: f"linear {tuple(self.weight.shape)}", kernels.Linear.__call__)
-for op in ("run_attention", "attention_plan", "add_rms_norm", "silu_mul", "argmax"):
+for op in ("run_attention", "attention_plan", "add_rms_norm", "silu_mul"):
     setattr(engine, op, timed(op, getattr(engine, op)))
+batched.argmax = timed("argmax", batched.argmax)
 F.scaled_dot_product_attention = timed("sdpa", F.scaled_dot_product_attention)
 forward = fast.forward
 
@@ -52,11 +53,11 @@ def phased(*args, **kwargs):
 
 fast.forward = phased
 with torch.inference_mode():
-    engine.greedy_batch(fast, prompts[:4], 4, {2}, 0)  # warm-up
+    batched.greedy_batch(fast, prompts[:4], 4, {2}, 0)  # warm-up
     parts.clear()
     whole.clear()
     s = time.perf_counter()
-    out = engine.greedy_batch(fast, prompts, 128, {2}, 0)
+    out = batched.greedy_batch(fast, prompts, 128, {2}, 0)
     total = time.perf_counter() - s
 tokens = sum(len(o) for o in out)
 print(f"{tokens} new tokens in {total:.1f} s: {tokens / total:.0f} tok/s")
