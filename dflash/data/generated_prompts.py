@@ -212,87 +212,16 @@ def _chat_templates(rng: random.Random) -> tuple[str, ...]:
     )
 
 
-ROLES = ("a teacher", "a nurse", "a software engineer", "a chef", "a pilot", "a librarian", "a farmer", "an architect")
-SKILLS = (
-    "cooking rice",
-    "changing a bike tyre",
-    "juggling",
-    "keeping a budget",
-    "painting a room",
-    "training a puppy",
-    "making a podcast",
-    "playing chess",
-    "knitting",
-    "drawing portraits",
-)
-DISHES = ("lentil soup", "banana bread", "a vegetable stir-fry", "pancakes", "tomato pasta", "fried rice", "guacamole")
-PRODUCTS = (
-    "a reusable water bottle",
-    "noise-cancelling headphones",
-    "a standing desk",
-    "a smart watch",
-    "a camping tent",
-    "an electric kettle",
-    "a backpack",
-)
-
-
-def _chat_training_templates(rng: random.Random) -> tuple[str, ...]:
-    """Requests that only train: added after the held-out draw was fixed, so the evaluation's
-    prompts (and every figure measured on them) stay as they were. Each asks for an answer of
-    its own shape; none asks what a held-out template asks (a difference or a comparison, an
-    email or a message to someone, a fun fact)."""
-    topic, audience, activity = rng.choice(TOPICS), rng.choice(AUDIENCES), rng.choice(ACTIVITIES)
-    role, skill, dish, product = rng.choice(ROLES), rng.choice(SKILLS), rng.choice(DISHES), rng.choice(PRODUCTS)
-    count = rng.randint(3, 7)
-    return (
-        f"How do I make {dish}? List the ingredients first, then the steps.",
-        f"Write a short story for {audience} about {topic}.",
-        f"What does {role} do on a typical day?",
-        f"I want to get better at {skill}. Where should I start?",
-        f"Write a review of {product} in about {count * 20} words.",
-        f"Give me a {count}-day plan to learn the basics of {skill}.",
-        f"What questions should I ask before buying {product}?",
-        f"Write a dialogue between {role} and {audience} about {topic}.",
-        f"Why does {topic} matter? Answer in one paragraph.",
-        f"Brainstorm {count} names for a club about {topic}.",
-        f"Write a motivational speech for someone preparing for {activity}.",
-        f"Make a packing list for {activity}.",
-        f"Explain how {topic} works, step by step.",
-        f"Give me a short glossary of {count} terms about {topic}.",
-        f"Write a riddle whose answer has to do with {topic}.",
-        f"Give me an analogy that makes {topic} easy to understand.",
-        f"What skills does {role} need, and how can someone learn them?",
-        f"Write a to-do list for {activity}, grouped into morning, afternoon and evening.",
-        f"Tell the history of {topic} as a short timeline.",
-        f"I'm nervous about {activity}. Can you give me some encouragement?",
-        f"Write the opening paragraph of a blog post about {topic}.",
-        f"What mistakes do beginners make with {skill}, and how can they avoid them?",
-        f"Answer as {role} would: what is the hardest part of your job?",
-        f"Write {count} frequently asked questions about {product}, with answers.",
-        f'Fix the grammar in this sentence: "me and my friend is going to learn about {topic} tomorrow".',
-        f"Describe {dish} to someone who has never tasted it.",
-        f"Is {product} worth buying? Give reasons for and against.",
-        f"Make a weekly schedule that fits {skill} practice into a busy week.",
-        f"List {count} good ways to learn more about {topic}, with one line on each.",
-        f"Pretend you are {role}. Explain {topic} in your own words.",
-        f"Outline a lesson plan about {topic} for {audience}.",
-        f"Give me {count} ideas for a school project about {topic}.",
-    )
-
-
 # Near-duplicates. Two prompts of one family are near-duplicates when they come from the
 # same template: they differ only in the names, items, places, topics and numbers filled
 # in. `skeleton` reads the template back from any text (every filler and number abstracted
 # out; one skeleton per template, tested). Templates that ask the same thing in other
 # words count as one (SAME_REQUEST). A quarter of each family's template groups, drawn
 # with a fixed seed, is held out for evaluation; training prompts never come from them
-# (docs/design.md invariant 27). Template ids are indices: add templates at the end, or to
-# the training-only templates (TRAINING_ONLY), which leave the held-out draw as it is.
+# (docs/design.md invariant 27). Template ids are indices: add templates at the end.
 SAME_REQUEST = {"math": (), "chat": ((0, 17), (1, 10), (3, 4), (5, 13), (7, 11), (9, 16))}
 HELDOUT_SHARE = 0.25
 _FILLERS = {*NAMES, *PLACES, *TOPICS, *AUDIENCES, *FORMS, *ACTIVITIES, *(p for pair in PAIRS for p in pair), "full", "empty"}
-_FILLERS |= {*ROLES, *SKILLS, *DISHES, *PRODUCTS}
 _FILLERS |= {w for item, _ in ITEMS for w in (item, item[:-1])} | {w for v, _ in VEHICLES for w in (v, v.capitalize())}
 _FILLER = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, _FILLERS), key=len, reverse=True)) + r")\b")
 _NUMBER = re.compile(r"\d+(?:[.:]\d+)?")
@@ -316,14 +245,11 @@ def heldout_templates(family: str, num_templates: int) -> frozenset[int]:
     return frozenset(held)
 
 
-TRAINING_ONLY = {"math": None, "chat": _chat_training_templates}
 MAX_MISSES = 20_000  # consecutive repeats after which a template family counts as exhausted
 
 
 def _distinct(make, count: int, seed: int, family: str, heldout: bool, exclude: Collection[str]) -> list[str]:
-    """`count` distinct prompts of the training (or held-out) templates, none whose skeleton is in `exclude`.
-    Training draws from the family's training-only templates too, after the others are filled,
-    so the held-out prompts of a seed are the same with or without them."""
+    """`count` distinct prompts of the training (or held-out) templates, none whose skeleton is in `exclude`."""
     rng = random.Random(seed)
     prompts: dict[str, None] = {}
     misses = 0
@@ -331,12 +257,7 @@ def _distinct(make, count: int, seed: int, family: str, heldout: bool, exclude: 
         before = len(prompts)
         texts = make(rng)
         held = heldout_templates(family, len(texts))
-        if heldout:
-            text = texts[rng.choice(sorted(held))]
-        else:
-            texts = [text for i, text in enumerate(texts) if i not in held]
-            texts += TRAINING_ONLY[family](rng) if TRAINING_ONLY[family] else ()
-            text = rng.choice(texts)
+        text = texts[rng.choice(sorted(held) if heldout else [i for i in range(len(texts)) if i not in held])]
         if not exclude or skeleton(text) not in exclude:
             prompts.setdefault(text, None)
         misses = misses + 1 if len(prompts) == before else 0

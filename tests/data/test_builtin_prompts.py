@@ -25,11 +25,9 @@ MAKERS = {"math": generated_prompts._math_templates, "chat": generated_prompts._
 HELDOUT = {"math": 256, "chat": 150}  # more than the demo, the sweeps or serve_check ask for; all of chat's
 
 
-def every_template(family: str, draws: int = 40, training_only: bool = True) -> list[list[str]]:
-    """`draws` fillings of every template of `family` (with its training-only ones or not):
-    one list per template."""
-    extra = generated_prompts.TRAINING_ONLY[family] if training_only else None
-    fillings = [(*MAKERS[family](random.Random(seed)), *(extra(random.Random(seed)) if extra else ())) for seed in range(draws)]
+def every_template(family: str, draws: int = 40) -> list[list[str]]:
+    """`draws` fillings of every template of `family`: one list per template id."""
+    fillings = [MAKERS[family](random.Random(seed)) for seed in range(draws)]
     return [list(texts) for texts in zip(*fillings)]
 
 
@@ -66,13 +64,11 @@ def test_no_evaluation_prompt_shares_a_template_with_a_training_prompt(family):
     evaluation = heldout_prompts(family, HELDOUT[family], [])  # serve_check's draw: no training data at hand
     assert len(set(evaluation)) == HELDOUT[family] and evaluation == heldout_prompts(family, HELDOUT[family], training)
     assert_templated_apart(training, evaluation)
-    # every template is on one side: held out for evaluation (a quarter of those that are
-    # not training-only) or used by training
+    # every template is on one side: held out for evaluation (a quarter of them) or used by training
     kinds = lambda prompts: {skeleton(p.removesuffix(MATH_SUFFIX.format())) for p in prompts}  # noqa: E731
     templates = every_template(family)
     assert kinds(training) | kinds(evaluation) == kinds(t[0] for t in templates)
-    split = len(every_template(family, training_only=False))
-    assert split / 4 <= len(kinds(evaluation)) <= split / 3
+    assert len(templates) / 4 <= len(kinds(evaluation)) <= len(templates) / 3
     # the check catches a mix that ignores the split
     with pytest.raises(AssertionError, match="share a template"):
         assert_templated_apart([text for texts in templates for text in texts], evaluation)
