@@ -8,8 +8,12 @@
 //                bfloat16: (N/64, K/2, 64, 2), packed[t][p][c][e] = w[64t + c][2p + e].
 // A thread owns tiles of 64 output columns; each tile's weights are one contiguous stream
 // that passes from memory into L2 once while every 4-row chunk of x runs over them: 16
-// vector accumulators, a broadcast of x, no horizontal sums. float32 accumulates with FMA; bfloat16 with AVX512-BF16 dot
-// products of pairs into float32, rounded once (round to nearest even) at the end, as oneDNN.
+// vector accumulators, a broadcast of x, no horizontal sums. With 5 to 32 rows the chunks
+// after the first would read the tile from L2 while the memory bus idles, so every chunk
+// also prefetches its share of the thread's next tile into L2: the weight stream keeps
+// flowing while the rows' arithmetic runs (docs/results/engine-2026-11-27g-amd). float32
+// accumulates with FMA; bfloat16 with AVX512-BF16 dot products of pairs into float32,
+// rounded once (round to nearest even) at the end, as oneDNN.
 // Needs AVX-512F/BW/VL and AVX512-BF16 (Intel Sapphire Rapids and later, AMD Zen 4 and
 // later), N % 64 == 0 and even K; kernels.py checks all of it before calling.
 #include <ATen/ATen.h>
@@ -17,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 
@@ -25,10 +30,25 @@ namespace {
 constexpr int MT = 4;  // rows of x per chunk
 constexpr int NB = 4;  // 16-column blocks per tile
 constexpr int PREFETCH = 16;  // k steps ahead (4 KiB of the tile's stream); past its end is harmless
+constexpr int AHEAD_CHUNKS = 8;  // up to 32 rows; more rows are bound by arithmetic (prefill, batches)
 
-template <int M, int B>
+// A chunk's share of the next tile to bring into L2 (more than MT rows only): `lines` cache
+// lines from `start`, `per_step` of them at each k step.
+struct Ahead {
+  const char* start = nullptr;
+  int64_t lines = 0;
+  int per_step = 0;
+  inline void at(int64_t step) const {
+    for (int i = 0; i < per_step; ++i) {
+      const int64_t line = step * per_step + i;
+      if (line < lines) _mm_prefetch(start + line * 64, _MM_HINT_T1);
+    }
+  }
+};
+
+template <int M, int B, bool AHEAD>
 void chunk_f32(const float* x, const float* packed, const float* bias, float* y, int64_t K, int64_t N, int64_t b0,
-               int64_t m0) {
+               int64_t m0, const Ahead& ahead) {
   __m512 acc[M][B];
   for (int j = 0; j < M; ++j)
     for (int b = 0; b < B; ++b) acc[j][b] = bias ? _mm512_loadu_ps(bias + (b0 + b) * 16) : _mm512_setzero_ps();
@@ -36,6 +56,7 @@ void chunk_f32(const float* x, const float* packed, const float* bias, float* y,
   for (int64_t k = 0; k < K; ++k) {
     __m512 wv[B];
     for (int b = 0; b < B; ++b) _mm_prefetch(reinterpret_cast<const char*>(w + (k + PREFETCH) * 64 + b * 16), _MM_HINT_T0);
+    if constexpr (AHEAD) ahead.at(k);
     for (int b = 0; b < B; ++b) wv[b] = _mm512_loadu_ps(w + k * 64 + b * 16);
     for (int j = 0; j < M; ++j) {
       __m512 xv = _mm512_set1_ps(x[(m0 + j) * K + k]);
@@ -46,9 +67,9 @@ void chunk_f32(const float* x, const float* packed, const float* bias, float* y,
     for (int b = 0; b < B; ++b) _mm512_storeu_ps(y + (m0 + j) * N + (b0 + b) * 16, acc[j][b]);
 }
 
-template <int M, int B>
+template <int M, int B, bool AHEAD>
 void chunk_bf16(const at::BFloat16* x, const at::BFloat16* packed, const at::BFloat16* bias, at::BFloat16* y,
-                int64_t K, int64_t N, int64_t b0, int64_t m0) {
+                int64_t K, int64_t N, int64_t b0, int64_t m0, const Ahead& ahead) {
   __m512 acc[M][B];
   for (int j = 0; j < M; ++j)
     for (int b = 0; b < B; ++b) {
@@ -64,6 +85,7 @@ void chunk_bf16(const at::BFloat16* x, const at::BFloat16* packed, const at::BFl
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh wv[B];
     for (int b = 0; b < B; ++b) _mm_prefetch(reinterpret_cast<const char*>(w + (p + 2 * PREFETCH) * 128 + b * 32), _MM_HINT_T0);
+    if constexpr (AHEAD) ahead.at(p);
     for (int b = 0; b < B; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + p * 128 + b * 32);
     for (int j = 0; j < M; ++j) {
       int32_t two;
@@ -79,32 +101,59 @@ void chunk_bf16(const at::BFloat16* x, const at::BFloat16* packed, const at::BFl
     }
 }
 
-// One tile of B column blocks for every row of x, in chunks of MT rows.
+// One tile of B column blocks for every row of x, in chunks of MT rows; with 2 to
+// AHEAD_CHUNKS chunks, chunk c also prefetches the c-th of the chunks' equal shares of `next` (the
+// thread's next tile, or null) into L2.
 template <typename T, int B, typename Chunk>
-void tile(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t b0) {
+void tile(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t b0, const T* next) {
+  const int64_t chunks = (M + MT - 1) / MT;
+  const int64_t steps = sizeof(T) == 2 ? K / 2 : K;  // k steps of a chunk (bfloat16: pairs of k)
+  const int64_t lines = K * B * 16 * static_cast<int64_t>(sizeof(T)) / 64;  // the tile's cache lines
+  const int64_t share = (lines + chunks - 1) / chunks;
+  auto ahead = [&](int64_t chunk) {
+    Ahead a;
+    if (next != nullptr && chunks > 1 && chunks <= AHEAD_CHUNKS) {
+      a.start = reinterpret_cast<const char*>(next) + chunk * share * 64;
+      a.lines = std::min(share, lines - chunk * share);
+      a.per_step = static_cast<int>((share + steps - 1) / steps);
+    }
+    return a;
+  };
+  if (chunks == 1) {  // a few rows: one pass, streaming the tile itself
+    const Ahead none;
+    switch (M) {
+      case 4: Chunk::template run<4, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
+      case 3: Chunk::template run<3, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
+      case 2: Chunk::template run<2, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
+      case 1: Chunk::template run<1, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
+      default: break;
+    }
+    return;
+  }
   int64_t m0 = 0;
-  for (; m0 + MT <= M; m0 += MT) Chunk::template run<MT, B>(x, packed, bias, y, K, N, b0, m0);
+  for (; m0 + MT <= M; m0 += MT) Chunk::template run<MT, B, true>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT));
+  const Ahead last = ahead(m0 / MT);
   switch (M - m0) {
-    case 3: Chunk::template run<3, B>(x, packed, bias, y, K, N, b0, m0); break;
-    case 2: Chunk::template run<2, B>(x, packed, bias, y, K, N, b0, m0); break;
-    case 1: Chunk::template run<1, B>(x, packed, bias, y, K, N, b0, m0); break;
+    case 3: Chunk::template run<3, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
+    case 2: Chunk::template run<2, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
+    case 1: Chunk::template run<1, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
     default: break;
   }
 }
 
 struct F32 {
-  template <int M, int B>
+  template <int M, int B, bool AHEAD>
   static void run(const float* x, const float* p, const float* bias, float* y, int64_t K, int64_t N, int64_t b0,
-                  int64_t m0) {
-    chunk_f32<M, B>(x, p, bias, y, K, N, b0, m0);
+                  int64_t m0, const Ahead& ahead) {
+    chunk_f32<M, B, AHEAD>(x, p, bias, y, K, N, b0, m0, ahead);
   }
 };
 
 struct BF16 {
-  template <int M, int B>
+  template <int M, int B, bool AHEAD>
   static void run(const at::BFloat16* x, const at::BFloat16* p, const at::BFloat16* bias, at::BFloat16* y, int64_t K,
-                  int64_t N, int64_t b0, int64_t m0) {
-    chunk_bf16<M, B>(x, p, bias, y, K, N, b0, m0);
+                  int64_t N, int64_t b0, int64_t m0, const Ahead& ahead) {
+    chunk_bf16<M, B, AHEAD>(x, p, bias, y, K, N, b0, m0, ahead);
   }
 };
 
@@ -115,7 +164,10 @@ void run_all(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_
     // that cost 100x; flush them to zero, as MKL and oneDNN do, for this thread's tiles.
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
-    for (int64_t t = begin; t < end; ++t) tile<T, NB, Chunk>(x, packed, bias, y, M, K, N, t * NB);
+    for (int64_t t = begin; t < end; ++t) {
+      const T* next = t + 1 < end ? packed + (t + 1) * K * NB * 16 : nullptr;
+      tile<T, NB, Chunk>(x, packed, bias, y, M, K, N, t * NB, next);
+    }
     _mm_setcsr(csr);
   });
 }
