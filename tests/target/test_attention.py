@@ -94,6 +94,24 @@ def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(dtype):
     torch.testing.assert_close(attention(query, keys[:, :, 16:], values[:, :, 16:], mask[..., 16:]), ours, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "q"), [(1, 1), (1, 8), (1, 5), (3, 3)])
+def test_rows_split_over_threads_give_the_same_bits(dtype, batch, q):
+    """3 kv heads on 2 or 4 threads: each (batch row, kv head)'s query rows are cut in parts
+    (batch 3: 9 pairs on 2 threads); the result is the one-thread result, bit for bit."""
+    needs_kernel()
+    query, keys, values, mask = case(dtype, batch, 300, 9, 3, q=q)
+    threads = torch.get_num_threads()
+    try:
+        alone = attention(query, keys, values, mask)
+        for count in (2, 4):
+            torch.set_num_threads(count)
+            torch.testing.assert_close(attention(query, keys, values, mask), alone, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(threads)
+    check(dtype, batch, 300, 9, 3, q=q)
+
+
 def test_a_row_with_every_key_masked_is_zero_as_sdpa():
     needs_kernel()
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)

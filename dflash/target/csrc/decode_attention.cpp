@@ -9,7 +9,11 @@
 // reads kv head h / (H / KVH), as SDPA's enable_gqa. All of query, keys, values float32
 // or all bfloat16; the output (B, H, Q, D), laid out (B, Q, H, D), in that dtype.
 //
-// One task is one (batch row, kv head): its G * Q query rows (G = H / KVH) score every key
+// One task is one (batch row, kv head) and a part of its G * Q query rows (G = H / KVH):
+// one part, unless there are few such pairs and the threads do not divide their count (a
+// small model's 3 kv heads on 2 threads leave one thread idle a third of the time); then
+// each pair's rows are cut in as many parts as threads. A row's result does not depend on
+// the rows that share its task. Each row scores every key
 // (float32 accumulation; bfloat16 with AVX512-BF16 pair products, exact, summed in
 // float32), the scores of a row are scaled, masked (-inf), max-subtracted and exponentiated
 // (vectorised Cephes-style exp, about 1 ulp), then the values are summed under those
@@ -141,7 +145,9 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
   const int64_t G = H / KVH, R = G * Q;
   const int64_t ld = (L + 15) / 16 * 16;
   const __m512 scale_v = _mm512_set1_ps(scale);
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  const int64_t pairs = B * KVH, threads = at::get_num_threads();
+  const int64_t parts = pairs % threads != 0 && pairs < 8 * threads ? std::min(threads, R) : 1;
+  at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);  // FTZ | DAZ, as small_gemm.cpp
     std::vector<float> scores(R * ld);
@@ -149,14 +155,15 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
     std::vector<const T*> q_rows(R);
     std::vector<T*> out_rows(R);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KVH, kvh = task % KVH;
-      // row r = g * Q + i: query head kvh * G + g at position i
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < Q; ++i) {
-          const int64_t h = kvh * G + g;
-          q_rows[g * Q + i] = query + b * qs.b + h * qs.h + i * q_pos_stride;
-          out_rows[g * Q + i] = out + ((b * Q + i) * H + h) * D;
-        }
+      const int64_t b = task / parts / KVH, kvh = task / parts % KVH, part = task % parts;
+      // the pair's row r = g * Q + i: query head kvh * G + g at position i; this task's rows
+      // are [r0, r0 + n), its own rows 0..n-1
+      const int64_t r0 = part * R / parts, n = (part + 1) * R / parts - r0;
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t g = (r0 + r) / Q, i = (r0 + r) % Q, h = kvh * G + g;
+        q_rows[r] = query + b * qs.b + h * qs.h + i * q_pos_stride;
+        out_rows[r] = out + ((b * Q + i) * H + h) * D;
+      }
       // keys before the first one any row sees (a row's left padding) are skipped, from a
       // multiple of 16 on: the scores' lanes keep their keys, so the result is bit for bit
       // the one over every key (the skipped ones weigh exactly 0)
@@ -174,10 +181,10 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
       const T* k = keys + b * ks.b + kvh * ks.h;
       for (int64_t j0 = j_lo; j0 < L; j0 += 16)
         score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(16, L - j0)), q_rows.data(),
-                        static_cast<int>(R), scale_v, scores.data(), ld, j0);
-      for (int64_t r = 0; r < R; ++r) {
+                        static_cast<int>(n), scale_v, scores.data(), ld, j0);
+      for (int64_t r = 0; r < n; ++r) {
         float* s = scores.data() + r * ld;
-        const int64_t i = r % Q;
+        const int64_t i = (r0 + r) % Q;
         if (mask) {
           const bool* m = mask + b * mask_b + i * mask_q;
           for (int64_t j = j_lo; j < L; ++j)
@@ -205,7 +212,7 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / _mm512_reduce_add_ps(sum);
       }
       weigh_group<NC>(values + b * vs.b + kvh * vs.h + j_lo * vs.l, vs.l, L - j_lo, scores.data() + j_lo, ld,
-                      inverse_sums.data(), out_rows.data(), static_cast<int>(R));
+                      inverse_sums.data(), out_rows.data(), static_cast<int>(n));
     }
     _mm_setcsr(csr);
   });
