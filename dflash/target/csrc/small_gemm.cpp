@@ -32,7 +32,7 @@ constexpr int NB = 4;  // 16-column blocks per tile
 constexpr int PREFETCH = 16;  // k steps ahead (4 KiB of the tile's stream); past its end is harmless
 constexpr int AHEAD_CHUNKS = 8;  // up to 32 rows; more rows are bound by arithmetic (prefill, batches)
 
-// A chunk's share of the next tile to bring into L2 (more than MT rows only): `lines` cache
+// A chunk's share of the next tile to bring into L2 (2 to AHEAD_CHUNKS chunks only): `lines` cache
 // lines from `start`, `per_step` of them at each k step.
 struct Ahead {
   const char* start = nullptr;
