@@ -109,7 +109,6 @@ def test_rows_split_over_threads_give_the_same_bits(dtype, batch, q):
             torch.testing.assert_close(attention(query, keys, values, mask), alone, rtol=0, atol=0)
     finally:
         torch.set_num_threads(threads)
-    check(dtype, batch, 300, 9, 3, q=q)
 
 
 def test_a_row_with_every_key_masked_is_zero_as_sdpa():

@@ -32,8 +32,8 @@ constexpr int NB = 4;  // 16-column blocks per tile
 constexpr int PREFETCH = 16;  // k steps ahead (4 KiB of the tile's stream); past its end is harmless
 constexpr int AHEAD_CHUNKS = 8;  // up to 32 rows; more rows are bound by arithmetic (prefill, batches)
 
-// A chunk's share of the next tile to bring into L2 (2 to AHEAD_CHUNKS chunks only): `lines` cache
-// lines from `start`, `per_step` of them at each k step.
+// A chunk's share of the next tile to bring into L2: `lines` cache lines from `start`,
+// `per_step` of them at each k step.
 struct Ahead {
   const char* start = nullptr;
   int64_t lines = 0;
@@ -101,44 +101,37 @@ void chunk_bf16(const at::BFloat16* x, const at::BFloat16* packed, const at::BFl
     }
 }
 
-// One tile of B column blocks for every row of x, in chunks of MT rows; with 2 to
-// AHEAD_CHUNKS chunks, chunk c also prefetches the c-th of the chunks' equal shares of `next` (the
-// thread's next tile, or null) into L2.
-template <typename T, int B, typename Chunk>
-void tile(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t b0, const T* next) {
-  const int64_t chunks = (M + MT - 1) / MT;
-  const int64_t steps = sizeof(T) == 2 ? K / 2 : K;  // k steps of a chunk (bfloat16: pairs of k)
-  const int64_t lines = K * B * 16 * static_cast<int64_t>(sizeof(T)) / 64;  // the tile's cache lines
-  const int64_t share = (lines + chunks - 1) / chunks;
-  auto ahead = [&](int64_t chunk) {
-    Ahead a;
-    if (next != nullptr && chunks > 1 && chunks <= AHEAD_CHUNKS) {
-      a.start = reinterpret_cast<const char*>(next) + chunk * share * 64;
-      a.lines = std::min(share, lines - chunk * share);
-      a.per_step = static_cast<int>((share + steps - 1) / steps);
-    }
-    return a;
-  };
-  if (chunks == 1) {  // a few rows: one pass, streaming the tile itself
-    const Ahead none;
-    switch (M) {
-      case 4: Chunk::template run<4, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
-      case 3: Chunk::template run<3, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
-      case 2: Chunk::template run<2, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
-      case 1: Chunk::template run<1, B, false>(x, packed, bias, y, K, N, b0, 0, none); break;
-      default: break;
-    }
-    return;
-  }
+// Every row of x over one tile, in chunks of MT rows; chunk c gets ahead(c).
+template <typename T, int B, typename Chunk, bool AHEAD, typename Share>
+void chunks(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t b0,
+            Share ahead) {
   int64_t m0 = 0;
-  for (; m0 + MT <= M; m0 += MT) Chunk::template run<MT, B, true>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT));
-  const Ahead last = ahead(m0 / MT);
+  for (; m0 + MT <= M; m0 += MT) Chunk::template run<MT, B, AHEAD>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT));
   switch (M - m0) {
-    case 3: Chunk::template run<3, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
-    case 2: Chunk::template run<2, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
-    case 1: Chunk::template run<1, B, true>(x, packed, bias, y, K, N, b0, m0, last); break;
+    case 3: Chunk::template run<3, B, AHEAD>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT)); break;
+    case 2: Chunk::template run<2, B, AHEAD>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT)); break;
+    case 1: Chunk::template run<1, B, AHEAD>(x, packed, bias, y, K, N, b0, m0, ahead(m0 / MT)); break;
     default: break;
   }
+}
+
+// One tile of B column blocks for every row of x; with 2 to AHEAD_CHUNKS chunks and a next
+// tile (the thread's, or null), chunk c also prefetches the c-th of the chunks' equal shares
+// of it into L2. Otherwise the chunks run without a prefetch instruction added.
+template <typename T, int B, typename Chunk>
+void tile(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t b0, const T* next) {
+  const int64_t count = (M + MT - 1) / MT;
+  if (next == nullptr || count < 2 || count > AHEAD_CHUNKS) {
+    chunks<T, B, Chunk, false>(x, packed, bias, y, M, K, N, b0, [](int64_t) { return Ahead{}; });
+    return;
+  }
+  const int64_t steps = sizeof(T) == 2 ? K / 2 : K;  // k steps of a chunk (bfloat16: pairs of k)
+  const int64_t lines = K * B * 16 * static_cast<int64_t>(sizeof(T)) / 64;  // the tile's cache lines
+  const int64_t share = (lines + count - 1) / count;
+  chunks<T, B, Chunk, true>(x, packed, bias, y, M, K, N, b0, [&](int64_t chunk) {
+    return Ahead{reinterpret_cast<const char*>(next) + chunk * share * 64, std::min(share, lines - chunk * share),
+                 static_cast<int>((share + steps - 1) / steps)};
+  });
 }
 
 struct F32 {
