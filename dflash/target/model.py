@@ -323,14 +323,14 @@ class TargetModel:
     def draft_logits_over(self, token_ids: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         """`draft_logits` for a drafter that drafts over `token_ids` (K,) only, its draft
         vocabulary (`DFlashDrafter.draft_vocab`; None: `draft_logits` itself). The head reads
-        those K rows; every other token gets -inf, so argmaxes and samples stay inside the
+        those K rows, in bfloat16 on our kernels where the fast engine decodes on a CPU (either
+        target dtype); every other token gets -inf, so argmaxes and samples stay inside the
         vocabulary, and the logits keep the whole vocabulary's width (..., V)."""
         if token_ids is None:
             return self.draft_logits
         ids = token_ids.to(self.device)
         rows = self.head_rows_of(ids)
-        fast = self.fast is not None and self.dtype == torch.float32 and self.device.type == "cpu"
-        head = self.fast.draft_head(rows) if fast else None
+        head = self.fast.draft_head(rows) if self.draft_dtype is not None else None
         width = self.lm_head.weight.shape[0]
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:

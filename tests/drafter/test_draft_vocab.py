@@ -45,6 +45,26 @@ def test_the_vocabularys_logits_are_the_heads_and_the_rest_minus_infinity(target
     assert target.draft_logits_over(None) == target.draft_logits
 
 
+def test_a_bfloat16_target_drafts_over_its_vocabulary_on_the_engines_kernels(monkeypatch):
+    """A bfloat16 target's proposals read the vocabulary's rows through the engine's tuned
+    draft head, as a float32 target's do (not torch's linear over the gathered rows)."""
+    model, tokenizer = build_tiny_target("qwen3", seed=0, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=384)
+    target = TargetModel(model.to(torch.bfloat16), tokenizer, engine="auto")
+    if target.fast is None:
+        pytest.skip("the fast engine does not run on this machine")
+    target.new_cache()
+    heads = []
+    draft_head = target.fast.draft_head
+    monkeypatch.setattr(target.fast, "draft_head", lambda rows=None: heads.append(rows) or draft_head(rows))
+    ids = torch.arange(1, target.embedding_rows, 3)
+    over = target.draft_logits_over(ids)
+    assert len(heads) == 1 and torch.equal(heads[0], target.head_rows_of(ids))
+    hidden = torch.randn(3, target.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    with torch.inference_mode():
+        drafted, exact = over(hidden)[:, ids], target.logits(hidden, head_rows=target.head_rows_of(ids))
+    assert torch.allclose(drafted, exact, rtol=0, atol=0.02 * float(exact.abs().max()))
+
+
 def test_decoding_drafts_inside_the_vocabulary_and_stays_lossless(target):
     drafter = _drafter(target)
     drafter.draft_vocab = ids = torch.arange(0, target.embedding_rows, 2)
