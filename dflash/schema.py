@@ -44,7 +44,7 @@ from dflash.data.regenerate import RegenerateSettings
 from dflash.errors import require
 from dflash.eval.benchmarks import BenchmarkSpec
 from dflash.eval.evaluator import DecodingSettings, EvalSettings
-from dflash.methods import METHODS, trained_methods
+from dflash.methods import METHODS, check_method_names, trained_methods
 from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.training.config import TrainingSettings
@@ -224,10 +224,14 @@ class DemoEvaluationSettings:
     """Tokens per prompt."""
     start_s: float = 20.0
     """The reserve per evaluate app for its start."""
+    methods: list = field(default_factory=lambda: ["dflash", "dflash_lookup"])
+    """The drafting methods compared with the autoregressive loop (the evaluate app's
+    `methods`; the first is primary)."""
 
     def __post_init__(self):
         for key in ("humaneval", "math", "chat", "max_new_tokens"):
             require(getattr(self, key) >= 1, key, f"must be an integer >= 1, got {getattr(self, key)!r}")
+        check_method_names(list(self.methods))
 
 
 @dataclass
@@ -241,7 +245,7 @@ class DemoAppConfig:
     """"auto" | minutes."""
     min_train_minutes: float = 3.0
     margin_s: float = 240.0
-    reserve_factor: float = 2.0
+    reserve_factor: float = 2.6
     cpu_threads: int = 2
     data: str = MISSING
     data_dtype: str = "bfloat16"

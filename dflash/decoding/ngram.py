@@ -15,6 +15,9 @@ tries n from the largest down the same way but takes the earliest occurrence; vL
 matches n-grams within [min, max] likewise. Our defaults follow HF: max_ngram 2,
 min_ngram 1, 10 draft tokens.
 
+`LookupFirst` puts the lookup in front of a drafter: where the context repeats itself it
+drafts by lookup and the drafter does not run (method `dflash_lookup`).
+
 The proposal is deterministic (a one-hot distribution): greedy verification keeps the
 drafts the target agrees with, and rejection sampling at T > 0 accepts draft x with
 probability p(x) and otherwise resamples from p without x, which is exactly lossless.
@@ -68,3 +71,39 @@ class NgramProposer:
             committed_ids[0].tolist(), settings.max_ngram, settings.min_ngram, min(num_drafts, settings.num_draft_tokens)
         )
         return Drafts(tokens=torch.tensor(tokens, dtype=torch.long, device=committed_ids.device))
+
+
+class LookupFirst:
+    """A `Proposer` that drafts by prompt lookup where the context repeats itself and by
+    `inner` (a drafter) elsewhere: when the context's last `ngram` tokens occurred earlier with
+    at least the step's `num_drafts` tokens after them, the step drafts those (one-hot, as
+    `NgramProposer`) and `inner` does not run; otherwise `inner` drafts.
+
+    `inner` still sees every context position exactly once (the `Proposer` contract): the
+    features of lookup steps wait here and reach `inner` with its next call's, contiguous.
+    Lossless as each proposer alone: a step verifies one proposer's drafts, by the same rules.
+    """
+
+    def __init__(self, inner, ngram: int):
+        self.inner = inner
+        self.ngram = ngram
+        self.target_layer_ids = inner.target_layer_ids
+        self.pending: list[torch.Tensor] = []
+        self.lookup_steps = 0  # steps drafted by lookup since the last reset
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.pending = []
+        self.lookup_steps = 0
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
+        tokens = lookup_continuation(committed_ids[0].tolist(), self.ngram, self.ngram, num_drafts)
+        if len(tokens) == num_drafts:
+            if new_features is not None:
+                self.pending.append(new_features)
+            self.lookup_steps += 1
+            return Drafts(tokens=torch.tensor(tokens, dtype=torch.long, device=committed_ids.device))
+        if self.pending and new_features is not None:
+            new_features = torch.cat([*self.pending, new_features], dim=1)
+        self.pending = []
+        return self.inner.draft(committed_ids, new_features, block_size, num_drafts, sampling, generator)

@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from dflash.decoding import Drafts, SamplingConfig, generate
-from dflash.decoding.ngram import NgramProposer, lookup_continuation
+from dflash.decoding.ngram import LookupFirst, NgramProposer, lookup_continuation
 from dflash.decoding.verify import verify
+from dflash.dflash.proposer import DFlashProposer
+from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
 from dflash.errors import ConfigError
 from dflash.methods.ngram import NgramSettings
 from dflash.target import TargetModel
@@ -62,6 +64,62 @@ def test_greedy_prompt_lookup_equals_hf_greedy_and_accepts_drafts(tiny_target, m
         assert max(result.draft_counts) <= num_draft_tokens and 0 in result.draft_counts
         accepted += sum(n - 1 for n in result.acceptance_lengths)
     assert accepted >= 5, "no draft was ever accepted: the test would prove nothing"
+
+
+class Recording:
+    """An inner proposer that drafts [7] and records what it was given."""
+
+    target_layer_ids = [0]
+
+    def __init__(self):
+        self.seen, self.resets = [], 0
+
+    def reset(self):
+        self.resets += 1
+
+    def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
+        self.seen.append((committed_ids.shape[1], new_features[0, :, 0].tolist()))
+        return Drafts(tokens=torch.tensor([7]))
+
+
+def test_lookup_first_drafts_repeats_by_lookup_and_hands_the_drafter_every_position_once():
+    inner = Recording()
+    proposer = LookupFirst(inner, ngram=2)
+
+    def step(ids, first, count):  # features of positions [first, first + count), value = position
+        features = torch.arange(first, first + count, dtype=torch.float).view(1, count, 1)
+        return proposer.draft(torch.tensor([ids]), features, 3, 2, SamplingConfig(), None).tokens.tolist()
+
+    assert step([1, 2, 3], 0, 2) == [7]  # (2, 3) never occurred before: the drafter
+    assert step([1, 2, 3, 4, 2, 3], 2, 3) == [4, 2]  # (2, 3) occurred, two tokens after it: lookup
+    assert step([1, 2, 3, 4, 2, 3, 4, 2], 5, 2) == [3, 4]  # (4, 2) too
+    assert step([1, 2, 3, 4, 2, 3, 4, 2, 9], 7, 1) == [7]  # (2, 9) is new: the drafter, with everything it missed
+    assert inner.seen == [(3, [0.0, 1.0]), (9, [2.0, 3.0, 4.0, 5.0, 6.0, 7.0])]
+    assert proposer.lookup_steps == 2
+    # a match with fewer tokens after it than the step drafts goes to the drafter
+    assert step([1, 2, 3, 4, 2, 3, 4, 2, 9, 5, 5, 5], 8, 3) == [7] and inner.seen[-1] == (12, [8.0, 9.0, 10.0])
+    step([5, 6, 5, 6, 5, 6], 0, 5)
+    proposer.reset()
+    assert inner.resets == 1 and proposer.pending == [] and proposer.lookup_steps == 0
+
+
+@pytest.mark.parametrize("ngram", [1, 2])
+def test_dflash_with_lookup_first_equals_hf_greedy(tiny_target, ngram):
+    """Through the real drafter, which refuses a gap in its context: lossless, and both
+    proposers drafted."""
+    torch.manual_seed(0)
+    mask_id = resolve_mask_token_id(tiny_target.tokenizer, tiny_target.embedding_rows)
+    config = DrafterConfig.from_target(tiny_target.config, num_layers=1, block_size=4, mask_token_id=mask_id)
+    drafter = DFlashDrafter(config).eval()
+    proposer = LookupFirst(DFlashProposer(drafter, tiny_target.embed, tiny_target.draft_logits, tiny_target.draft_dtype), ngram)
+    lookups = drafted = 0
+    for prompt in PROMPTS:
+        ids = tiny_target.tokenizer(prompt, return_tensors="pt").input_ids
+        result = generate(tiny_target, ids, max_new_tokens=40, block_size=4, proposer=proposer)
+        assert result.output_ids == hf_greedy(tiny_target, ids, 40), prompt
+        lookups += proposer.lookup_steps
+        drafted += result.num_steps - proposer.lookup_steps
+    assert lookups > 0 and drafted > 0, (lookups, drafted)
 
 
 def test_one_hot_rejection_sampling_emits_the_targets_distribution():

@@ -59,9 +59,12 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
     assert (run_dir / "drafter" / "model.safetensors").exists()
     summary = json.loads((run_dir / "demo_summary.json").read_text())
     assert list(summary["families"]) == ["humaneval", "math", "chat"] and summary["lossless"] is True
-    for family, row in summary["families"].items():
+    for family, rows in summary["families"].items():
         results = json.loads((run_dir / "eval" / family / "results.json").read_text())
-        assert row["tau"] == results["tau"] and row["num_prompts"] == 1 and results["lossless"] is True
+        assert list(rows) == ["dflash", "dflash_lookup"] == list(results["methods"]) and results["method"] == "dflash"
+        for method, row in rows.items():
+            record = results["methods"][method]
+            assert row["tau"] == record["tau"] and row["num_prompts"] == 1 and record["lossless"] is True
     assert summary["train_minutes"] == 0.15
     times = summary["stage_wall_time_s"]
     assert list(times) == ["install", "target", "data", "train", "evaluate", "total"]
@@ -74,4 +77,5 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
         assert len(rows) == 1 and rows[0]["turns"][0] not in training
     log = first.stdout + first.stderr
     assert "one-token forward" in log and "train: step" in log and "ETA" in log
-    assert all(f"  {family:<11}" in first.stdout for family in ("humaneval", "math", "chat"))
+    assert all(f"  {family:<11}{method:<15}" in first.stdout for family in ("humaneval", "math", "chat")
+               for method in ("dflash", "dflash_lookup"))  # fmt: skip

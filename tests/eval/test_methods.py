@@ -104,7 +104,7 @@ def test_registry_names_are_one_line_errors():
         with pytest.raises(ConfigError, match=text) as info:
             check_method_names(names)
         assert info.value.key == "methods"
-    assert list(METHODS) == ["dflash", "dflash_tree", "eagle3", "ngram"]
+    assert list(METHODS) == ["dflash", "dflash_lookup", "dflash_tree", "eagle3", "ngram"]
 
 
 def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, monkeypatch):
@@ -125,18 +125,19 @@ def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, m
 
 def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3_target, with_fake_method):
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
-    results = run(qwen3_target, ["dflash", "ngram", "fake"], drafter, hf_generate=True)
-    assert list(results["methods"]) == ["dflash", "ngram", "fake"]
+    results = run(qwen3_target, ["dflash", "dflash_lookup", "ngram", "fake"], drafter, hf_generate=True)
+    assert list(results["methods"]) == ["dflash", "dflash_lookup", "ngram", "fake"]
     # interleaved per generation, in the listed order, each with the run's stop ids
     names = [name for name, _, _ in calls]
-    assert names == ["autoregressive", "DFlashProposer", "NgramProposer", "PartialOracleProposer"] * results["num_generations"]
+    proposers = ["autoregressive", "DFlashProposer", "LookupFirst", "NgramProposer", "PartialOracleProposer"]
+    assert names == proposers * results["num_generations"]
     assert len({stops for _, _, stops in calls}) == 1
     # the top level is the primary method's (dflash), as before
     dflash = results["methods"]["dflash"]
     assert results["method"] == "dflash" and results["drafter"] == dflash["label"] == "random"
     for key in ("tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "lossless", "block_size", "drafter_block_size"):
         assert results[key] == dflash[key], key
-    assert set(results["tokens_per_s"]) == {"dflash", "ngram", "fake", "autoregressive", "hf_generate"}
+    assert set(results["tokens_per_s"]) == {"dflash", "dflash_lookup", "ngram", "fake", "autoregressive", "hf_generate"}
     for name, record in results["methods"].items():
         assert set(record) == METHOD_KEYS
         assert record["lossless"] is True and record["divergences"]["bug"] == 0, name
@@ -146,6 +147,10 @@ def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3
     assert ngram["block_size"] == 11 and ngram["drafter_block_size"] is None
     assert ngram["settings"] == {"max_ngram": 2, "min_ngram": 1, "num_draft_tokens": 10}
     assert ngram["tau"] > 1.2, "prompt lookup accepted almost nothing: the repetitive prompts should feed it"
+    lookup = results["methods"]["dflash_lookup"]
+    assert (lookup["block_size"], lookup["drafter_block_size"], lookup["label"]) == (4, 4, "random")
+    assert lookup["settings"] == {"block_size": 4, "draft_threshold": 0.0, "ngram": 3}
+    assert lookup["tau"] > dflash["tau"], "lookup first did not help a random drafter on repetitive prompts"
     assert results["methods"]["fake"]["block_size"] == 3 and results["methods"]["fake"]["tau"] > 1.0
     text = format_results(results)
     assert "every method on the same prompts" in text and "\nngram " in text
@@ -189,17 +194,19 @@ def test_a_token_proposer_that_drafts_too_many_is_a_clear_error(qwen3_target):
 
 @pytest.mark.slow
 def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, artifacts):
-    args = ["methods=[dflash,ngram]", "ngram.max_ngram=3", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
+    args = ["methods=[dflash,ngram,dflash_lookup]", "ngram.max_ngram=3", "dflash_lookup.ngram=2", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
             "warmup_tokens=0", "hf_generate=false"]  # fmt: skip
     proc = run_cli(args, tmp_path, artifacts)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert list(results["methods"]) == ["dflash", "ngram"] and results["method"] == "dflash"
+    assert list(results["methods"]) == ["dflash", "ngram", "dflash_lookup"] and results["method"] == "dflash"
     assert results["methods"]["ngram"]["settings"]["max_ngram"] == 3
+    assert results["methods"]["dflash_lookup"]["settings"]["ngram"] == 2
     assert all(record["lossless"] for record in results["methods"].values())
     (tmp_path / "bad").mkdir()
     not_eagle3 = (["methods=[eagle3]", f"eagle3.path={artifacts / 'fits'}"], "eagle3.path")  # a DFlash drafter dir
-    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram"), not_eagle3]:
+    bad_lookup = (["methods=[dflash_lookup]", "dflash_lookup.ngram=0"], "dflash_lookup.ngram")
+    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram"), not_eagle3, bad_lookup]:
         proc = run_cli(bad, tmp_path / "bad", artifacts)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {key}: "), proc.stderr[-2000:]
         assert "Loading weights" not in proc.stderr and "cannot read" not in proc.stderr  # before the target, one cause
