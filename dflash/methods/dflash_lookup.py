@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.errors import require
-from dflash.methods import dflash
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.methods.dflash import dflash_proposer, width_label
+from dflash.methods.dflash import recorded as dflash_recorded
 
 
 @dataclass  # not frozen: Hydra merges the config group into it
@@ -18,8 +19,9 @@ class LookupSettings:
     """The `dflash_lookup` config group."""
 
     ngram: int = 3
-    """The context's last n tokens a lookup matches; shorter ones match more often and
-    guess worse (on the demo's held-out chat and math, 3 beat 2)."""
+    """The context's last n tokens a lookup matches: shorter ones match more often and guess
+    worse (on the demo's three families, 3 drafted the most accepted tokens, against 2 and 4:
+    docs/results/lookup-2026-11-27h-amd)."""
 
     def __post_init__(self):
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
@@ -30,12 +32,12 @@ def build(target, settings: LookupSettings, context: EvalContext) -> MethodSetup
     from dflash.decoding.ngram import LookupFirst
 
     trained = context.drafter.config.block_size
-    proposer = LookupFirst(dflash.dflash_proposer(target, context, context.draft_threshold), settings.ngram)
+    proposer = LookupFirst(dflash_proposer(target, context, context.draft_threshold), settings.ngram)
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 
 def recorded(settings: LookupSettings, context: EvalContext) -> dict:
-    return {**dflash.recorded(settings, context), "ngram": settings.ngram}
+    return {**dflash_recorded(settings, context), "ngram": settings.ngram}
 
 
 METHOD = Method(
@@ -45,5 +47,5 @@ METHOD = Method(
     settings=LookupSettings,
     recorded=recorded,
     uses_dflash_drafter=True,
-    width_label=dflash.width_label,
+    width_label=width_label,
 )

@@ -57,6 +57,8 @@ def test_a_bad_start_time_or_setting_is_one_config_error(monkeypatch):
         demo.check_settings(demo_config(train_minutes="soon"))
     with pytest.raises(ConfigError, match="evaluation.math"):
         demo.check_settings(demo_config(**{"evaluation.math": 0}))
+    with pytest.raises(ConfigError, match="^evaluation.methods: unknown method 'lookup'"):
+        demo.check_settings(demo_config(**{"evaluation.methods": ["dflash", "lookup"]}))
     with pytest.raises(ConfigError, match="^data_dtype: must be one of"):
         demo.check_settings(demo_config(data_dtype="bf16"))
 
