@@ -89,19 +89,16 @@ class LookupFirst:
         self.ngram = ngram
         self.target_layer_ids = inner.target_layer_ids
         self.pending: list[torch.Tensor] = []
-        self.lookup_steps = 0  # steps drafted by lookup since the last reset
 
     def reset(self) -> None:
         self.inner.reset()
         self.pending = []
-        self.lookup_steps = 0
 
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
         tokens = lookup_continuation(committed_ids[0].tolist(), self.ngram, self.ngram, num_drafts)
         if len(tokens) == num_drafts:
             if new_features is not None:
                 self.pending.append(new_features)
-            self.lookup_steps += 1
             return Drafts(tokens=torch.tensor(tokens, dtype=torch.long, device=committed_ids.device))
         if self.pending and new_features is not None:
             new_features = torch.cat([*self.pending, new_features], dim=1)
