@@ -5,6 +5,7 @@ needs to break even.
     python -m dflash.bench                                   # SmolLM2-135M, float32, 2 threads
     python -m dflash.bench --dtype bfloat16 --drafter artifacts/demo/.../drafter
     python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
+    python -m dflash.bench --target DIR --device cuda --dtype bfloat16 --engine graphs
     python -m dflash.bench --out docs/results/engine-DATE-CPU.md
 
 It prints (and writes with --out, as Markdown):
@@ -46,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m dflash.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2_135m", help="a target config name (dflash/conf/target) or an HF directory")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: the target config's)")
-    parser.add_argument("--engine", default="auto", choices=["auto", "fast", "eager"])
+    parser.add_argument("--engine", default="auto", choices=["auto", "fast", "graphs", "eager"])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the target's device)")
     parser.add_argument("--drafter", default=None, help="a drafter directory (default: a random drafter)")
     parser.add_argument("--drafter-layers", type=int, default=1)
     parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="verify widths B, comma-separated")
@@ -71,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def target_spec(name: str, dtype: str | None, engine: str):
+def target_spec(name: str, dtype: str | None, engine: str, device: str = "cpu"):
     """A TargetSpec from a config name of dflash/conf/target (paths resolved as the apps do) or a directory."""
     from omegaconf import OmegaConf
 
@@ -92,7 +94,7 @@ def target_spec(name: str, dtype: str | None, engine: str):
         raise ConfigError("--target", f"{name!r} is neither a directory nor a target config ({', '.join(names)})")
     if dtype is not None:
         fields["dtype"] = dtype
-    return TargetSpec(**fields, engine=engine)
+    return TargetSpec(**fields, engine=engine, device=device)
 
 
 def cpu_model() -> str:
@@ -229,7 +231,7 @@ def report(args) -> str:
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
     torch.set_num_threads(args.threads)
-    target = load_target(target_spec(args.target, args.dtype, args.engine))
+    target = load_target(target_spec(args.target, args.dtype, args.engine, args.device))
     if target.fast is not None:
         target.new_cache()  # tunes the kernels: untimed
     device = target.device

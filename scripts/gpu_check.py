@@ -36,6 +36,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
 
@@ -57,7 +58,18 @@ FAMILIES = {
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
         num_hidden_layers=32,
     ),
+    # whole depth in section e (a small target is the most host-bound one)
+    "smollm2-135m": dict(
+        arch="llama", hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+        vocab_size=49152, rms_norm_eps=1e-5, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+        num_hidden_layers=30,
+    ),
 }  # fmt: skip
+#: families of sections a and b unless --families says otherwise
+DEFAULT_FAMILIES = ("qwen3-8b", "llama-3.1-8b")
+#: section e's targets: (family, whole depth on CUDA)
+GRAPH_TARGETS = (("qwen3-8b", False), ("smollm2-135m", True))
+GRAPH_WIDTHS = (1, 2, 3, 4, 8, 16)
 # CPU stand-ins: the same families at toy width.
 TINY_WIDTH = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
 
@@ -217,8 +229,11 @@ def training_step(target, objective, batch: dict, path: str, backward: bool) -> 
     hidden = []
     hook = drafter.register_forward_hook(lambda module, inputs, output: hidden.append(output.detach()))
     dense = mock.patch.object(forward, "factored_block_mask", dense_block_mask) if path == "dense" else contextlib.nullcontext()
+    # the trainer's precision: float32 weights (the drafter spec's default) computing in the
+    # target's dtype under autocast, as `trainer.precision=bf16-mixed` (conf/trainer/gpu.yaml) runs them
+    mixed = torch.autocast(target.device.type, dtype=target.dtype, enabled=target.dtype != torch.float32)
     try:
-        with torch.set_grad_enabled(backward), dense:
+        with torch.set_grad_enabled(backward), dense, mixed:
             loss = objective.loss(target, batch, states, generator, full_vocab=True).loss
     finally:
         hook.remove()
@@ -244,9 +259,10 @@ def section_training(family: str, target, drafter, sizes: Sizes, device: torch.d
     batch = training_batch(sizes, target.config.vocab_size, device)
     objective = training_objective(target, drafter, sizes.num_anchors)
     cuda = device.type == "cuda"
+    precision = "float32 weights under bfloat16 autocast (the trainer's bf16-mixed)" if dtype == torch.bfloat16 else str(dtype)
     lines = [
         f"Sequence {sizes.seq_len}, {sizes.num_anchors} anchors x block {sizes.block_size}, batch 1, "
-        f"drafter {sizes.drafter_layers} layers, {dtype}; time = median of {sizes.repeats} steps after one warm-up "
+        f"drafter {sizes.drafter_layers} layers, {precision}; time = median of {sizes.repeats} steps after one warm-up "
         "(target forward + drafter forward + backward); peak = torch.cuda.max_memory_allocated during the step (in brackets: above the resident weights).",
         "",
         "| path | loss | grad norm (all) | step ms | peak GiB | vs reference |",
@@ -424,18 +440,21 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
     from dflash.toy.tiny import build_tiny_target
 
     dtypes = [torch.float32, torch.bfloat16]
+    # the default forward (HF's on CUDA, the fast engine on CPU), and on CUDA the graphs path too
+    engines = ["auto", "graphs"] if device.type == "cuda" else ["auto"]
     lines = [
         f"Tiny random targets (dflash.toy.tiny, sharpened head), {sizes.lossless_prompts} random prompts x "
         f"{sizes.lossless_tokens} tokens, greedy. Candidates: the engine's autoregressive loop and speculative decoding "
-        f"with the controlled double (p = 0.7) at B in {list(BLOCK_SIZES)}, each against HF generate(). float32 must be "
+        f"with the controlled double (p = 0.7) at B in {list(BLOCK_SIZES)}, each against HF generate() (on CUDA, on the "
+        "default forward and again as CUDA graphs, `target.engine=graphs`). float32 must be "
         "exact; in bf16 a divergence is allowed only at a near-tie (dflash.eval.divergence.diagnose: 'numerical').",
         "",
     ]
     for arch in ("qwen3", "llama"):
         model, tokenizer = build_tiny_target(arch, seed=0)
-        for dtype in dtypes:
+        for dtype, engine in [(d, e) for d in dtypes for e in engines]:
             try:
-                target = TargetModel(model.to(device=device, dtype=dtype), tokenizer)
+                target = TargetModel(model.to(device=device, dtype=dtype), tokenizer, engine=engine)
                 eos = tokenizer.eos_token_id
                 options = dict(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=False)
                 kinds, runs, gaps = [], 0, []
@@ -468,10 +487,11 @@ def section_lossless(sizes: Sizes, device: torch.device) -> list[str]:
                             )
                 ok = lossless_verdict(dtype, kinds)
                 detail = "; ".join(gaps[:4]) if gaps else ""
-                lines.append(f"- {arch} {str(dtype).removeprefix('torch.')}: {verdict(ok)}: {runs} outputs, "
+                label = f"{arch} {str(dtype).removeprefix('torch.')}" + ("" if engine == "auto" else f" ({engine})")
+                lines.append(f"- {label}: {verdict(ok)}: {runs} outputs, "
                              f"{len(kinds)} diverged ({kinds.count('numerical')} near-tie, {kinds.count('bug')} bug) {detail}".rstrip())  # fmt: skip
             except Exception as error:
-                lines.append(f"- {arch} {dtype}: FAILED: {one_line(error)}")
+                lines.append(f"- {arch} {dtype} ({engine}): FAILED: {one_line(error)}")
     return lines
 
 
@@ -546,6 +566,112 @@ def section_kernels(sizes: Sizes, device: torch.device, dtype: torch.dtype, comp
     return lines
 
 
+# ---------------------------------------------------------------------------- e. CUDA graphs
+
+
+def kernel_ms(target, prompt: torch.Tensor, width: int, layer_ids, repeats: int = 3) -> float | None:
+    """Milliseconds of GPU kernels (and copies) per target forward of `width` tokens after the
+    prompt, summed from torch.profiler's device events; None without CUDA or events."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash.target.cache import crop_cache, decode_attention
+
+    if target.device.type != "cuda":
+        return None
+    prompt_len = prompt.shape[1]
+    cache = target.new_cache()
+    target.forward(prompt, torch.arange(prompt_len, device=target.device).unsqueeze(0), cache, logits_to_keep=1)
+    ids, positions = prompt[:, -width:], torch.arange(prompt_len, prompt_len + width, device=target.device).unsqueeze(0)
+    with decode_attention():
+        target.forward(ids, positions, cache, layer_ids)  # warm-up (a graph's capture)
+        crop_cache(cache, prompt_len)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                target.forward(ids, positions, cache, layer_ids)
+                crop_cache(cache, prompt_len)
+            torch.cuda.synchronize()
+    microseconds = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return microseconds / repeats / 1000 if microseconds else None
+
+
+def decode_ms(target, prompt: torch.Tensor, tokens: int, proposer=None, block_size: int = 1) -> tuple[float, list[int]]:
+    """(milliseconds per decode step, the output) of our loop, after a warm-up run."""
+    from dflash.decoding import generate
+
+    options = dict(max_new_tokens=tokens, block_size=block_size, proposer=proposer)
+    generate(target, prompt, **options)
+    result = generate(target, prompt, **options)
+    return 1000 * result.decode_time_s / max(1, len(result.steps) - 1), result.output_ids
+
+
+def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> list[str]:
+    import copy
+
+    from dflash.dflash.proposer import DFlashProposer
+    from dflash.target import TargetModel
+    from dflash.target.graphs import GraphedForward
+    from dflash.training.forward import set_attention_implementation
+
+    cuda = device.type == "cuda"
+    lines = [
+        f"Random targets, {dtype}, batch 1, after a {sizes.prompt_len}-token prompt. t(B): median wall time of one target "
+        "forward of B tokens (features tapped for B > 1), synchronised, on HF's forward (DynamicCache), the fast forward "
+        "(`target.engine=fast`: static cache, fused projections) and the same replayed as CUDA graphs "
+        "(`target.engine=graphs`); kernels: the GPU kernels' own time per forward of the graphs path (torch.profiler's "
+        "device events); floor: weight bytes / measured copy bandwidth. Decode: our loop per step, autoregressive and "
+        f"with a random {sizes.drafter_layers}-layer DFlash drafter at B = 16 (tau about 1: a step's time is its cost; "
+        "the drafter runs eager). Same output: the graphs path's greedy tokens against the fast forward's.",
+        "",
+    ]
+    if cuda:
+        from dflash.bench import read_bandwidth
+
+        bandwidth = read_bandwidth(device)
+        lines += [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s.", ""]
+    for family, whole in GRAPH_TARGETS:
+        layers = FAMILIES[family]["num_hidden_layers"] if whole and cuda else sizes.layers
+        model = build_target(family, layers, device, dtype, tiny=not cuda).model
+        base, fast = TargetModel(model, engine="eager"), TargetModel(model, engine="fast")
+        graphed = copy.copy(fast)
+        graphed.graphs = GraphedForward(fast.fast, capture=cuda)
+        fast.new_cache()  # tunes (untimed)
+        vocab = base.lm_head.out_features
+        prompt = torch.randint(0, vocab - 2, (1, sizes.prompt_len), generator=torch.Generator().manual_seed(2)).to(device)
+        taps = [round(i * (layers - 1) / 4) for i in range(5)]
+        nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in base.model.parameters()}.values())
+        floor = f"{1000 * nbytes / bandwidth:.2f}" if cuda else "n/a"
+        lines += [
+            f"**{family}**, {layers} layers, {nbytes / 1e9:.2f} GB of weights; floor {floor} ms",
+            "",
+            "| B | HF t(B) ms | fast t(B) ms | graphs t(B) ms | kernels of fast ms | kernels of graphs ms | graphs / kernels | graphs / floor |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for width in GRAPH_WIDTHS:
+            chosen = taps if width > 1 else None
+            times = [verify_forward_seconds(t, prompt, width, chosen, 10) * 1000 for t in (base, fast, graphed)]
+            kernels = [kernel_ms(t, prompt, width, chosen) for t in (fast, graphed)]
+            shown = ["n/a" if k is None else f"{k:.2f}" for k in kernels]
+            own = kernels[1] or kernels[0]  # a profiler that sees no kernels in a replay: the same kernels run eager
+            ratio = f"{times[2] / own:.2f}" if own else "n/a"
+            to_floor = f"{times[2] * bandwidth / (1000 * nbytes):.2f}" if cuda else "n/a"
+            lines.append(f"| {width} | {times[0]:.2f} | {times[1]:.2f} | {times[2]:.2f} | {shown[0]} | {shown[1]} | {ratio} | {to_floor} |")  # fmt: skip
+        drafter = build_drafter(fast, sizes.drafter_layers, 16, dtype)
+        set_attention_implementation(drafter, "sdpa")  # decoding: one block, unmasked
+        rows, outputs = [], {}
+        for name, target in (("HF", base), ("fast", fast), ("graphs", graphed)):
+            ar, outputs[(name, 1)] = decode_ms(target, prompt, sizes.new_tokens)
+            proposer = DFlashProposer(drafter, target.embed, target.logits)
+            step, outputs[(name, 16)] = decode_ms(target, prompt, sizes.new_tokens, proposer, 16)
+            rows.append(f"{name} {ar:.2f} / {step:.2f}")
+        same = [f"B = {b}: {'identical' if outputs[('graphs', b)] == outputs[('fast', b)] else 'DIFFERENT'}" for b in (1, 16)]
+        lines += ["", f"Decode ms per step, autoregressive / DFlash B = 16: {'; '.join(rows)}. Same output: {', '.join(same)}.", ""]
+        del model, base, fast, graphed, drafter
+        free_memory()
+    return lines
+
+
 # ---------------------------------------------------------------------------- driver
 
 
@@ -594,6 +720,7 @@ def run_section(report: list[str], out: str, title: str, body) -> None:
     try:
         report += body()
     except Exception as error:
+        traceback.print_exc()
         report.append(f"FAILED: {one_line(error)}")
     free_memory()
     report += ["", f"_({time.perf_counter() - start:.1f} s)_", ""]
@@ -605,8 +732,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", help="report path (default docs/results/gpu-check-<date>.md)")
     parser.add_argument("--quick", action="store_true", help="one timed repeat, fewer decoded tokens")
     parser.add_argument("--layers", type=int, help="target decoder layers kept (default 4 on CUDA, 2 on CPU)")
-    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {list(FAMILIES)}")
-    parser.add_argument("--sections", default="abcd", help="which of a b c d to run")
+    parser.add_argument("--families", default=",".join(DEFAULT_FAMILIES), help=f"comma-separated, of {list(FAMILIES)}")
+    parser.add_argument("--sections", default="abcde", help="which of a b c d e to run")
     parser.add_argument("--p", type=float, default=0.8, help="probability that a draft slot is right (section b)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--compile-on-cpu", action="store_true", help="try torch.compile of flex_attention on CPU")
@@ -660,6 +787,8 @@ def main(argv: list[str] | None = None) -> str:
         run_section(report, out, "c. greedy losslessness vs HF generate()", lambda: section_lossless(sizes, device))
     if "d" in args.sections:
         run_section(report, out, "d. kernels", lambda: section_kernels(sizes, device, dtype, args.compile_on_cpu))
+    if "e" in args.sections:
+        run_section(report, out, "e. CUDA graphs: step time against kernel time", lambda: section_graphs(sizes, device, dtype))
     report.append(f"Total {time.perf_counter() - start:.0f} s.")
     write_report(out, report)
     progress(f"report written to {out}")

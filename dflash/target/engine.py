@@ -322,19 +322,17 @@ class FastForward:
             qkv = layer.qkv(x)
             if fused_rope and layer.q_norm is None:
                 query = ops.rope_into_cache(qkv, cos_rows, sin_rows, cache.keys[index], cache.values[index], start, heads, kv_heads)
-            else:
-                query = qkv[..., :q_width].view(batch, q, heads, head_dim)
+            elif fused_rope:  # Qwen3: the norm of each head, then the rotary, in one pass
+                query = ops.norm_rope(qkv[..., :q_width].view(batch, q, heads, head_dim), *layer.q_norm, cos_rows, sin_rows)
                 key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
-                value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
-                if fused_rope:  # Qwen3: the norm of each head, then the rotary, in one pass
-                    query = ops.norm_rope(query, *layer.q_norm, cos_rows, sin_rows)
-                    key = ops.norm_rope(key, *layer.k_norm, cos_rows, sin_rows)
-                else:
-                    if layer.q_norm is not None:
-                        query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
-                    query, key = rope(query.transpose(1, 2), cos, sin), rope(key.transpose(1, 2), cos, sin)
+                cache.keys[index, :, :, start:end] = ops.norm_rope(key, *layer.k_norm, cos_rows, sin_rows)
+                cache.values[index, :, :, start:end] = (
+                    qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim).transpose(1, 2)
+                )
+            else:
+                query, key, value = qkv_heads(self, layer, qkv, cos, sin)
                 cache.keys[index, :, :, start:end] = key
-                cache.values[index, :, :, start:end] = value.transpose(1, 2)
+                cache.values[index, :, :, start:end] = value
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
             if index == 0:  # every layer has the same shapes: check once per forward
                 plan = None if causal else attention_plan(query, keys, values, mask)
@@ -357,6 +355,21 @@ class FastForward:
             normed = normed[:, -logits_to_keep:]
         logits = self.lm_head(normed).float()
         return logits, _ordered(features, layer_ids)
+
+
+def qkv_heads(fast: FastForward, layer: _Layer, qkv: torch.Tensor, cos, sin):
+    """(query, key, value), each (b, heads, q, head_dim), of one layer's fused projection
+    (b, q, (heads + 2 kv_heads) head_dim): Qwen3's norm of each head, then the rotary, in
+    PyTorch's ops."""
+    batch, q = qkv.shape[:2]
+    heads, kv_heads, head_dim = fast.num_heads, fast.num_kv_heads, fast.head_dim
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    query = qkv[..., :q_width].view(batch, q, heads, head_dim)
+    key = qkv[..., q_width : q_width + kv_width].view(batch, q, kv_heads, head_dim)
+    value = qkv[..., q_width + kv_width :].view(batch, q, kv_heads, head_dim)
+    if layer.q_norm is not None:
+        query, key = rms_norm(query, layer.q_norm), rms_norm(key, layer.k_norm)
+    return rope(query.transpose(1, 2), cos, sin), rope(key.transpose(1, 2), cos, sin), value.transpose(1, 2)
 
 
 def _ordered(features: list[torch.Tensor], layer_ids):

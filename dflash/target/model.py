@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 _SCALED_IN_FORWARD = ("gemma", "gemma2")
 
 #: `target.engine` values (TargetModel.load)
-ENGINES = ("auto", "fast", "eager")
+ENGINES = ("auto", "fast", "graphs", "eager")
 
 _DTYPES = {
     "auto": "auto",
@@ -181,6 +181,7 @@ class TargetModel:
         # transformers >= 5.24 calls the KV cache `cache` (`past_key_values` warns, then goes in 5.40).
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.fast = self._fast_forward(engine)
+        self.graphs = self._graphed(engine)
 
     def _fast_forward(self, engine: str):
         """The fast engine's forward, or None for the HF forward (one log line says why)."""
@@ -191,16 +192,30 @@ class TargetModel:
             return None
         refusal = fast_engine_refusal(self.model)
         if refusal is not None:
-            (log.warning if engine == "fast" else log.info)(
+            (log.info if engine == "auto" else log.warning)(
                 "engine: the fast forward cannot run this target (%s); running the HF forward", refusal
             )
             return None
         return FastForward(self.model)
 
+    def _graphed(self, engine: str):
+        """The fast forward's decode steps as CUDA graphs (`dflash.target.graphs`) where
+        `engine` is "graphs" and the target is on CUDA, else None (one log line says why)."""
+        if engine != "graphs" or self.fast is None:
+            return None
+        if self.device.type != "cuda":
+            log.warning("engine: graphs needs CUDA; the target is on %s and runs the fast forward", self.device.type)
+            return None
+        from dflash.target.graphs import GraphedForward
+
+        return GraphedForward(self.fast)
+
     @property
     def kernel_path(self) -> str:
         """Which forward and kernels decode with: 'hf' or 'fast: <linear kernels chosen>'."""
-        return "hf" if self.fast is None else f"fast: {self.fast.kernel_path()}"
+        if self.fast is None:
+            return "hf"
+        return f"fast: {(self.graphs or self.fast).kernel_path()}"
 
     @classmethod
     def load(
@@ -220,7 +235,9 @@ class TargetModel:
                 "sdpa" falls back to "eager" for models that refuse it (Gemma2).
             device: torch device string.
             engine: "auto" (the fast forward, `dflash.target.engine`, where it can run on a
-                CPU; else the HF forward), "fast" (also on CUDA) or "eager" (the HF forward).
+                CPU; else the HF forward), "fast" (also on CUDA), "graphs" (the fast forward
+                with its decode steps as CUDA graphs, `dflash.target.graphs`; on CUDA only)
+                or "eager" (the HF forward).
         """
         from safetensors import SafetensorError
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -384,7 +401,8 @@ class TargetModel:
                 verification; sdpa and eager attention only).
         """
         if self.fast is not None and isinstance(cache, StaticCache):
-            logits, features = self.fast.forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
+            forward = (self.graphs or self.fast).forward
+            logits, features = forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
             return TargetOutput(logits=logits, features=features)
         out = self.model(
             input_ids=input_ids,

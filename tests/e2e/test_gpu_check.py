@@ -39,6 +39,7 @@ def test_cpu_run_writes_every_section_with_pass_verdicts(tmp_path):
         assert f"### a. training step, {family}" in report
         assert f"### b. decode-loop efficiency, {family}" in report
     assert "### c. greedy losslessness vs HF generate()" in report and "### d. kernels" in report
+    assert "### e. CUDA graphs: step time against kernel time" in report
     assert report.count("factored vs dense: PASS") == 2 and report.count("flex vs dense: PASS") == 2
     for arch in ("qwen3", "llama"):
         for dtype in ("float32", "bfloat16"):
@@ -46,8 +47,16 @@ def test_cpu_run_writes_every_section_with_pass_verdicts(tmp_path):
     assert "flash-attn: not installed" in report or "flash-attn: installed" in report
     assert "FAIL" not in report  # neither a FAIL verdict nor a FAILED section
     # Section b: one row per block size, with a measured speedup and a bound.
-    rows = [line for line in report.splitlines() if line.startswith(("| 4 |", "| 8 |", "| 16 |"))]
+    decoding, graphs = report.split("### e. CUDA graphs")
+    rows = [line for line in decoding.splitlines() if line.startswith(("| 4 |", "| 8 |", "| 16 |"))]
     assert len(rows) == 6 and all(line.count("x |") == 2 for line in rows)
+    # Section e: each target's forwards at every width on three paths, and the graph step's
+    # greedy output (run uncaptured without CUDA) equal to the fast forward's
+    for family in ("qwen3-8b", "smollm2-135m"):
+        assert f"**{family}**" in graphs
+    widths = [line.split("|")[1].strip() for line in graphs.splitlines() if line.startswith("| ") and "---" not in line]
+    assert widths == ["B", "1", "2", "3", "4", "8", "16"] * 2
+    assert graphs.count("Same output: B = 1: identical, B = 16: identical.") == 2
     assert "[gpu-check" in done.stdout  # progress lines
 
 

@@ -1,0 +1,70 @@
+"""The CUDA-graph step (dflash.target.graphs) computes what the fast forward computes; here it
+runs uncaptured (CI has no GPU), which checks everything but the capture itself."""
+
+import logging
+
+import pytest
+import torch
+
+from dflash.decoding import generate
+from dflash.target import TargetModel, crop_cache
+from dflash.target.graphs import MAX_GRAPH_WIDTH, GraphedForward
+from dflash.toy.tiny import build_tiny_target
+from helpers.decoding import PROMPTS, random_proposer
+
+
+def graphed(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
+    """The same tiny model on the fast forward, and on the graph step run uncaptured."""
+    fast = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="fast")
+    steps = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="fast")
+    steps.graphs = GraphedForward(steps.fast, capture=False)
+    return fast, steps
+
+
+@pytest.mark.parametrize(
+    ("arch", "sizes"), [("llama", {}), ("qwen3", {}), ("qwen2", {}), ("llama", {"num_heads": 4, "num_kv_heads": 1})]
+)
+def test_the_graph_step_equals_the_fast_forward_over_a_growing_cache(arch, sizes):
+    fast, steps = graphed(arch, **sizes)
+    ids = torch.randint(0, 250, (1, 320), generator=torch.Generator().manual_seed(1))
+    taps = [fast.num_layers - 1, 0]
+    caches = [fast.new_cache(), steps.new_cache()]
+    position = 0
+    # the prefill, then verify widths (one wider than a graph), past the first capacity (256)
+    for width in (240, 1, 3, MAX_GRAPH_WIDTH, 8, 1, MAX_GRAPH_WIDTH + 1, 16, 16, 2, 5):
+        outs = []
+        for target, cache in zip((fast, steps), caches):
+            positions = torch.arange(position, position + width).unsqueeze(0)
+            outs.append(target.forward(ids[:, position : position + width], positions, cache, taps if width > 1 else None))
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-5, rtol=1e-5)
+        if width > 1:
+            torch.testing.assert_close(outs[1].features, outs[0].features, atol=1e-5, rtol=1e-5)
+        keep = position + max(1, width - 2)  # a rejected draft: the cache is cropped back
+        for cache in caches:
+            crop_cache(cache, keep)
+        position = keep
+    assert caches[1].capacity == 512 and caches[1].length == caches[0].length
+    # graphs of the first buffers were dropped when the cache grew; one per shape since
+    assert {key[1] for key in steps.graphs.graphs} == {1, 2, 5, 8, 16}  # not 3: before the growth (at 8)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 8])
+def test_the_graph_step_decodes_the_fast_forwards_greedy_output(block_size):
+    fast, steps = graphed("qwen3")
+    for prompt in PROMPTS:
+        ids = fast.tokenizer(prompt, return_tensors="pt").input_ids
+        outputs = [
+            generate(t, ids, max_new_tokens=30, block_size=block_size, proposer=random_proposer(t)).output_ids
+            for t in (fast, steps)
+        ]
+        assert outputs[0] == outputs[1], prompt
+
+
+def test_engine_graphs_without_cuda_runs_the_fast_forward_with_one_log_line(caplog):
+    with caplog.at_level(logging.INFO, logger="dflash.target.model"):
+        target = TargetModel(*build_tiny_target("llama", seed=0), engine="graphs")
+    lines = [r.getMessage() for r in caplog.records if "engine" in r.getMessage()]
+    assert lines == ["engine: graphs needs CUDA; the target is on cpu and runs the fast forward"]
+    assert target.graphs is None and target.fast is not None
+    ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    assert len(generate(target, ids, max_new_tokens=5).output_ids) == 5
