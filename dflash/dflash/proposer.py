@@ -9,6 +9,7 @@ import torch
 
 from dflash.decoding.verify import propose_tokens
 from dflash.drafter.fast import FastDrafter
+from dflash.drafter.graphs import GraphedDrafter
 from dflash.drafter.model import DFlashDrafter, DrafterCache
 
 
@@ -22,6 +23,8 @@ class DFlashProposer:
             (`TargetModel.draft_logits`).
         lean_dtype: run the drafter's lean decoding forward in this dtype
             (`dflash.drafter.fast`; `TargetModel.draft_dtype`), or None: the module itself.
+        graphed: propose through CUDA graphs (`dflash.drafter.graphs`), as a target on
+            `engine=graphs` verifies (`TargetModel.graphs`); on a CPU it runs uncaptured.
     """
 
     def __init__(
@@ -30,18 +33,23 @@ class DFlashProposer:
         embed: Callable[[torch.Tensor], torch.Tensor],
         logits: Callable[[torch.Tensor], torch.Tensor],
         lean_dtype: torch.dtype | None = None,
+        graphed: bool = False,
     ):
         self.drafter = drafter.eval()
-        self.forward = self.drafter if lean_dtype is None else FastDrafter(self.drafter, lean_dtype)
+        if graphed:
+            self.forward = GraphedDrafter(self.drafter)
+        else:
+            self.forward = self.drafter if lean_dtype is None else FastDrafter(self.drafter, lean_dtype)
         self.embed = embed
         self.logits = logits
         self.mask_token_id = drafter.config.mask_token_id
         # A drafter without target features reads the prefix's token embeddings instead.
         self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
-        self.cache = DrafterCache(drafter.config.num_hidden_layers)
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = DrafterCache(self.drafter.config.num_hidden_layers)
+        graphed = isinstance(self.forward, GraphedDrafter)
+        self.cache = self.forward.new_cache() if graphed else DrafterCache(self.drafter.config.num_hidden_layers)
 
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator):
         return propose_tokens(self.propose(committed_ids, new_features, block_size, num_drafts), sampling, generator)

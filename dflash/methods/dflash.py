@@ -16,7 +16,11 @@ def dflash_proposer(target, context: EvalContext, threshold: float):
     from dflash.dflash.proposer import DFlashProposer
 
     proposer = DFlashProposer(
-        context.drafter, target.embed, target.draft_logits_over(context.drafter.draft_vocab), target.draft_dtype
+        context.drafter,
+        target.embed,
+        target.draft_logits_over(context.drafter.draft_vocab),
+        target.draft_dtype,
+        graphed=target.graphs is not None,
     )
     return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
 

@@ -78,63 +78,49 @@ def static_step(fast: FastForward, ids, positions, start, keys, values, layer_id
 @dataclass
 class _Graph:
     graph: object  # torch.cuda.CUDAGraph, or None: run uncaptured
-    ids: torch.Tensor
-    positions: torch.Tensor
+    inputs: tuple  # the static copies of the step's inputs that `run` reads
     run: object
-    outputs: tuple | None = None
+    outputs: object = None
 
 
-class GraphedForward:
-    """`FastForward.forward` with its decode steps replayed from CUDA graphs (module invariants)."""
+class StepGraphs:
+    """CUDA graphs of one kind of step, one per input shape, all writing one cache's buffers
+    (module invariants); the target's forward and the drafter's propose each keep one."""
 
-    def __init__(self, fast: FastForward, capture: bool = True):
-        self.fast = fast
+    def __init__(self, capture: bool = True):
         self.capture = capture
         self.graphs: dict[tuple, _Graph] = {}
         self._buffers = None  # the cache buffers the graphs write (a new cache drops them)
         self._start = None
         self._pool = None
 
-    def kernel_path(self) -> str:
-        return f"{self.fast.kernel_path()}; cuda graphs (1-{MAX_GRAPH_WIDTH} positions)"
-
-    @torch.inference_mode()
-    def forward(self, input_ids, position_ids, cache: StaticCache, layer_ids=None, logits_to_keep=0, attention_mask=None):
-        batch, q = input_ids.shape
-        if attention_mask is not None or q > MAX_GRAPH_WIDTH or cache.length == 0:
-            return self.fast.forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
-        cache.reserve(cache.length + q, batch)
-        buffers = (cache.keys.data_ptr(), cache.values.data_ptr(), tuple(cache.keys.shape))
+    def step(self, key: tuple, buffers: tuple, start: int, inputs: tuple, make_run):
+        """The outputs of the step `key` (its graph's buffers: copy them before the next step)
+        on `inputs`, its cache's first new position `start`; `make_run(static_inputs,
+        start_tensor)` gives the step's function the first time this key meets these buffers."""
         if buffers != self._buffers:
             self.graphs.clear()  # their memory pool goes with the last of them: a new one for the next
             self._buffers, self._pool = buffers, None
-        if self._start is None or self._start.device != input_ids.device:
-            self._start = torch.zeros((), dtype=torch.long, device=input_ids.device)
-        self._start.fill_(cache.length)
-        key = (batch, q, tuple(layer_ids or ()), logits_to_keep)
+        device = inputs[0].device
+        if self._start is None or self._start.device != device:
+            self._start = torch.zeros((), dtype=torch.long, device=device)
+        self._start.fill_(start)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._record(input_ids, position_ids, cache, layer_ids, logits_to_keep)
+            static = tuple(x.clone() for x in inputs)
+            entry = self.graphs[key] = self._record(static, make_run(static, self._start))
+            return entry.outputs
+        for target, value in zip(entry.inputs, inputs):
+            target.copy_(value)
+        if entry.graph is None:
+            entry.outputs = entry.run()
         else:
-            entry.ids.copy_(input_ids)
-            entry.positions.copy_(position_ids)
-            if entry.graph is None:
-                entry.outputs = entry.run()
-            else:
-                entry.graph.replay()
-        cache.length += q
-        logits, features = entry.outputs
-        return logits.clone(), None if features is None else features.clone()
+            entry.graph.replay()
+        return entry.outputs
 
-    def _record(self, input_ids, position_ids, cache, layer_ids, logits_to_keep) -> _Graph:
-        ids, positions = input_ids.clone(), position_ids.clone()
-        keys, values, start = cache.keys, cache.values, self._start
-
-        def run():
-            return static_step(self.fast, ids, positions, start, keys, values, layer_ids, logits_to_keep)
-
-        entry = _Graph(None, ids, positions, run)
-        if not (self.capture and ids.is_cuda):
+    def _record(self, inputs: tuple, run) -> _Graph:
+        entry = _Graph(None, inputs, run)
+        if not (self.capture and inputs[0].is_cuda):
             entry.outputs = run()
             return entry
         # warm-up on a side stream, as capture requires; it writes the slots the replay writes
@@ -151,3 +137,35 @@ class GraphedForward:
         graph.replay()
         entry.graph = graph
         return entry
+
+
+def cache_buffers(cache: StaticCache) -> tuple:
+    """What identifies the buffers a cache's graphs write."""
+    return cache.keys.data_ptr(), cache.values.data_ptr(), tuple(cache.keys.shape)
+
+
+class GraphedForward:
+    """`FastForward.forward` with its decode steps replayed from CUDA graphs (module invariants)."""
+
+    def __init__(self, fast: FastForward, capture: bool = True):
+        self.fast = fast
+        self.steps = StepGraphs(capture)
+
+    def kernel_path(self) -> str:
+        return f"{self.fast.kernel_path()}; cuda graphs (1-{MAX_GRAPH_WIDTH} positions)"
+
+    @torch.inference_mode()
+    def forward(self, input_ids, position_ids, cache: StaticCache, layer_ids=None, logits_to_keep=0, attention_mask=None):
+        batch, q = input_ids.shape
+        if attention_mask is not None or q > MAX_GRAPH_WIDTH or cache.length == 0:
+            return self.fast.forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
+        cache.reserve(cache.length + q, batch)
+        keys, values = cache.keys, cache.values
+
+        def make_run(inputs, start):
+            return lambda: static_step(self.fast, *inputs, start, keys, values, layer_ids, logits_to_keep)
+
+        key = (batch, q, tuple(layer_ids or ()), logits_to_keep)
+        logits, features = self.steps.step(key, cache_buffers(cache), cache.length, (input_ids, position_ids), make_run)
+        cache.length += q
+        return logits.clone(), None if features is None else features.clone()

@@ -38,7 +38,7 @@ class RecordingPartialOracle(PartialOracleProposer):
 
 def evaluate_with(target, proposer, monkeypatch, hf_generate=False) -> dict:
     """A greedy `evaluate()` of SAMPLES at block size BLOCK_SIZE with `proposer` as the drafter."""
-    monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer", lambda *args: proposer)  # the dflash method builds it
+    monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer", lambda *args, **options: proposer)  # the dflash method builds it
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=BLOCK_SIZE), target)
     decoding = DecodingSettings(block_size=BLOCK_SIZE, max_new_tokens=MAX_NEW_TOKENS)
     settings = EvalSettings(decoding=decoding, hf_generate=hf_generate, warmup_tokens=WARMUP_TOKENS)
