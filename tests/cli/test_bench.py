@@ -21,7 +21,9 @@ def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch
     # cells: verify, / floor, / t(1), HF forward, propose, step, break-even
     assert one[2] == 1.0 and one[4] == 0.0  # t(1) / t(1); no drafter at B = 1
     assert four[4] > 0 and four[6] == pytest.approx((four[0] + four[4]) / one[0], abs=0.02)  # break-even = step / t(1)
-    assert "Batched greedy generation, 4 prompts x 8 new tokens: fast " in text and " tok/s, hf " in text
+    generation = next(line for line in text.splitlines() if line.startswith("Batched greedy generation, 4 prompts ("))
+    assert " x 8 new tokens: fast " in generation and ", its steps after the prefill " in generation and ", hf " in generation
+    assert "new tok/s for the fast run" in generation
 
 
 @pytest.mark.parametrize("argv, message", [(["--widths", "0"], "--widths"), (["--target", "nope"], "--target")])
