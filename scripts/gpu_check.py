@@ -13,12 +13,18 @@ b. decode-loop efficiency through `dflash.decoding.generate`: a proposer double
    and then drafts from the target's own greedy output), measured speedup against the
    bound tau * t(1) / (t(B) + t_draft) for B in {4, 8, 16};
 c. greedy losslessness against HF `generate()` on small random targets (float32 exact;
-   bf16 divergences classified by `dflash.eval.divergence.diagnose`);
+   bf16 divergences classified by `dflash.eval.divergence.diagnose`), on CUDA also with
+   `target.engine=graphs`;
 d. flex_attention compiled by torch.compile against the factored SDPA path on the
-   training mask, and flash-attn if installed.
+   training mask, and flash-attn if installed;
+e. CUDA graphs (`target.engine=graphs`, `dflash.target.graphs`): target forwards of 1-16
+   tokens on HF's forward, the fast forward and its graphs, against the kernels' own time
+   and the bandwidth floor, and our decode loop on each, for a cut Qwen3-8B and a whole
+   SmolLM2-135M (random weights).
 
-Every section catches its own failure and writes it as one line. Without CUDA the same
-script runs tiny float32 shapes in seconds (tests/e2e/test_gpu_check.py).
+Every section catches its own failure and writes it as one line (its traceback on stderr).
+Without CUDA the same script runs tiny float32 shapes in seconds, graphs uncaptured
+(tests/e2e/test_gpu_check.py).
 
     PYTHONPATH=$PWD python3 scripts/gpu_check.py --out docs/results/gpu-check.md   # a few minutes on an H100
     PYTHONPATH=$PWD python3 scripts/gpu_check.py --quick                            # fewer repeats and tokens
@@ -622,7 +628,8 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
         "(`target.engine=graphs`); kernels: the GPU kernels' own time per forward of the graphs path (torch.profiler's "
         "device events); floor: weight bytes / measured copy bandwidth. Decode: our loop per step, autoregressive and "
         f"with a random {sizes.drafter_layers}-layer DFlash drafter at B = 16 (tau about 1: a step's time is its cost; "
-        "on the graphs path the drafter proposes through CUDA graphs too, `dflash.drafter.graphs`). Same output: the graphs path's greedy tokens against the fast forward's.",
+        "on the graphs path the drafter proposes through CUDA graphs too, `dflash.drafter.graphs`). Same output: the graphs "
+        "path's greedy tokens against the fast forward's (in bfloat16 a near-tie can part them: section c classifies).",
         "",
     ]
     if cuda:

@@ -24,15 +24,12 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dflash.target.engine import FastForward, StaticCache, _ordered, add_rms_norm, qkv_heads, rope_tables
-
-log = logging.getLogger(__name__)
 
 #: widest forward replayed from a graph (a verify of B tokens is B wide)
 MAX_GRAPH_WIDTH = 16
