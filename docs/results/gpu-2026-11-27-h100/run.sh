@@ -5,7 +5,15 @@
 # carrying .whl (the transformers 5.24.0 and omegaconf 2.3.1 wheels: the machine has no registry)
 # and .gpu (hydra and antlr4 copied from the CPU venv, pure Python; SmolLM2's config.json and
 # tokenizer files from artifacts/targets/smollm2_135m); reports land in $OUT. The README says
-# which call gave which report.
+# which call gave which report. About 5 minutes on an H100, plus the machine's start.
+#
+# Prepare on the CPU machine first (the folders are ignored by git, carried by the device tool):
+#   printf '/.whl/\n/.gpu/\n' >> .git/info/exclude
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0 omegaconf==2.3.1
+#   mkdir -p .gpu/site .gpu/smollm2 && cp -r .venv/lib/python3.11/site-packages/{antlr4,hydra} .gpu/site/
+#   cp artifacts/targets/smollm2_135m/{config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} .gpu/smollm2/
+# then run `bash docs/results/gpu-2026-11-27-h100/run.sh 2>&1 | tee $OUT/log.txt` with carry [".whl", ".gpu"].
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
