@@ -18,8 +18,9 @@ Invariants:
   PyTorch's ops (float32 logits within 1e-5 on CPU, greedy output identical:
   tests/target/test_graphs.py). Our CPU kernels do not run here: graphs are CUDA's.
 - A replay overwrites the graph's buffers: `forward` returns copies.
-- Without CUDA, `TargetModel` keeps the fast forward (one log line); `GraphedForward(...,
-  capture=False)` runs `static_step` uncaptured, which is how CI checks it.
+- Without CUDA, or with a rotary embedding that reads positions on the host
+  (`HOST_ROPE_TYPES`), `TargetModel` keeps the fast forward (one log line);
+  `GraphedForward(..., capture=False)` runs `static_step` uncaptured, which is how CI checks it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from dflash.target.engine import FastForward, StaticCache, _ordered, add_rms_nor
 
 #: widest forward replayed from a graph (a verify of B tokens is B wide)
 MAX_GRAPH_WIDTH = 16
+#: rotary embeddings that choose their frequencies from the positions on the host
+#: (transformers' `dynamic_rope_update`): a graph cannot capture them
+HOST_ROPE_TYPES = ("dynamic", "longrope")
 
 
 def static_step(fast: FastForward, ids, positions, start, keys, values, layer_ids, logits_to_keep):

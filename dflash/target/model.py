@@ -203,11 +203,15 @@ class TargetModel:
         `engine` is "graphs" and the target is on CUDA, else None (one log line says why)."""
         if engine != "graphs" or self.fast is None:
             return None
+        from dflash.target.graphs import HOST_ROPE_TYPES, GraphedForward
+
+        rope = getattr(self.fast.rotary, "rope_type", "default")
+        if any(kind in rope for kind in HOST_ROPE_TYPES):
+            log.warning("engine: graphs cannot capture %s rope (it reads positions on the host); running the fast forward", rope)
+            return None
         if self.device.type != "cuda":
             log.warning("engine: graphs needs CUDA; the target is on %s and runs the fast forward", self.device.type)
             return None
-        from dflash.target.graphs import GraphedForward
-
         return GraphedForward(self.fast)
 
     @property

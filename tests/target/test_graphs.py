@@ -68,3 +68,13 @@ def test_engine_graphs_without_cuda_runs_the_fast_forward_with_one_log_line(capl
     assert target.graphs is None and target.fast is not None
     ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     assert len(generate(target, ids, max_new_tokens=5).output_ids) == 5
+
+
+def test_engine_graphs_refuses_a_rope_that_reads_positions_on_the_host(caplog):
+    model, tokenizer = build_tiny_target("llama", seed=0)
+    model.model.rotary_emb.rope_type = "dynamic"  # as a dynamic-NTK model's rotary embedding is built
+    with caplog.at_level(logging.INFO, logger="dflash.target.model"):
+        target = TargetModel(model, tokenizer, engine="graphs")
+    lines = [r.getMessage() for r in caplog.records if "engine" in r.getMessage()]
+    assert lines == ["engine: graphs cannot capture dynamic rope (it reads positions on the host); running the fast forward"]
+    assert target.graphs is None and target.fast is not None
