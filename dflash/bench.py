@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--widths: every width must be >= 1")
     if args.quick:
         args.repeats, args.widths, args.batch, args.new_tokens = 3, [1, 4], min(args.batch, 4), 8
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        parser.error(f"--device: cpu or cuda (cuda:N), got {args.device!r}")
     if args.repeats < 1 or args.context < 1 or args.threads < 1:
         parser.error("--repeats, --context and --threads must be >= 1")
     return args

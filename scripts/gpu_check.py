@@ -653,9 +653,9 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
         "path's greedy tokens against the fast forward's (in bfloat16 a near-tie can part them: section c classifies).",
         "",
     ]
-    if cuda:
-        from dflash.bench import read_bandwidth
+    from dflash.bench import read_bandwidth, weight_bytes
 
+    if cuda:
         bandwidth = read_bandwidth(device)
         lines += [f"Measured copy bandwidth {bandwidth / 1e12:.2f} TB/s.", ""]
     for family, whole in GRAPH_TARGETS:
@@ -663,12 +663,12 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
         model = build_target(family, layers, device, dtype, tiny=not cuda).model
         base, fast = TargetModel(model, engine="eager"), TargetModel(model, engine="fast")
         graphed = copy.copy(fast)
-        graphed.graphs = GraphedForward(fast.fast, capture=cuda)
+        graphed.graphs = GraphedForward(fast.fast)  # uncaptured on CPU
         fast.new_cache()  # tunes (untimed)
         vocab = base.lm_head.out_features
         prompt = torch.randint(0, vocab - 2, (1, sizes.prompt_len), generator=torch.Generator().manual_seed(2)).to(device)
         taps = [round(i * (layers - 1) / 4) for i in range(5)]
-        nbytes = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in base.model.parameters()}.values())
+        nbytes = weight_bytes(base)
         floor = f"{1000 * nbytes / bandwidth:.2f}" if cuda else "n/a"
         lines += [
             f"**{family}**, {layers} layers, {nbytes / 1e9:.2f} GB of weights; floor {floor} ms",

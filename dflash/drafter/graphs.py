@@ -73,9 +73,9 @@ class GraphedDrafter:
     """`DFlashDrafter.forward` for decoding with its proposes replayed from CUDA graphs
     (module invariants); called like the module, with a cache from `new_cache`."""
 
-    def __init__(self, drafter: DFlashDrafter, capture: bool = True):
+    def __init__(self, drafter: DFlashDrafter):
         self.drafter = drafter
-        self.steps = StepGraphs(capture)
+        self.steps = StepGraphs()
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> DrafterStaticCache:
         config, weight = self.drafter.config, self.drafter.norm.weight

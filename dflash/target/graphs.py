@@ -19,8 +19,8 @@ Invariants:
   tests/target/test_graphs.py). Our CPU kernels do not run here: graphs are CUDA's.
 - A replay overwrites the graph's buffers: `forward` returns copies.
 - Without CUDA, or with a rotary embedding that reads positions on the host
-  (`HOST_ROPE_TYPES`), `TargetModel` keeps the fast forward (one log line);
-  `GraphedForward(..., capture=False)` runs `static_step` uncaptured, which is how CI checks it.
+  (`HOST_ROPE_TYPES`), `TargetModel` keeps the fast forward (one log line); a
+  `GraphedForward` built over CPU tensors runs `static_step` uncaptured, which is how CI checks it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash.target.engine import FastForward, StaticCache, _ordered, add_rms_norm, qkv_heads, rope_tables
+from dflash.target.engine import FastForward, StaticCache, _ordered, add_rms_norm, qkv_heads, rope_tables, silu_mul
 
 #: widest forward replayed from a graph (a verify of B tokens is B wide)
 MAX_GRAPH_WIDTH = 16
@@ -65,7 +65,7 @@ def static_step(fast: FastForward, ids, positions, start, keys, values, layer_id
         out = out.reshape(batch, heads, q, head_dim).transpose(1, 2).reshape(batch, q, heads * head_dim)
         hidden, x = add_rms_norm(None, hidden, layer.post_norm, layer.o(out))
         gate_up = layer.gate_up(x)
-        hidden = hidden + layer.down(F.silu(gate_up[..., : layer.intermediate]) * gate_up[..., layer.intermediate :])
+        hidden = hidden + layer.down(silu_mul(None, gate_up, layer.intermediate))
         if index in taps and index != last:
             features.append(hidden)
     _, normed = add_rms_norm(None, hidden, fast.final_norm)
@@ -88,8 +88,7 @@ class StepGraphs:
     """CUDA graphs of one kind of step, one per input shape, all writing one cache's buffers
     (module invariants); the target's forward and the drafter's propose each keep one."""
 
-    def __init__(self, capture: bool = True):
-        self.capture = capture
+    def __init__(self):
         self.graphs: dict[tuple, _Graph] = {}
         self._buffers = None  # the cache buffers the graphs write (a new cache drops them)
         self._start = None
@@ -121,7 +120,7 @@ class StepGraphs:
 
     def _record(self, inputs: tuple, run) -> _Graph:
         entry = _Graph(None, inputs, run)
-        if not (self.capture and inputs[0].is_cuda):
+        if not inputs[0].is_cuda:  # CPU (tests): the same step, uncaptured
             entry.outputs = run()
             return entry
         # warm-up on a side stream, as capture requires; it writes the slots the replay writes
@@ -148,9 +147,9 @@ def cache_buffers(cache: StaticCache) -> tuple:
 class GraphedForward:
     """`FastForward.forward` with its decode steps replayed from CUDA graphs (module invariants)."""
 
-    def __init__(self, fast: FastForward, capture: bool = True):
+    def __init__(self, fast: FastForward):
         self.fast = fast
-        self.steps = StepGraphs(capture)
+        self.steps = StepGraphs()
 
     def kernel_path(self) -> str:
         return f"{self.fast.kernel_path()}; cuda graphs (1-{MAX_GRAPH_WIDTH} positions)"

@@ -26,7 +26,9 @@ def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch
     assert "new tok/s for the fast run" in generation
 
 
-@pytest.mark.parametrize("argv, message", [(["--widths", "0"], "--widths"), (["--target", "nope"], "--target")])
+@pytest.mark.parametrize(
+    "argv, message", [(["--widths", "0"], "--widths"), (["--target", "nope"], "--target"), (["--device", "gpu"], "--device")]
+)
 def test_bad_bench_arguments_are_one_line(tmp_path, argv, message):
     result = subprocess.run(
         [sys.executable, "-m", "dflash.bench", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120

@@ -9,10 +9,11 @@ import torch
 
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
-from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from dflash.drafter import DFlashDrafter
 from dflash.drafter.fast import FastDrafter
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
+from helpers.decoding import random_drafter
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +24,7 @@ def target() -> TargetModel:
 
 
 def _drafter(target: TargetModel, use_target_features: bool = True) -> DFlashDrafter:
-    torch.manual_seed(1)
-    mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
-    config = DrafterConfig.from_target(target.config, num_layers=2, block_size=4, mask_token_id=mask_id)
-    config.use_target_features = use_target_features
-    drafter = DFlashDrafter(config).eval()
-    with torch.no_grad():  # norms away from 1, so a norm read from the wrong place shows
-        for name, parameter in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
-    return drafter
+    return random_drafter(target, 2, 4, seed=1, use_target_features=use_target_features, uneven_norms=True)
 
 
 def _proposes(target: TargetModel, proposer: DFlashProposer, steps: int = 4) -> list[torch.Tensor]:

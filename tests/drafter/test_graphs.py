@@ -8,11 +8,12 @@ import torch
 
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
-from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from dflash.drafter import DFlashDrafter
 from dflash.drafter.graphs import DrafterStaticCache, GraphedDrafter
 from dflash.target import TargetModel
 from dflash.target.graphs import GraphedForward
 from dflash.toy.tiny import build_tiny_target
+from helpers.decoding import random_drafter
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +22,7 @@ def target() -> TargetModel:
 
 
 def _drafter(target: TargetModel) -> DFlashDrafter:
-    torch.manual_seed(1)
-    mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
-    config = DrafterConfig.from_target(target.config, num_layers=2, block_size=4, mask_token_id=mask_id)
-    drafter = DFlashDrafter(config).eval()
-    with torch.no_grad():  # norms away from 1, so a norm read from the wrong place shows
-        for name, parameter in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
-    return drafter
+    return random_drafter(target, 2, 4, seed=1, uneven_norms=True)
 
 
 def _proposes(target: TargetModel, proposer: DFlashProposer, first: int) -> list[torch.Tensor]:
@@ -53,7 +46,6 @@ def test_graphed_proposes_equal_the_modules_over_a_growing_cache(target, first):
     drafter = _drafter(target)
     module = DFlashProposer(drafter, target.embed, target.logits)
     graphed = DFlashProposer(drafter, target.embed, target.logits, graphed=True)
-    graphed.forward.steps.capture = False
     assert isinstance(graphed.forward, GraphedDrafter) and isinstance(graphed.cache, DrafterStaticCache)
     ours, reference = _proposes(target, graphed, first), _proposes(target, module, first)
     assert len(ours) == len(reference) > 10
@@ -66,9 +58,8 @@ def test_graphed_proposes_equal_the_modules_over_a_growing_cache(target, first):
 def test_decoding_on_graphs_is_the_targets_greedy_output(target):
     drafter = _drafter(target)
     graphs = TargetModel(*build_tiny_target("qwen3", seed=0, num_heads=4, num_kv_heads=2), engine="fast")
-    graphs.graphs = GraphedForward(graphs.fast, capture=False)
+    graphs.graphs = GraphedForward(graphs.fast)
     proposer = DFlashProposer(drafter, graphs.embed, graphs.logits, graphed=True)
-    proposer.forward.steps.capture = False
     for seed in range(3):
         ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(seed))
         plain = generate(target, ids, max_new_tokens=40).output_ids

@@ -176,12 +176,25 @@ def record_paths(monkeypatch) -> list[tuple[TokenTree, list[int]]]:
     return steps
 
 
-def random_proposer(target, num_layers=2, block_size=16, seed=0):
-    """A DFlash proposer for `target` with a random (seeded) drafter: almost never accepted."""
+def random_drafter(target, num_layers=2, block_size=16, seed=0, use_target_features=True, uneven_norms=False):
+    """A random (seeded) DFlash drafter for `target`; with `uneven_norms` its norms' weights are
+    drawn from [0.5, 1.5], so that a norm read from the wrong place shows."""
     torch.manual_seed(seed)
     mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
     config = DrafterConfig.from_target(target.config, num_layers=num_layers, block_size=block_size, mask_token_id=mask_id)
-    return DFlashProposer(DFlashDrafter(config), target.embed, target.logits)
+    config.use_target_features = use_target_features
+    drafter = DFlashDrafter(config).eval()
+    if uneven_norms:
+        with torch.no_grad():
+            for name, parameter in drafter.named_parameters():
+                if name.endswith("norm.weight"):
+                    parameter.uniform_(0.5, 1.5)
+    return drafter
+
+
+def random_proposer(target, num_layers=2, block_size=16, seed=0):
+    """A DFlash proposer for `target` with a random (seeded) drafter: almost never accepted."""
+    return DFlashProposer(random_drafter(target, num_layers, block_size, seed), target.embed, target.logits)
 
 
 def lossy_verify(target_logits, drafts, sampling, generator):

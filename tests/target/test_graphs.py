@@ -17,7 +17,7 @@ def graphed(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
     """The same tiny model on the fast forward, and on the graph step run uncaptured."""
     fast = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="fast")
     steps = TargetModel(*build_tiny_target(arch, seed=0, **overrides), engine="fast")
-    steps.graphs = GraphedForward(steps.fast, capture=False)
+    steps.graphs = GraphedForward(steps.fast)
     return fast, steps
 
 
