@@ -4,6 +4,7 @@ needs to break even.
 
     python -m dflash.bench                                   # SmolLM2-135M, float32, 2 threads
     python -m dflash.bench --dtype bfloat16 --drafter artifacts/demo/.../drafter
+    python -m dflash.bench --draft-vocab 8192               # a random drafter shaped like the demo's
     python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
     python -m dflash.bench --target DIR --device cuda --dtype bfloat16 --engine graphs
     python -m dflash.bench --out docs/results/engine-DATE-CPU.md
@@ -18,7 +19,8 @@ It prints (and writes with --out, as Markdown):
   after `--context` cached positions, on the fast engine and on the HF forward
   (reference), each against the floor and against the one-token forward; the drafter's
   propose for a block of B (a random drafter of `--drafter-layers` layers unless
-  `--drafter` names one: cost does not depend on its weights); a DFlash step's cost
+  `--drafter` names one: cost does not depend on its weights; `--draft-vocab` gives it a
+  draft vocabulary, as the demo's drafter has); a DFlash step's cost
   (propose + verify) in autoregressive steps, which is the acceptance length it needs to
   break even;
 - batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast
@@ -52,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the target's device)")
     parser.add_argument("--drafter", default=None, help="a drafter directory (default: a random drafter)")
     parser.add_argument("--drafter-layers", type=int, default=1)
+    parser.add_argument(
+        "--draft-vocab", type=int, default=None, help="a random drafter drafts over this many tokens (the demo's: 8192)"
+    )
     parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="verify widths B, comma-separated")
     parser.add_argument("--context", type=int, default=300, help="positions in the KV cache before each forward")
     parser.add_argument("--threads", type=int, default=2)
@@ -73,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--device: cpu or cuda (cuda:N), got {args.device!r}")
     if args.repeats < 1 or args.context < 1 or args.threads < 1:
         parser.error("--repeats, --context and --threads must be >= 1")
+    if args.draft_vocab is not None and (args.drafter or args.draft_vocab < 1):
+        parser.error("--draft-vocab: a positive size, for a random drafter (a drafter directory brings its own)")
     return args
 
 
@@ -252,6 +259,8 @@ def report(args) -> str:
     device = target.device
     spec = DrafterSpec(path=args.drafter, num_layers=args.drafter_layers, block_size=max(args.widths), dtype="auto", seed=0)
     drafter = build_drafter(spec, target).eval()
+    if args.draft_vocab is not None:  # which tokens does not change the cost: the first ones
+        drafter.draft_vocab = torch.arange(min(args.draft_vocab, target.lm_head.weight.shape[0]))
     nbytes = weight_bytes(target)
     bandwidth = read_bandwidth(device)
     floor_ms = 1000 * nbytes / bandwidth

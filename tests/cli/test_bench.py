@@ -12,9 +12,11 @@ from helpers.apps import run_python
 def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch):
     out = tmp_path / "report.md"
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path / "artifacts"))  # the tiny target is built there
-    run_python(["-m", "dflash.bench", "--target", "tiny_qwen3", "--quick", "--threads", "1", "--out", str(out)], tmp_path)
+    argv = ["-m", "dflash.bench", "--target", "tiny_qwen3", "--quick", "--threads", "1", "--draft-vocab", "64", "--out", str(out)]
+    run_python(argv, tmp_path)
     text = out.read_text()
     assert "floor" in text and "decoding forward: fast: float32; layers " in text
+    assert "drafter: random, 1 layer(s) (drafts over 64 tokens)" in text
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ") and not line.startswith("| B ")]
     assert [int(row[0]) for row in rows] == [1, 4]
     one, four = ([float(cell) for cell in row[1:]] for row in rows)
@@ -27,7 +29,14 @@ def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
-    "argv, message", [(["--widths", "0"], "--widths"), (["--target", "nope"], "--target"), (["--device", "gpu"], "--device")]
+    "argv, message",
+    [
+        (["--widths", "0"], "--widths"),
+        (["--target", "nope"], "--target"),
+        (["--device", "gpu"], "--device"),
+        (["--draft-vocab", "0"], "--draft-vocab"),
+        (["--draft-vocab", "64", "--drafter", "some/dir"], "--draft-vocab"),
+    ],
 )
 def test_bad_bench_arguments_are_one_line(tmp_path, argv, message):
     result = subprocess.run(
