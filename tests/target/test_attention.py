@@ -95,6 +95,20 @@ def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [17, 300])
+def test_a_mask_strided_along_the_keys_gives_the_same_bits(dtype, length):
+    """The kernel reads a mask's keys 16 at a time where they are contiguous, one at a time
+    otherwise: the same mask stored keys-first (stride q along the keys) gives the same bits."""
+    needs_kernel()
+    query, keys, values, mask = case(dtype, 3, length, 9, 3, q=5)
+    mask = mask.expand(3, 1, 5, length)
+    strided = mask.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+    assert mask.stride(-1) == 1 and strided.stride(-1) == 5
+    torch.testing.assert_close(attention(query, keys, values, strided), attention(query, keys, values, mask), rtol=0, atol=0)
+    check(dtype, 3, length, 9, 3, q=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("batch", "q"), [(1, 1), (1, 8), (1, 5), (3, 3)])
 def test_rows_split_over_threads_give_the_same_bits(dtype, batch, q):
     """3 kv heads on 2 or 4 threads: each (batch row, kv head)'s query rows are cut in parts

@@ -187,8 +187,17 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         const int64_t i = (r0 + r) % Q;
         if (mask) {
           const bool* m = mask + b * mask_b + i * mask_q;
-          for (int64_t j = j_lo; j < L; ++j)
-            if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
+          if (mask_l == 1) {  // 16 keys at a time: their bools as a lane mask
+            const __m512 hidden = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+            for (int64_t j = j_lo; j < L; j += 16) {
+              const __mmask16 lanes = L - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - j)) - 1u);
+              const __m128i seen = _mm_maskz_loadu_epi8(lanes, m + j);
+              _mm512_mask_storeu_ps(s + j, lanes & ~_mm_test_epi8_mask(seen, seen), hidden);
+            }
+          } else {
+            for (int64_t j = j_lo; j < L; ++j)
+              if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
+          }
         }
         const int64_t full = L / 16 * 16;
         const __mmask16 tail = (__mmask16)((1u << (L - full)) - 1u);
