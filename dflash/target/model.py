@@ -360,7 +360,7 @@ class TargetModel:
             else:
                 chosen = self._head_transform(head(hidden.to(torch.bfloat16)))
             out = chosen.new_full((*chosen.shape[:-1], width), float("-inf"))
-            out[..., ids] = chosen
+            out.scatter_(-1, ids.expand_as(chosen), chosen)  # half the time of `out[..., ids] = chosen`
             return out
 
         return logits
