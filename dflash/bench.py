@@ -20,7 +20,8 @@ It prints (and writes with --out, as Markdown):
   (reference), each against the floor and against the one-token forward; the drafter's
   propose for a block of B (a random drafter of `--drafter-layers` layers unless
   `--drafter` names one: cost does not depend on its weights; `--draft-vocab` gives it a
-  draft vocabulary, as the demo's drafter has); a DFlash step's cost
+  draft vocabulary, as the demo's drafter has), against the floor of the bytes it reads
+  (its weights and the head rows it drafts over); a DFlash step's cost
   (propose + verify) in autoregressive steps, which is the acceptance length it needs to
   break even;
 - batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast
@@ -131,6 +132,20 @@ def weight_bytes(target) -> int:
     if embedding.data_ptr() != target.lm_head.weight.data_ptr():
         total -= embedding.numel() * embedding.element_size()
     return total
+
+
+def drafter_bytes(target, drafter) -> int:
+    """Bytes one propose reads: the drafter's weights in the dtype it proposes in
+    (`TargetModel.draft_dtype`, else its own) and the head rows it drafts over, in bfloat16
+    where the target's fast engine drafts on a CPU (`TargetModel.draft_logits`), else the
+    head's dtype."""
+    import torch
+
+    dtype = target.draft_dtype
+    own = sum(p.numel() * (p.element_size() if dtype is None else dtype.itemsize) for p in drafter.parameters())
+    head = target.lm_head.weight
+    rows = head.shape[0] if drafter.draft_vocab is None else drafter.draft_vocab.numel()
+    return own + rows * head.shape[1] * (head.element_size() if dtype is None else torch.bfloat16.itemsize)
 
 
 def read_bandwidth(device) -> float:
@@ -264,6 +279,7 @@ def report(args) -> str:
     nbytes = weight_bytes(target)
     bandwidth = read_bandwidth(device)
     floor_ms = 1000 * nbytes / bandwidth
+    drafter_floor_ms = 1000 * drafter_bytes(target, drafter) / bandwidth
     verifies, proposes = step_costs(target, drafter, args)
     engines = [engine for engine in ("fast", "hf") if (engine, 1) in verifies]
     decoder = engines[0]
@@ -280,11 +296,12 @@ def report(args) -> str:
         f"floor {floor_ms:.2f} ms per forward",
         f"- decoding forward: {target.kernel_path}",
         f"- context {args.context} positions; drafter: {args.drafter or f'random, {args.drafter_layers} layer(s)'}"
-        f" (drafts over {'all tokens' if drafter.draft_vocab is None else f'{drafter.draft_vocab.numel()} tokens'}); "
+        f" (drafts over {'all tokens' if drafter.draft_vocab is None else f'{drafter.draft_vocab.numel()} tokens'}), "
+        f"{drafter_bytes(target, drafter) / 1e6:.1f} MB read per propose, floor {drafter_floor_ms:.3g} ms; "
         f"median of {args.repeats} interleaved repeats",
         "",
-        "| B | verify ms | / floor | / t(1) | HF forward ms | propose ms | step ms | break-even tau |",
-        "|---|---|---|---|---|---|---|---|",
+        "| B | verify ms | / floor | / t(1) | HF forward ms | propose ms | / its floor | step ms | break-even tau |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for width in args.widths:
         verify = verifies[(decoder, width)]
@@ -292,13 +309,15 @@ def report(args) -> str:
         propose = proposes.get(width, 0.0)
         step = verify + propose
         lines.append(
-            f"| {width} | {verify:.2f} | {verify / floor_ms:.2f} | {verify / one:.2f} | {hf:.2f} | {propose:.2f} | {step:.2f} | {step / one:.2f} |"
+            f"| {width} | {verify:.2f} | {verify / floor_ms:.2f} | {verify / one:.2f} | {hf:.2f} | {propose:.2f} "
+            f"| {propose / drafter_floor_ms:.2f} | {step:.2f} | {step / one:.2f} |"
         )
     lines += [
         "",
         "verify: the target's forward over B new tokens (with the drafter's taps when B > 1) on the engine that decodes; "
         "HF forward: the same on transformers' forward with a DynamicCache (reference); propose: the drafter's block of B "
-        "with one new context position (B = 1: no drafter); break-even tau = step / t(1).",
+        "with one new context position (B = 1: no drafter), against the floor of the bytes it reads; "
+        "break-even tau = step / t(1).",
     ]
     if args.batch:
         rates, prompt_tokens = generation(target, args)

@@ -20,9 +20,11 @@ def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ") and not line.startswith("| B ")]
     assert [int(row[0]) for row in rows] == [1, 4]
     one, four = ([float(cell) for cell in row[1:]] for row in rows)
-    # cells: verify, / floor, / t(1), HF forward, propose, step, break-even
-    assert one[2] == 1.0 and one[4] == 0.0  # t(1) / t(1); no drafter at B = 1
-    assert four[4] > 0 and four[6] == pytest.approx((four[0] + four[4]) / one[0], abs=0.02)  # break-even = step / t(1)
+    # cells: verify, / floor, / t(1), HF forward, propose, / its floor, step, break-even
+    assert one[2] == 1.0 and one[4] == 0.0 and one[5] == 0.0  # t(1) / t(1); no drafter at B = 1
+    assert four[4] > 0 and four[7] == pytest.approx((four[0] + four[4]) / one[0], abs=0.02)  # break-even = step / t(1)
+    drafter_floor = float(text.split(" MB read per propose, floor ")[1].split(" ms")[0])
+    assert four[5] == pytest.approx(four[4] / drafter_floor, rel=0.05, abs=0.02)
     generation = next(line for line in text.splitlines() if line.startswith("Batched greedy generation, 4 prompts ("))
     assert " x 8 new tokens: fast " in generation and ", its steps after the prefill " in generation and ", hf " in generation
     assert "new tok/s for the fast run" in generation
