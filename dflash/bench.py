@@ -279,7 +279,8 @@ def report(args) -> str:
     nbytes = weight_bytes(target)
     bandwidth = read_bandwidth(device)
     floor_ms = 1000 * nbytes / bandwidth
-    drafter_floor_ms = 1000 * drafter_bytes(target, drafter) / bandwidth
+    propose_bytes = drafter_bytes(target, drafter)
+    drafter_floor_ms = 1000 * propose_bytes / bandwidth
     verifies, proposes = step_costs(target, drafter, args)
     engines = [engine for engine in ("fast", "hf") if (engine, 1) in verifies]
     decoder = engines[0]
@@ -297,7 +298,7 @@ def report(args) -> str:
         f"- decoding forward: {target.kernel_path}",
         f"- context {args.context} positions; drafter: {args.drafter or f'random, {args.drafter_layers} layer(s)'}"
         f" (drafts over {'all tokens' if drafter.draft_vocab is None else f'{drafter.draft_vocab.numel()} tokens'}), "
-        f"{drafter_bytes(target, drafter) / 1e6:.1f} MB read per propose, floor {drafter_floor_ms:.3g} ms; "
+        f"{propose_bytes / 1e6:.1f} MB read per propose, floor {drafter_floor_ms:.3g} ms; "
         f"median of {args.repeats} interleaved repeats",
         "",
         "| B | verify ms | / floor | / t(1) | HF forward ms | propose ms | / its floor | step ms | break-even tau |",
