@@ -194,13 +194,7 @@ def step_costs(target, drafter, args) -> tuple[dict, dict]:
         for cache in caches.values():
             out = target.forward(ids[:, :context], torch.arange(context, device=device).unsqueeze(0), cache, taps, logits_to_keep=1)
         features = out.features
-        proposer = DFlashProposer(
-            drafter,
-            target.embed,
-            target.draft_logits_over(drafter.draft_vocab),
-            target.draft_dtype,
-            graphed=target.graphs is not None,
-        )
+        proposer = DFlashProposer.for_target(drafter, target)
         committed = ids[:, : context + 1]
 
         def verify(cache, width):

@@ -690,7 +690,7 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
         rows, outputs, proposes = [], {}, []
         for name, target in (("HF", base), ("fast", fast), ("graphs", graphed)):
             ar, outputs[(name, 1)] = decode_ms(target, prompt, sizes.new_tokens)
-            proposer = DFlashProposer(drafter, target.embed, target.logits, graphed=target.graphs is not None)
+            proposer = DFlashProposer.for_target(drafter, target)
             step, outputs[(name, 16)] = decode_ms(target, prompt, sizes.new_tokens, proposer, 16)
             rows.append(f"{name} {ar:.2f} / {step:.2f}")
             if name != "HF":  # the drafter runs alike beside HF's forward and the fast one

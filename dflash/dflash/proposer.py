@@ -47,6 +47,14 @@ class DFlashProposer:
         self.target_layer_ids = list(drafter.config.target_layer_ids) if drafter.config.use_target_features else None
         self.reset()
 
+    @classmethod
+    def for_target(cls, drafter: DFlashDrafter, target) -> DFlashProposer:
+        """Drafting as decoding with `target` (a `TargetModel`) drafts: its embedding, its head
+        over the drafter's vocabulary (`TargetModel.draft_logits_over`) in its draft dtype,
+        through CUDA graphs where the target verifies on them."""
+        logits = target.draft_logits_over(drafter.draft_vocab)
+        return cls(drafter, target.embed, logits, target.draft_dtype, graphed=target.graphs is not None)
+
     def reset(self) -> None:
         graphed = isinstance(self.forward, GraphedDrafter)
         self.cache = self.forward.new_cache() if graphed else DrafterCache(self.drafter.config.num_hidden_layers)

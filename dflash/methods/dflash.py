@@ -15,13 +15,7 @@ def dflash_proposer(target, context: EvalContext, threshold: float):
     from dflash.dflash.adaptive import ThresholdProposer
     from dflash.dflash.proposer import DFlashProposer
 
-    proposer = DFlashProposer(
-        context.drafter,
-        target.embed,
-        target.draft_logits_over(context.drafter.draft_vocab),
-        target.draft_dtype,
-        graphed=target.graphs is not None,
-    )
+    proposer = DFlashProposer.for_target(context.drafter, target)
     return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
 
 

@@ -31,13 +31,7 @@ def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
     block_size = context.block_size or trained
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     verifier = TreeVerifier(settings.budget, context.draft_threshold)
-    proposer = DFlashProposer(
-        context.drafter,
-        target.embed,
-        target.draft_logits_over(context.drafter.draft_vocab),
-        target.draft_dtype,
-        graphed=target.graphs is not None,
-    )
+    proposer = DFlashProposer.for_target(context.drafter, target)
     return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
 
 

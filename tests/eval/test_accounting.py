@@ -1,7 +1,7 @@
 """The evaluator's arithmetic under partial acceptance, unequal output lengths and a lossy engine.
 
-`evaluate()` runs for real; only its drafter is replaced (through the evaluator's
-`DFlashProposer` name) by `PartialOracleProposer`, which accepts a planned number of
+`evaluate()` runs for real; only its drafter is replaced (through
+`DFlashProposer.for_target`) by `PartialOracleProposer`, which accepts a planned number of
 drafts per step. The tests recompute tau, the acceptance histogram and per-prompt tau
 from that plan and the output lengths, independently of `dflash.eval.results`.
 """
@@ -38,7 +38,7 @@ class RecordingPartialOracle(PartialOracleProposer):
 
 def evaluate_with(target, proposer, monkeypatch, hf_generate=False) -> dict:
     """A greedy `evaluate()` of SAMPLES at block size BLOCK_SIZE with `proposer` as the drafter."""
-    monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer", lambda *args, **options: proposer)  # the dflash method builds it
+    monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer.for_target", lambda *args: proposer)  # the dflash method builds it
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=BLOCK_SIZE), target)
     decoding = DecodingSettings(block_size=BLOCK_SIZE, max_new_tokens=MAX_NEW_TOKENS)
     settings = EvalSettings(decoding=decoding, hf_generate=hf_generate, warmup_tokens=WARMUP_TOKENS)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 import dflash.decoding.tree
+from dflash.decoding import generate
 from dflash.decoding.sampling import probabilities, sample
 from dflash.decoding.token_tree import TokenTree
 from dflash.decoding.verify import propose_tokens
@@ -195,6 +196,18 @@ def random_drafter(target, num_layers=2, block_size=16, seed=0, use_target_featu
 def random_proposer(target, num_layers=2, block_size=16, seed=0):
     """A DFlash proposer for `target` with a random (seeded) drafter: almost never accepted."""
     return DFlashProposer(random_drafter(target, num_layers, block_size, seed), target.embed, target.logits)
+
+
+def assert_same_greedy_output(first, second, prompts, block_size, max_new_tokens=30):
+    """Both targets decode every prompt to the same tokens (a random drafter proposes; the
+    verify decides)."""
+    for prompt in prompts:
+        ids = first.tokenizer(prompt, return_tensors="pt").input_ids
+        outputs = [
+            generate(t, ids, max_new_tokens=max_new_tokens, block_size=block_size, proposer=random_proposer(t)).output_ids
+            for t in (first, second)
+        ]
+        assert outputs[0] == outputs[1], prompt
 
 
 def lossy_verify(target_logits, drafts, sampling, generator):

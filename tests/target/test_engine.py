@@ -13,7 +13,7 @@ from dflash.target import TargetModel, crop_cache, kernels
 from dflash.target.engine import StaticCache
 from dflash.target.kernels import KERNELS, Linear, tune
 from dflash.toy.tiny import build_tiny_target
-from helpers.decoding import PROMPTS, random_proposer
+from helpers.decoding import PROMPTS, assert_same_greedy_output, random_proposer
 
 FAST_FAMILIES = ["llama", "qwen3", "qwen2", "mistral"]
 
@@ -55,14 +55,7 @@ def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch, sizes):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("block_size", [1, 4, 8])
 def test_fast_engine_decodes_the_hf_forwards_greedy_output(arch, block_size):
-    eager, fast = pair(arch)
-    for prompt in PROMPTS:
-        ids = eager.tokenizer(prompt, return_tensors="pt").input_ids
-        outputs = [
-            generate(t, ids, max_new_tokens=30, block_size=block_size, proposer=random_proposer(t)).output_ids
-            for t in (eager, fast)
-        ]
-        assert outputs[0] == outputs[1], prompt
+    assert_same_greedy_output(*pair(arch), PROMPTS, block_size)
 
 
 def test_fast_engine_tunes_on_first_use_and_names_its_kernels():

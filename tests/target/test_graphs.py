@@ -10,7 +10,7 @@ from dflash.decoding import generate
 from dflash.target import TargetModel, crop_cache
 from dflash.target.graphs import MAX_GRAPH_WIDTH, GraphedForward
 from dflash.toy.tiny import build_tiny_target
-from helpers.decoding import PROMPTS, random_proposer
+from helpers.decoding import PROMPTS, assert_same_greedy_output
 
 
 def graphed(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
@@ -50,14 +50,7 @@ def test_the_graph_step_equals_the_fast_forward_over_a_growing_cache(arch, sizes
 
 @pytest.mark.parametrize("block_size", [1, 4, 8])
 def test_the_graph_step_decodes_the_fast_forwards_greedy_output(block_size):
-    fast, steps = graphed("qwen3")
-    for prompt in PROMPTS:
-        ids = fast.tokenizer(prompt, return_tensors="pt").input_ids
-        outputs = [
-            generate(t, ids, max_new_tokens=30, block_size=block_size, proposer=random_proposer(t)).output_ids
-            for t in (fast, steps)
-        ]
-        assert outputs[0] == outputs[1], prompt
+    assert_same_greedy_output(*graphed("qwen3"), PROMPTS, block_size)
 
 
 def test_engine_graphs_without_cuda_runs_the_fast_forward_with_one_log_line(caplog):
