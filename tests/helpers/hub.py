@@ -25,6 +25,10 @@ class LocalHub:
 
         monkeypatch.setattr(datasets, "load_dataset", load_dataset)
         monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache_dir))
+        # datasets sleeps this long (5 s) each time a parquet stream stops, against a thread
+        # crash of arrow at the interpreter's exit (apache/arrow#39862): a test process does
+        # not exit there, and a tenth of a second is the workaround's own measure.
+        monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0.1)
 
 
 def write_parquet_shards(root, split: str, shards: list[list[dict]]) -> list[str]:
