@@ -27,7 +27,7 @@ from dflash.layout import DRAFTER_CONFIG_KEY
 from dflash.toy.tiny import save_tiny_target, tiny_config
 from dflash.training.config import check_block_fits
 from helpers import REPO
-from helpers.apps import write_conversations
+from helpers.apps import assert_one_error_line, run_main, write_conversations
 from helpers.tables import make_depth_sweep
 
 QUICK = ["eval.after_train=false", "logger=none", "trainer.enable_progress_bar=false"]
@@ -72,23 +72,6 @@ def ws(tmp_path_factory) -> Path:
     torch.save({"weights": torch.zeros(3)}, root / "foreign.ckpt")
     make_depth_sweep(str(root / "sweeps"))
     return root
-
-
-def run_main(app: str, argv: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
-    """Run `python -m dflash.<app> *argv` in this process; (exit status, stderr lines)."""
-    module = importlib.import_module(f"dflash.cli.{app}")
-    monkeypatch.setattr(sys, "argv", [f"dflash.{app}", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        module.main()
-    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
-
-
-def assert_one_error_line(code: int, lines: list[str], key: str, text: str) -> None:
-    """Exit status 2; the last stderr line, the only `error:` one, names `key` and says `text`."""
-    assert code == 2, lines
-    assert not any("Traceback" in line for line in lines), lines
-    assert [line for line in lines if line.startswith("error:")] == lines[-1:], lines
-    assert lines[-1].startswith(f"error: {key}: ") and text in lines[-1], lines[-1]
 
 
 def train_args(ws: Path, *extra: str) -> list[str]:

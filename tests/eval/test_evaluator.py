@@ -21,7 +21,7 @@ from dflash.specs import DrafterSpec, build_drafter
 from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target, tiny_config
-from helpers.apps import run_cli
+from helpers.apps import assert_one_error_line, run_cli, run_main
 from helpers.decoding import record_cudnn_flag
 
 SCHEMA_KEYS = {
@@ -318,7 +318,6 @@ BAD_INPUTS = [
     (["benchmark.max_samples=0"], "benchmark.max_samples"),
     (["benchmark=jsonl", "benchmark.path={artifacts}/empty.jsonl"], "benchmark.path"),
     (["benchmark=jsonl", "benchmark.path={artifacts}/missing.jsonl"], "benchmark.path"),
-    (["benchmark=gsm8k"], "benchmark.path"),  # the hub is unreachable (offline)
     (["target.build=null", "target.path={artifacts}/no_such_target"], "target.path"),
     (["drafter.path={artifacts}/no_such_drafter"], "drafter.path"),
     (["drafter.path={artifacts}/too_narrow"], "drafter.path"),
@@ -326,14 +325,25 @@ BAD_INPUTS = [
     (["drafter.path={artifacts}/no_mask_row"], "drafter.mask_token"),
     (["benchmark=jsonl"], "benchmark.path"),  # mandatory, not given
     (["decoding.nope=1"], "decoding.nope"),
+]
+# Through a real `python -m dflash.evaluate`: the command line itself, and the hub offline.
+BAD_COMMAND_LINES = [
+    (["benchmark=gsm8k"], "benchmark.path"),  # the hub is unreachable (HF_DATASETS_OFFLINE)
     (["decoding.max_new_tokens=many"], "decoding.max_new_tokens"),
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args, key", BAD_INPUTS, ids=[" ".join(a).replace("{artifacts}/", "") for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_naming_the_key_with_exit_code_2(tmp_path, artifacts, args, key):
-    proc = run_cli([arg.format(artifacts=artifacts) for arg in args], tmp_path, artifacts)
+def test_bad_input_is_one_line_naming_the_key_with_exit_code_2(tmp_path, artifacts, args, key, monkeypatch, capsys):
+    argv = [f"hydra.run.dir={tmp_path}/run", f"paths.artifacts={artifacts}", *(arg.format(artifacts=artifacts) for arg in args)]
+    assert_one_error_line(*run_main("evaluate", argv, monkeypatch, capsys), key, "")
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, key", BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in BAD_COMMAND_LINES])
+def test_a_bad_command_line_is_one_line_naming_the_key_with_exit_code_2(tmp_path, artifacts, args, key):
+    proc = run_cli(args, tmp_path, artifacts)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

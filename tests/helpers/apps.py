@@ -1,15 +1,17 @@
 """The apps as the tests drive them: the `train` config as `python -m dflash.train` composes
-it, `python -m dflash.evaluate` and other Python commands in a subprocess, and chat data
-files for training."""
+it, an app's `main()` in this process, `python -m dflash.evaluate` and other Python commands
+in a subprocess, and chat data files for training."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
@@ -25,6 +27,23 @@ def compose_train(overrides: list[str]):
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def run_main(app: str, argv: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
+    """Run `python -m dflash.<app> *argv` in this process; (exit status, stderr lines)."""
+    module = importlib.import_module(f"dflash.cli.{app}")
+    monkeypatch.setattr(sys, "argv", [f"dflash.{app}", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main()
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def assert_one_error_line(code: int, lines: list[str], key: str, text: str) -> None:
+    """Exit status 2; the last stderr line, the only `error:` one, names `key` and says `text`."""
+    assert code == 2, lines
+    assert not any("Traceback" in line for line in lines), lines
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], lines
+    assert lines[-1].startswith(f"error: {key}: ") and text in lines[-1], lines[-1]
 
 
 def run_python(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
