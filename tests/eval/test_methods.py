@@ -15,7 +15,7 @@ from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
 from dflash.methods import METHODS, Method, MethodSetup, build_method, check_method_names
 from dflash.specs import DrafterSpec, build_drafter
-from helpers.apps import run_cli
+from helpers.apps import assert_one_error_line, run_cli, run_main
 from helpers.decoding import PartialOracleProposer
 
 SAMPLES = [Sample(turns=["def add(a, b):\n    return a + b\n\ndef add"], index=0), Sample(turns=["aaaa", "bbbb"], index=3)]
@@ -193,7 +193,7 @@ def test_a_token_proposer_that_drafts_too_many_is_a_clear_error(qwen3_target):
 
 
 @pytest.mark.slow
-def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, artifacts):
+def test_app_runs_dflash_and_ngram_side_by_side(tmp_path, artifacts):
     args = ["methods=[dflash,ngram,dflash_lookup]", "ngram.max_ngram=3", "dflash_lookup.ngram=2", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
             "warmup_tokens=0", "hf_generate=false"]  # fmt: skip
     proc = run_cli(args, tmp_path, artifacts)
@@ -203,13 +203,23 @@ def test_app_runs_dflash_and_ngram_and_rejects_bad_method_settings(tmp_path, art
     assert results["methods"]["ngram"]["settings"]["max_ngram"] == 3
     assert results["methods"]["dflash_lookup"]["settings"]["ngram"] == 2
     assert all(record["lossless"] for record in results["methods"].values())
-    (tmp_path / "bad").mkdir()
-    not_eagle3 = (["methods=[eagle3]", f"eagle3.path={artifacts / 'fits'}"], "eagle3.path")  # a DFlash drafter dir
-    bad_lookup = (["methods=[dflash_lookup]", "dflash_lookup.ngram=0"], "dflash_lookup.ngram")
-    for bad, key in [(["methods=[dflash,nope]"], "methods"), (["ngram.min_ngram=0"], "ngram.min_ngram"), not_eagle3, bad_lookup]:
-        proc = run_cli(bad, tmp_path / "bad", artifacts)
-        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {key}: "), proc.stderr[-2000:]
-        assert "Loading weights" not in proc.stderr and "cannot read" not in proc.stderr  # before the target, one cause
+
+
+BAD_METHOD_SETTINGS = {
+    "unknown method": (["methods=[dflash,nope]"], "methods"),
+    "ngram range": (["ngram.min_ngram=0"], "ngram.min_ngram"),
+    "eagle3.path not an EAGLE-3 drafter": (["methods=[eagle3]", "eagle3.path={artifacts}/fits"], "eagle3.path"),
+    "lookup ngram": (["methods=[dflash_lookup]", "dflash_lookup.ngram=0"], "dflash_lookup.ngram"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_METHOD_SETTINGS)
+def test_the_app_rejects_bad_method_settings_before_loading_the_target(case, tmp_path, artifacts, monkeypatch, capsys):
+    bad, key = BAD_METHOD_SETTINGS[case]
+    argv = [f"hydra.run.dir={tmp_path}/run", f"paths.artifacts={artifacts}", *(arg.format(artifacts=artifacts) for arg in bad)]
+    code, lines = run_main("evaluate", argv, monkeypatch, capsys)
+    assert_one_error_line(code, lines, key, "")
+    assert not any("Loading weights" in line or "cannot read" in line for line in lines)  # before the target, one cause
 
 
 @pytest.fixture(scope="module")
