@@ -22,8 +22,7 @@ Invariants (every verifier keeps them; tests/decoding/ check them):
   issue the same forwards again (`dflash.decoding.replay`), through the same functions
   (`prefill_forward`, `verify_forward`, the verifier's `compact`).
 - Kernels: the loop (target and proposer forwards alike) runs under
-  `dflash.target.cache.decode_attention()`, without cuDNN's SDPA (its per-key-length graph
-  builds cost more than the forward at every decode step).
+  `dflash.target.cache.decode_attention()` (no cuDNN SDPA; the reason is there).
 """
 
 from __future__ import annotations
@@ -193,7 +192,6 @@ def generate(
     """Generate up to `max_new_tokens` tokens after `input_ids`, losslessly, recording every step.
 
     Args:
-        target: the frozen target.
         input_ids: (1, P) prompt ids, P >= 1.
         block_size: B, the verify width: at most B - 1 drafts (tree: depth) per step; 1 is
             autoregressive decoding (no proposer needed).

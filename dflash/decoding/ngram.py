@@ -8,19 +8,16 @@ one proposes the tokens that followed it, at most `num_drafts` of them (fewer wh
 match is close to the end, none when no n matches). Most recent, because in generated
 code and text the nearest repetition is the likeliest to continue the same way.
 
-Sources: HF transformers' `PromptLookupCandidateGenerator` (assisted generation with
-`prompt_lookup_num_tokens`; defaults `max_matching_ngram_size=2`, 10 tokens, n down to 1)
+Sources: HF transformers' `PromptLookupCandidateGenerator` (`prompt_lookup_num_tokens`)
 tries n from the largest down the same way but takes the earliest occurrence; vLLM's
-`NgramProposer` (`prompt_lookup_min` / `prompt_lookup_max`, `num_speculative_tokens`)
-matches n-grams within [min, max] likewise. Our defaults follow HF: max_ngram 2,
-min_ngram 1, 10 draft tokens.
+`NgramProposer` (`prompt_lookup_min` / `prompt_lookup_max`) matches n-grams within
+[min, max] likewise. Our defaults are HF's: max_ngram 2, min_ngram 1, 10 draft tokens.
 
 `LookupFirst` puts the lookup in front of a drafter: where the context repeats itself it
 drafts by lookup and the drafter does not run (method `dflash_lookup`).
 
-The proposal is deterministic (a one-hot distribution): greedy verification keeps the
-drafts the target agrees with, and rejection sampling at T > 0 accepts draft x with
-probability p(x) and otherwise resamples from p without x, which is exactly lossless.
+The proposal is deterministic (one-hot, `Drafts.probs` None), which every verify rule
+handles losslessly (`dflash.decoding.verify.Drafts`).
 """
 
 from __future__ import annotations

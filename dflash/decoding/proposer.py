@@ -1,14 +1,11 @@
-"""Proposers: what drafts the tokens of a verify step during speculative decoding.
+"""Proposers: what drafts the tokens of a verify step during speculative decoding
+(`Proposer.draft` states the contract).
 
-A proposer sees the committed token ids and the target features of context positions
-it has not seen yet (each delivered exactly once over a request) and drafts tokens
-(`Proposer.draft`): possibly fewer than asked (even none), with the distributions they
-were drawn from. Drafters whose slot i + 1 depends on the token chosen at slot i
-(EAGLE-3's chain) draft token by token; deterministic ones (prompt lookup:
-`dflash.decoding.ngram`) look tokens up; a block drafter (DFlash) also has the logits of
-a whole block at once (`BlockProposer.propose`), which tree verification expands, and
-drafts by `propose_tokens` of them. Tests plug in doubles (e.g. an oracle that runs the
-target).
+Drafters whose slot i + 1 depends on the token chosen at slot i (EAGLE-3's chain) draft
+token by token; deterministic ones (prompt lookup: `dflash.decoding.ngram`) look tokens up;
+a block drafter (DFlash) also has the logits of a whole block at once
+(`BlockProposer.propose`), which tree verification expands, and drafts by `propose_tokens`
+of them. Tests plug in doubles (e.g. an oracle that runs the target).
 """
 
 from __future__ import annotations

@@ -42,11 +42,6 @@ class TokenTree:
     parents: list[int]
     depths: list[int]
 
-    @classmethod
-    def empty(cls, device) -> TokenTree:
-        """No drafts: the verify forward runs on the anchor alone."""
-        return cls(torch.empty(0, dtype=torch.long, device=device), [], [])
-
     @property
     def size(self) -> int:
         return len(self.parents)

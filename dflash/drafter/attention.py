@@ -1,9 +1,8 @@
 """Attention kernels for the drafter. All compute softmax(q k^T * scale) v with GQA.
 
 - sdpa: `torch.nn.functional.scaled_dot_product_attention`, any device; `mask` is None
-  (every query sees every key) or a dense bool tensor (True = may attend). A training
-  `FactoredBlockMask` (context part + own block) is computed explicitly instead, over
-  S + B keys per query rather than S + N*B (CPU training).
+  (every query sees every key), a dense bool tensor (True = may attend) or, in CPU
+  training, a `FactoredBlockMask`, computed explicitly.
 - flex_attention: `torch.nn.attention.flex_attention`; `mask` is None or a `BlockMask`
   (training many blocks at once on CUDA; forward also runs on CPU).
 - flash_attention_2: the `flash-attn` package (CUDA, fp16/bf16); unmasked only, i.e. the
@@ -25,10 +24,8 @@ from dflash.errors import ConfigError
 class FactoredBlockMask:
     """The training block mask (`dflash.training.masks`) in factored form: the context
     part as a bool tensor, the block part implied (a query sees all B keys of its own
-    block and none of another's).
-
-    Under it `attend` scores each query against S + B keys instead of the dense mask's
-    S + N*B (its measured gain: docs/design.md, "Measured figures").
+    block and none of another's). Under it `attend` scores each query against S + B keys
+    instead of the dense mask's S + N*B (docs/design.md, "Measured figures").
 
     sees_context: (b, 1, N*B, S) bool, True = may attend to that context key.
     block_size: B.

@@ -114,13 +114,12 @@ class DrafterConfig:
     ) -> DrafterConfig:
         """A drafter as wide as the target, with `num_layers` layers.
 
-        Whatever the target's family, the drafter is Qwen3-style: it takes the target's
-        width, heads, kv heads (1 for Falcon multi-query) and head dim; intermediate size
-        from `intermediate_size` / `ffn_hidden_size` / `n_inner`, else 4x hidden; eps from
-        `rms_norm_eps` / `layer_norm_eps` / `layer_norm_epsilon`. `target_config` keeps
-        the target's config with its rope settings replaced by the single setting of its
-        full-attention layers (see `rope_keys.full_attention_rope`) in the running transformers'
-        format, and `max_position_embeddings` (GPT-2's `n_positions`).
+        Whatever the target's family, the drafter is Qwen3-style with the target's width,
+        heads, kv heads (1 for Falcon multi-query), head dim, MLP width (else 4x hidden) and
+        norm eps, under each family's spelling. `target_config` keeps the target's config with
+        its rope settings replaced by the single setting of its full-attention layers
+        (`rope_keys.full_attention_rope`) in the running transformers' format, and
+        `max_position_embeddings` (GPT-2's `n_positions`).
 
         Args:
             target_hf_config: the target's `transformers` config object.
@@ -167,9 +166,9 @@ class DrafterConfig:
 
         The target's config is the base (token ids, ...), overridden by the drafter's
         shape. `model_type` is "qwen3" whatever the target: the drafter's layers are
-        Qwen3 layers (q/k norms, SiLU MLP), and that is how published drafters and the
-        engines that serve them (docs/drafters.md) read
-        it. Rope settings are written for transformers 4 and 5 alike (`rope_keys`).
+        Qwen3 layers (q/k norms, SiLU MLP), as published drafters and the engines that
+        serve them (docs/drafters.md) have it. Rope settings are written for transformers
+        4 and 5 alike (`rope_keys`).
         """
         dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
@@ -242,12 +241,8 @@ class DrafterConfig:
             raise ConfigError("path", f"config.json is not a DFlash drafter config (missing {missing})") from None
 
     def rope_hf_config(self):
-        """A Qwen3 HF config with the drafter's rope settings, for the rotary module.
-
-        The drafter is Qwen3-style whatever the target: its layers are full attention and
-        rotate the whole head dim, so it takes the target's full-attention rope settings
-        (or a default for targets without rope; see `rope_keys.full_attention_rope`).
-        """
+        """A Qwen3 HF config with the drafter's rope settings (the target's full-attention
+        ones over the whole head dim, `rope_keys.full_attention_rope`), for the rotary module."""
         from transformers import Qwen3Config
 
         rope = running_version_keys(full_attention_rope(self.target_config))

@@ -1,10 +1,9 @@
 """The drafter's lean decoding forward: `DFlashDrafter.forward` over a `DrafterCache` without
 a mask, on the fast engine's kernels (`dflash.target.kernels`), in bfloat16.
 
-A decoding step's propose reads the drafter's weights for 3-6 rows. Through the module,
-torch's float32 GEMM and a few dozen small ops per layer cost the demo's 3-layer drafter
-about a fifth of a target forward; here its projections are fused (k with v, gate with up),
-run on the kernels tuned for this machine, and read in bfloat16, half the bytes
+A propose reads the drafter's weights for 3-6 rows, where the module's float32 GEMMs and a
+few dozen small ops per layer dominate. Here the projections are fused (k with v, gate with
+up), run on the kernels tuned for this machine and read in bfloat16, half the bytes
 (docs/results/engine-2026-11-27-xeon/); norms, MLP activation and each head's q/k norm with
 its rotary run as our fused layer ops (`kernels.layer_ops`; docs/results/engine-2026-11-27d-xeon/).
 
@@ -14,9 +13,8 @@ Invariants:
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
-- A snapshot: the weights are copied when it is built, so it is built where they no longer
-  change: each proposer the evaluate app, the bench or a tau_real probe (from the exported
-  drafter) builds for one evaluation.
+- A snapshot: the weights are copied when it is built, so it is built only where they no
+  longer change (a proposer for one evaluation).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The drafter's propose as CUDA graphs, beside the target's (`target.engine: graphs`).
 
 A propose runs the drafter once over c new context positions and a block of B: on a GPU
-mostly host time, as the target's forward was (docs/results/gpu-2026-11-27-h100/: a random
-5-layer drafter took 11 of a 13.8 ms DFlash step whose verify took 2).
+mostly host time, as is the target's forward (docs/results/gpu-2026-11-27-h100/).
 
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, through the

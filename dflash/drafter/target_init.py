@@ -23,34 +23,26 @@ from torch import nn
 
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError
-from dflash.target.model import TargetModel, find_decoder_layers
+from dflash.target.model import TargetModel, _get_path, find_decoder_layers
 
 KEY = "init_from_target"  # the field of DrafterSpec
 
-# (drafter name, target name) of the weights copied per layer; the q/k norms are optional.
+# Modules copied per layer, named alike in the drafter and the target; the q/k norms are optional.
 _LAYER_WEIGHTS = (
-    ("self_attn.q_proj", "self_attn.q_proj"),
-    ("self_attn.k_proj", "self_attn.k_proj"),
-    ("self_attn.v_proj", "self_attn.v_proj"),
-    ("self_attn.o_proj", "self_attn.o_proj"),
-    ("mlp.gate_proj", "mlp.gate_proj"),
-    ("mlp.up_proj", "mlp.up_proj"),
-    ("mlp.down_proj", "mlp.down_proj"),
-    ("input_layernorm", "input_layernorm"),
-    ("post_attention_layernorm", "post_attention_layernorm"),
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
 )
-_OPTIONAL = (("self_attn.q_norm", "self_attn.q_norm"), ("self_attn.k_norm", "self_attn.k_norm"))
+_OPTIONAL = ("self_attn.q_norm", "self_attn.k_norm")
 # Families whose norms compute (1 + weight) or that put extra norms around each block:
 # their weights do not mean the same in the drafter's Qwen3-style layer.
 _UNSUPPORTED_FAMILIES = ("gemma", "olmo2", "cohere")
-
-
-def _module(root: nn.Module, dotted: str) -> nn.Module | None:
-    for part in dotted.split("."):
-        root = getattr(root, part, None)
-        if root is None:
-            return None
-    return root
 
 
 def _copy(ours: nn.Module, theirs: nn.Module, what: str) -> None:
@@ -92,15 +84,15 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel) -> None:
     sources = layers[len(layers) - num_layers :]
     for i, (ours, theirs) in enumerate(zip(drafter.layers, sources)):
         where = f"layer {len(layers) - num_layers + i}"
-        for our_name, their_name in _LAYER_WEIGHTS:
-            source = _module(theirs, their_name)
+        for name in _LAYER_WEIGHTS:
+            source = _get_path(theirs, name)
             if source is None:
-                raise ConfigError(KEY, f"the target's {where} has no {their_name}; this target cannot start a drafter")
-            _copy(_module(ours, our_name), source, f"{where} {their_name}")
-        for our_name, their_name in _OPTIONAL:
-            source = _module(theirs, their_name)
+                raise ConfigError(KEY, f"the target's {where} has no {name}; this target cannot start a drafter")
+            _copy(_get_path(ours, name), source, f"{where} {name}")
+        for name in _OPTIONAL:
+            source = _get_path(theirs, name)
             if source is not None:
-                _copy(_module(ours, our_name), source, f"{where} {their_name}")
+                _copy(_get_path(ours, name), source, f"{where} {name}")
     _copy(drafter.hidden_norm, sources[0].input_layernorm, f"layer {len(layers) - num_layers} input_layernorm")
     _copy(drafter.norm, final_norm(target), "final norm")
     if drafter.fc is not None:

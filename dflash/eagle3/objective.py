@@ -66,13 +66,5 @@ class Eagle3Objective:
         """TTT loss of right-padded `input_ids` / `loss_mask` / `attention_mask` (b, S);
         `full_vocab` is DFlash's (EAGLE-3 scores its own draft vocabulary either way)."""
         loss_mask = batch["loss_mask"].bool() & batch["attention_mask"].bool()
-        settings = self.settings
-        return ttt_loss(
-            self.drafter,
-            target.embed,
-            states,
-            batch["input_ids"],
-            loss_mask,
-            settings.ttt_length,
-            settings.step_weight_decay,
-        )
+        ttt_length, decay = self.settings.ttt_length, self.settings.step_weight_decay
+        return ttt_loss(self.drafter, target.embed, states, batch["input_ids"], loss_mask, ttt_length, decay)

@@ -10,20 +10,20 @@ from dataclasses import dataclass
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
 
-def dflash_proposer(target, context: EvalContext, threshold: float):
-    """A `DFlashProposer` over the context's drafter (with a confidence cut-off when threshold > 0)."""
+def dflash_proposer(target, context: EvalContext):
+    """A `DFlashProposer` over the context's drafter (with a confidence cut-off when its draft_threshold > 0)."""
     from dflash.dflash.adaptive import ThresholdProposer
     from dflash.dflash.proposer import DFlashProposer
 
     proposer = DFlashProposer.for_target(context.drafter, target)
-    return ThresholdProposer(proposer, threshold) if threshold > 0 else proposer
+    return ThresholdProposer(proposer, context.draft_threshold) if context.draft_threshold > 0 else proposer
 
 
 def build(target, settings, context: EvalContext) -> MethodSetup:
     from dflash.decoding import ChainVerifier
 
     trained = context.drafter.config.block_size
-    proposer = dflash_proposer(target, context, context.draft_threshold)
+    proposer = dflash_proposer(target, context)
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 

@@ -20,8 +20,7 @@ class LookupSettings:
 
     ngram: int = 3
     """The context's last n tokens a lookup matches: shorter ones match more often and guess
-    worse (on the demo's three families, 3 drafted the most accepted tokens, against 2 and 4:
-    docs/results/lookup-2026-11-27h-amd)."""
+    worse (the default's evidence: docs/results/lookup-2026-11-27h-amd)."""
 
     def __post_init__(self):
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
@@ -32,7 +31,7 @@ def build(target, settings: LookupSettings, context: EvalContext) -> MethodSetup
     from dflash.decoding.ngram import LookupFirst
 
     trained = context.drafter.config.block_size
-    proposer = LookupFirst(dflash_proposer(target, context, context.draft_threshold), settings.ngram)
+    proposer = LookupFirst(dflash_proposer(target, context), settings.ngram)
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 

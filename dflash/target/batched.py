@@ -1,7 +1,6 @@
-"""Batched greedy generation on the fast engine: regeneration's path (`dflash.data.generators`)
-and the bench's generation row. One static cache for the whole batch; what holds is
-`greedy_batch`'s docstring (tests/target/test_engine.py). Greedy tokens come from
-`kernels.argmax`, index for index torch's."""
+"""Batched greedy generation on the fast engine, for regeneration (`dflash.data.generators`) and
+the bench's generation row; `greedy_batch` states what holds (tests/target/test_engine.py).
+Greedy tokens come from `kernels.argmax`, index for index torch's."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ PREFILL_ROWS = 8  # rows per prefill group of `greedy_batch`
 def greedy_batch(
     fast: FastForward, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int
 ) -> list[list[int]]:
-    """Greedy continuations of several prompts at once (regeneration's path), through the stop
-    token or max_new_tokens; new ids only, in the prompts' order.
+    """Greedy continuations of several prompts at once, through the stop token or
+    max_new_tokens; new ids only, in the prompts' order.
 
     Prompts are left-padded into one static cache, longest first; each row keeps its own
     positions (0 at its first real token) and a key mask hides its padding. A padded query

@@ -13,8 +13,8 @@ Tree verification also compacts the cache: `keep_cache_positions` moves the acce
 path's entries behind the anchor before the crop.
 
 Forwards over a growing cache run under `decode_attention()`: every SDPA kernel but
-cuDNN's. cuDNN builds an execution graph for each new key length, and decoding meets a
-new key length at every step: several times the forward itself (docs/design.md, "Measured figures").
+cuDNN's, which builds an execution graph (costing more than the forward) for each new key
+length, and decoding meets a new key length at every step (docs/design.md, "Measured figures").
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTI
 
 
 def decode_attention() -> AbstractContextManager:
-    """Restrict SDPA to `DECODE_SDPA_BACKENDS` in a `with` block (or as a decorator); the
-    previous choice comes back after it. Time a forward under it when comparing it with
-    the decode loop, which runs under it."""
+    """Restrict SDPA to `DECODE_SDPA_BACKENDS` in a `with` block or as a decorator (the
+    decode loop runs under it: time a forward under it to compare with the loop)."""
     return sdpa_kernel(DECODE_SDPA_BACKENDS)
 
 

@@ -1,9 +1,9 @@
 """The fast target forward (`engine: fast`): a lean decoder forward over a static KV cache.
 
-What it replaces: the Hugging Face forward with a `DynamicCache`. On a 2-core CPU that
-forward spends its time outside the weights: per-layer Python and mask building, a `cat`
-of every layer's cache at every step, separate q/k/v and gate/up matmuls, and MKL's
-float32 GEMM, which falls off at a few rows on some CPUs (docs/results/engine-2026-11-26-xeon/).
+It replaces the HF forward with a `DynamicCache`, which on a 2-core CPU spends its time
+outside the weights: per-layer Python and mask building, a `cat` of every layer's cache at
+every step, separate q/k/v and gate/up matmuls, and MKL's float32 GEMM, which falls off at
+a few rows on some CPUs (docs/results/engine-2026-11-26-xeon/).
 
 Invariants:
 - Same model. For the families it accepts (`fast_engine_refusal` is None: Llama, Mistral
@@ -20,23 +20,21 @@ Invariants:
 - Taps. Feature tap of layer i is the output of decoder layer i, except the last layer,
   whose tap is the final-normed output, as HF's `hidden_states[-1]` (docs/design.md
   invariant 2).
-- Kernels. Every weight matmul goes through `Linear`, which picks per row count the
-  fastest of the kernels it measured on this machine (`dflash.target.kernels`); the
-  choice is recorded (`kernel_path`) in results.
-- Attention. A forward of up to `MAX_ATTENTION_QUERIES` (16) new positions on CPU, in
-  float32 or bfloat16, with no mask or a boolean one (decoding, batched regeneration's
-  key mask, draft verification), runs our AVX-512 kernel (`kernels.attention_plan`, `run_attention`,
-  `csrc/decode_attention.cpp`): it reads each kv head's cached keys and values once for
-  its group of query heads, straight from the cache's views, and agrees with SDPA within
-  float rounding (float32: 1e-6 relative; tests/target/test_attention.py). Everything
-  else (prefill's causal forward, longer inputs, additive masks, CUDA, a machine without
-  the kernel) runs `F.scaled_dot_product_attention` as before. `kernel_path` says which.
+- Kernels. Every weight matmul goes through `Linear`, which runs the kernel measured
+  fastest here for its row count (`dflash.target.kernels`); `kernel_path` records it.
+- Attention. A CPU forward of up to `MAX_ATTENTION_QUERIES` (16) new positions in float32
+  or bfloat16, with no mask or a boolean one (decoding, batched regeneration's key mask,
+  draft verification), runs our AVX-512 kernel (`kernels.attention_plan`, `run_attention`):
+  it reads each kv head's cached keys and values once for its group of query heads,
+  straight from the cache's views, and agrees with SDPA within float rounding (float32:
+  1e-6 relative; tests/target/test_attention.py). Everything else (prefill's causal
+  forward, longer inputs, additive masks, CUDA, no kernel) runs SDPA; `kernel_path` says which.
 - Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
   residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
-  (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`,
-  `csrc/layer_ops.cpp`): one pass each where PyTorch runs 4 to 9 ops, rounding where
-  PyTorch's ops round (equal within the last bit; tests/target/test_layer_ops.py).
-  Elsewhere, and for widths they do not take, PyTorch's ops.
+  (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`): one pass
+  each where PyTorch runs 4 to 9 ops, rounding where PyTorch's ops round (equal within the
+  last bit; tests/target/test_layer_ops.py). Elsewhere, and for widths they do not take,
+  PyTorch's ops.
 """
 
 from __future__ import annotations
@@ -72,10 +70,8 @@ def fast_engine_refusal(model) -> str | None:
 
 
 class StaticCache:
-    """Preallocated keys/values of every layer; see the module invariants.
-
-    Grows (doubling, one copy) when a forward needs more than `capacity` positions.
-    """
+    """Preallocated keys/values of every layer (module invariants); grows (doubling, one
+    copy) when a forward needs more than `capacity` positions."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = 256):
         self.length = 0
@@ -257,7 +253,7 @@ class FastForward:
         return [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
 
     def prepare(self) -> None:
-        """Tune the kernels (once; a few seconds for a 135M model on 2 cores)."""
+        """Tune the kernels (once)."""
         if not self.prepared:
             tune(self.linears())
             self.prepared = True

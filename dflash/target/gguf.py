@@ -16,8 +16,7 @@ Invariants:
   (sha256 and size of the GGUF file) and `CONVERSION_VERSION`; a changed file is
   converted again, an unchanged one never (its size and mtime are checked first, the
   hash only when they changed).
-- Conversion follows `dflash.target.builds`: one process converts under the build lock,
-  into a temporary sibling renamed into place last.
+- Conversion follows `dflash.target.builds` (build lock, atomic rename into place).
 - The converted model is the dequantised GGUF model itself: same logits (tested), the
   quantisation marker cleared so that `save_pretrained` writes plain float tensors, and
   config.json carries the rope settings in both transformers generations' keys.
@@ -100,8 +99,7 @@ def file_sha256(path: str) -> str:
 
 def transformers_4_rope_keys(config) -> dict:
     """transformers 4's `rope_theta` / `rope_scaling` for `config`'s rope, to write beside
-    transformers 5's `rope_parameters`: a 4.x loader (serving stacks, the DFlash
-    reference) that finds only `rope_parameters` silently uses theta 10000 (docs/design.md
+    transformers 5's `rope_parameters` (why: `dflash.target.rope_keys`; docs/design.md
     invariant 19). Rope keyed by layer type has no 4.x spelling: nothing is added."""
     from dflash.target.rope_keys import rope_config_keys
 

@@ -1,8 +1,8 @@
 """CUDA graphs of the fast forward's decode steps (`target.engine: graphs`).
 
-Why: on a GPU a decode forward is host-bound. Python and one launch per kernel take several
-times the kernels' own time (docs/results/decode-profile-2026-11-24-h100.md: 1.5 ms of
-kernels in a 6-11 ms step); a CUDA graph replays all of a forward's kernels with one launch.
+Why: on a GPU a decode forward is host-bound: Python and one launch per kernel take several
+times the kernels' own time (docs/results/decode-profile-2026-11-24-h100.md). A CUDA graph
+replays all of a forward's kernels with one launch.
 
 Invariants:
 - One graph per shape. A graph is captured on the first forward of its kind (batch, new

@@ -2,10 +2,10 @@
 
 No CPU kernel wins everywhere: MKL's float32 GEMM falls far below memory bandwidth at a
 few rows on some CPUs, oneDNN's bfloat16 at one row, and our own AVX-512 kernel
-(`csrc/small_gemm.cpp`, built here once) is bound by arithmetic from 8 rows on (figures:
-docs/design.md, "Measured figures"). So `tune` measures each candidate on the real weights of each shape, streamed the way a
-forward streams them, and `Linear` calls the winner for each row count
-(docs/results/engine-2026-11-26-xeon/).
+(`csrc/small_gemm.cpp`, built here once) is bound by arithmetic from 8 rows on
+(docs/design.md, "Measured figures"). So `tune` times each candidate on the real weights
+of each shape, streamed as a forward streams them, and `Linear` calls the winner per row
+count (docs/results/engine-2026-11-26-xeon/).
 
 Invariants:
 - Every candidate computes x @ W.T + b in the weight's dtype; they differ in rounding
@@ -21,13 +21,11 @@ Invariants:
   nothing) under a key of everything that can change the winner: the CPU model and flags,
   torch's version, the thread count, our kernel's source, the weights' shape, dtype and
   count, the row counts and the candidates. Another process with the same key reuses them
-  instead of measuring again (14 s for a 135M model on 2 cores); a key that differs in
-  anything is measured. The choice changes speed only: every candidate computes the same
-  product (the first invariant).
+  instead of measuring again; a key that differs in anything is measured.
 - Attention of a few new positions (`attention_plan` once per forward, then `run_attention`
-  per layer; `csrc/decode_attention.cpp`, built into
-  the same module) computes what SDPA computes (float32: within 1e-5 relative, bfloat16:
-  within its rounding) or returns None, and the engine runs SDPA: it is never an error.
+  per layer; `csrc/decode_attention.cpp`, in the same module) computes what SDPA computes
+  (float32: within 1e-5 relative, bfloat16: within its rounding) or returns None, and the
+  engine runs SDPA: it is never an error.
 - The layer ops (`layer_ops`, `csrc/layer_ops.cpp`, the same module) run where the module
   does, on CPU in float32 or bfloat16, under inference mode; else PyTorch's ops run.
 - `argmax` equals `Tensor.argmax(-1)` index for index; it uses our kernel only where this
@@ -100,7 +98,7 @@ _SOURCES = ("small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp")  # one mo
 
 @functools.cache
 def small_gemm():
-    """Our AVX-512 kernel module, built on first use (about 25 s, then cached by torch under
+    """Our AVX-512 kernel module, built on first use (then cached by torch under
     ~/.cache/torch_extensions); None where this CPU or machine cannot build or run it."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -233,8 +231,7 @@ def _measure(group: list[Linear], rows: tuple[int, ...], repeats: int) -> dict[i
     them, as a forward streams them from memory). Each repeat times every row count and
     candidate once, so the repeats of one pair are spread over the whole measurement, and a
     pair's fastest repeat decides: a slow spell of a shared machine only adds time, and it
-    cannot cover every repeat. (The median of back-to-back repeats let a 2-second burst of
-    another process pick a kernel 1.4x slower for the rest of a demo.)"""
+    cannot cover every repeat."""
     names = _working(group[0])
     weight = group[0].weight
     inputs = {count: torch.randn(count, weight.shape[1], dtype=weight.dtype, device=weight.device) for count in rows}
@@ -409,8 +406,8 @@ def attention_available(like: torch.Tensor) -> bool:
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)`, equal to it index for index (the first maximum; the first NaN if
     any), through our kernel for contiguous float32 or bfloat16 CPU rows where this process
-    has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once (about a
-    tenth of the time; docs/results/engine-2026-11-27d-xeon/)."""
+    has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once
+    (docs/results/engine-2026-11-27d-xeon/)."""
     ops = layer_ops(logits) if small_gemm.cache_info().currsize else None
     if ops is None or logits.dim() == 0 or logits.shape[-1] == 0 or not logits.is_contiguous():
         return logits.argmax(-1)

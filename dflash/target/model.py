@@ -61,31 +61,25 @@ def resolve_dtype(name: str):
 def find_embed_tokens(model: nn.Module) -> nn.Embedding:
     """The token embedding of an HF causal LM (`model.embed_tokens`, GPT-2/Falcon's
     `transformer.wte`/`word_embeddings`, GPT-NeoX's `gpt_neox.embed_in`, ...)."""
-    try:
-        module = model.get_input_embeddings()
-    except (AttributeError, NotImplementedError):
-        module = None
-    if isinstance(module, nn.Embedding):
-        return module
-    raise ConfigError(
-        "path",
-        f"cannot find the token embedding of {type(model).__name__}: get_input_embeddings() "
-        f"gives {type(module).__name__}, not an nn.Embedding",
-    )
+    return _hf_module(model, "get_input_embeddings", nn.Embedding, "the token embedding")
 
 
 def find_lm_head(model: nn.Module) -> nn.Linear:
     """The output projection (LM head) of an HF causal LM (`lm_head`, GPT-NeoX's `embed_out`)."""
+    return _hf_module(model, "get_output_embeddings", nn.Linear, "the LM head")
+
+
+def _hf_module(model: nn.Module, getter: str, kind: type, what: str):
+    """`model.<getter>()` if it is a `kind`, else a ConfigError naming `what`."""
     try:
-        module = model.get_output_embeddings()
+        module = getattr(model, getter)()
     except (AttributeError, NotImplementedError):
         module = None
-    if isinstance(module, nn.Linear):
+    if isinstance(module, kind):
         return module
     raise ConfigError(
         "path",
-        f"cannot find the LM head of {type(model).__name__}: get_output_embeddings() "
-        f"gives {type(module).__name__}, not an nn.Linear",
+        f"cannot find {what} of {type(model).__name__}: {getter}() gives {type(module).__name__}, not an nn.{kind.__name__}",
     )
 
 
@@ -326,9 +320,8 @@ class TargetModel:
 
     @property
     def draft_dtype(self) -> torch.dtype | None:
-        """The dtype drafters propose in where the fast engine decodes (bfloat16, as
-        `draft_logits`: half the bytes a propose reads; drafts only propose, docs/design.md
-        invariant 12), else None: the drafter's own (`dflash.drafter.fast`)."""
+        """bfloat16 where the fast engine decodes on a CPU (drafters propose in it, as `draft_logits`
+        does; docs/design.md invariant 12), else None: the drafter's own (`dflash.drafter.fast`)."""
         return torch.bfloat16 if self.fast is not None and self.device.type == "cpu" else None
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
