@@ -1,6 +1,5 @@
 """Logging the evaluation at the end of training (`eval.after_train=true`, run by
-`dflash.eval.after_train.AfterTrainEval`): its figures as `eval/...` scalars (a wandb run
-also gets results.json as a run file)."""
+`dflash.eval.after_train.AfterTrainEval`)."""
 
 from __future__ import annotations
 

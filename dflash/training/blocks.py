@@ -7,11 +7,9 @@ a target. A slot's label is valid iff k >= 1, a + k < S, loss_mask[a + k] and th
 is not padding. All blocks of a sequence are laid side by side: query index j*B + k is
 slot k of block j.
 
-On-policy labels (docs/design.md invariant 26, `on_policy_blocks`): with the target's greedy
-token g(p) for every position p (its argmax after the text up to p - 1), slot k is labelled
-g(a + k) and kept only while the text agrees with greedy decoding at slots 1..k-1. Then the
-text up to a + k - 1 is exactly what greedy decoding from the anchor would have produced, so
-g(a + k) is the token greedy decoding emits there: the label verification accepts.
+On-policy labels (`on_policy_blocks`): slot k is labelled with the target's greedy token
+g(a + k) (its argmax after the text up to a + k - 1) and kept only while the text agrees with
+greedy decoding at slots 1..k-1: verification accepts such a label (docs/design.md invariant 26).
 """
 
 from __future__ import annotations

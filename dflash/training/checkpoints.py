@@ -48,8 +48,7 @@ def resume_checkpoint(resume: str, checkpoint_dir: str) -> str | None:
     """The checkpoint to resume from: None (fresh start) or a readable .ckpt path.
 
     With "auto": last.ckpt, or previous.ckpt (with a warning) when last.ckpt is missing or
-    unreadable; an unreadable last.ckpt is renamed `last.ckpt.corrupt` by the first process
-    so that the next checkpoint does not keep it as previous.ckpt.
+    unreadable (then renamed `last.ckpt.corrupt` by the first process; module invariants).
     """
     if resume == "never":
         return None

@@ -1,9 +1,7 @@
-"""Training hyper-parameters of the DFlash training module, as one plain dataclass.
+"""Training hyper-parameters of the training module (the `training` config group), as one plain dataclass.
 
-The Hydra entry point fills it from the `training` config group; library code only
-sees the dataclass. Gradient clipping (1.0 in the published recipe) and mixed
-precision are `lightning.Trainer` settings (`gradient_clip_val=1.0`,
-`precision="bf16-mixed"`), not fields here.
+Gradient clipping (1.0 in the published recipe) and mixed precision are `lightning.Trainer`
+settings (`gradient_clip_val=1.0`, `precision="bf16-mixed"`), not fields here.
 """
 
 from __future__ import annotations
@@ -161,19 +159,16 @@ def check_block_fits(block_size: int, max_length: int, num_anchors: int) -> None
     """Config-time shape checks across groups (drafter.block_size, data.max_length,
     training.num_anchors); ConfigError naming the key to change.
 
-    - A block (the anchor and B-1 masked slots) must fit in a sequence behind at least
-      one context token, since context is strictly before the anchor:
-      B + 1 <= max_length. A longer block could never be trained whole, while its
-      attention mask still grows with B times the anchors (issue 11: a 1024 block with
-      max_length 256 ran for minutes without finishing 4 steps).
-    - training.num_anchors may not exceed data.max_length: a sequence cannot host more
-      anchors than it has tokens (at most max_length - 1 can have a target after them;
-      num_anchors = max_length is the natural way to say "every position"). A larger
-      value is refused, not clamped: no sequence can ever reach it, so it is a typo or a
-      misread of max_length, and clamping it would train the same thing under another
-      run name (the run name hashes the overrides). Up to that bound num_anchors stays a
-      budget per sequence: fewer are used when a sequence has fewer valid anchors, and
-      stride sampling takes every B-th one (the anchors ablation relies on that).
+    - A block (the anchor and B-1 masked slots) must fit in a sequence behind at least one
+      context token, since context is strictly before the anchor: B + 1 <= max_length. A
+      longer block could never be trained whole, while its attention mask still grows with B
+      times the anchors (issue 11).
+    - training.num_anchors <= data.max_length: a sequence has no more anchors than tokens
+      (num_anchors = max_length says "every position"). A larger value is refused, not
+      clamped: no sequence can reach it, so it is a typo, and clamping would train the same
+      thing under another run name (which hashes the overrides). Up to that bound it is a
+      budget per sequence: fewer are used when a sequence has fewer valid anchors, and stride
+      sampling takes every B-th one (the anchors ablation relies on that).
     """
     require(
         block_size + 1 <= max_length,

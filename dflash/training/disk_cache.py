@@ -30,7 +30,7 @@ Invariants:
   autocast to bfloat16, the faster one on AMX or AVX512-BF16 CPUs); the autocast dtype
   is part of the key, so a float32 fill and a bf16-mixed one are two caches.
 - Ranks split the fill by shard (shard i by rank i % world_size); the caller then waits for
-  all ranks before reading (`DFlashTrainingModule.setup`). Processes filling the same share
+  all ranks before reading (`DrafterTrainingModule.setup`). Processes filling the same share
   (jobs of a sweep started together) take turns on a file lock, so each file is computed once.
 """
 

@@ -1,12 +1,10 @@
 """A training vocabulary (`training.draft_vocab_size`): each training step scores the drafter
 over the K most frequent response tokens of the training rows instead of the whole vocabulary.
 
-Why: on a small target the frozen head dominates a training step (SmolLM2-135M's 49,152 x
-576 head: nearly all of a CPU step; docs/design.md, "Measured figures"); the target's answers to the demo's prompts use about
-4,000 distinct tokens. EAGLE-3 trains and drafts over a reduced vocabulary for the same reason.
-Here the drafter's weights are unchanged; the vocabulary travels beside them
-(`DFlashDrafter.draft_vocab`, draft_vocab.json) and our decoding drafts over it: the head
-reads K rows instead of the vocabulary's (`TargetModel.draft_logits_over`).
+Why: on a small target the frozen head dominates a training step (docs/design.md, "Measured figures"), while the target's
+answers use a few thousand distinct tokens; EAGLE-3 reduces its vocabulary for the same reason. The drafter's weights are
+unchanged; the vocabulary travels beside them (`DFlashDrafter.draft_vocab`, draft_vocab.json) and our decoding drafts over
+it, the head reading K rows instead of the vocabulary's (`TargetModel.draft_logits_over`).
 
 Invariants:
 - Validation scores the whole vocabulary, out-of-vocabulary tokens included: `val/tau_sim`

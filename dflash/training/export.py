@@ -17,10 +17,8 @@ _DRAFTER_PREFIX = "drafter."
 
 
 def export_drafter(module, out_dir: str, dtype: torch.dtype | None = None) -> str:
-    """Save `module.drafter` (a DFlash drafter of a `DrafterTrainingModule`) into `out_dir` (config.json + model.safetensors); returns out_dir.
-
-    dtype: weight dtype on disk (default: the training dtype).
-    """
+    """Save `module.drafter` (a DFlash drafter of a `DrafterTrainingModule`) into `out_dir`
+    (config.json + model.safetensors) with weights in `dtype` (default: the training dtype); returns out_dir."""
     save_drafter(module.drafter, out_dir, dtype=dtype)
     return out_dir
 

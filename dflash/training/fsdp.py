@@ -2,8 +2,7 @@
 full (unsharded) state dict per checkpoint, which also runs on the CPU over gloo.
 
 On GPUs the strategy is Lightning's own. On the CPU, Lightning 2.6.6 with torch 2.13
-cannot run FSDP as it stands, for three reasons, each lifted here (measured on this
-project's CPU, 2 processes; tests/e2e/test_fsdp_training.py runs it):
+cannot run FSDP, for three reasons, each lifted here (tests/e2e/test_fsdp_training.py):
 
 1. the Trainer refuses it: "The strategy `fsdp` requires a GPU accelerator, but received
    `accelerator='cpu'`" (Lightning issue #21812). The check compares the strategy's exact

@@ -90,16 +90,10 @@ def dpace_weights(slot_losses: torch.Tensor, flat_index: torch.Tensor, num_block
 
 @dataclass(frozen=True)
 class LossSettings:
-    """How `block_loss` scores a batch (filled from `TrainingSettings` by the module).
-
-    block_size: B, the slots per block.
-    objective: "ce" (data tokens), "kl" (forward KL from the target's distribution) or
-        "ce_target_argmax" (cross-entropy to the target's argmax).
-    position_weights: "gamma" (exp(-(k-1)/gamma)), "uniform" or "dpace".
-    gamma: the decay for "gamma". dpace_alpha: the confidence smoothing for "dpace".
-    chunk_rows: rows of logits at a time; None computes all rows at once (the dense
-        reference path, which keeps M x V logits for backward).
-    """
+    """How `block_loss` scores a batch. block_size: B; objective, position_weights, gamma,
+    dpace_alpha, chunk_rows: as `TrainingSettings`' loss, position_weights, loss_gamma (a number),
+    dpace_alpha and loss_chunk_rows (None: all rows at once, the dense reference path, which
+    keeps M x V logits for backward)."""
 
     block_size: int
     objective: str = "ce"

@@ -17,23 +17,21 @@ Invariants:
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
   states up to float rounding (tests/training/test_disk_cache.py,
   tests/training/test_feature_cache.py).
-- An optimizer step's gradient is that of sum w l / W with W the weight of the step's
-  whole global batch, all ranks and accumulation micro-batches (docs/design.md invariant
-  10): `training_step` returns the micro-batch's sum w l scaled by
-  `dflash.training.normalisation.GlobalLossScale`, and `on_before_optimizer_step`
-  corrects the gradients when accumulating, before clipping.
-- Gradient clipping (published: 1.0) and bf16 autocast are `lightning.Trainer` settings
-  (`gradient_clip_val=1.0`, `precision="bf16-mixed"`); under FSDP the clipping norm is
-  the whole gradient's, over all ranks' shards (`configure_gradient_clipping`).
+- An optimizer step's gradient is that of sum w l / W over the step's whole global batch
+  (docs/design.md invariant 10, `dflash.training.normalisation`): `training_step` returns
+  the scaled micro-batch sum, `on_before_optimizer_step` corrects the gradients when
+  accumulating, before clipping.
+- Gradient clipping and bf16 autocast are `lightning.Trainer` settings (`dflash.training.config`);
+  under FSDP the clipping norm is the whole gradient's, over all ranks' shards
+  (`configure_gradient_clipping`).
 - AdamW decays the drafter's matrices only; which parameters those are is recorded in
   `setup`, before a strategy wraps the drafter (FSDP shows every parameter as 1-D).
 
-Logged metrics (see `dflash.training.metrics`): `train/loss`, `train/acc_01`..,
-`train/tau_sim` every `trainer.log_every_n_steps` optimizer steps, computed from the
-sums over that window (all micro-batches of its optimizer steps) and all ranks;
-`val/...` the same over the whole validation set. At the same steps `train/grad_norm`,
-`train/tokens_per_s` and `train/peak_mem_gib` (`dflash.training.monitor`) and, from
-Lightning's LearningRateMonitor, `train/lr/matrices` and `train/lr/norms_biases`.
+Logged metrics: `train/loss`, `train/acc_01`.., `train/tau_sim` (`dflash.training.metrics`)
+every `trainer.log_every_n_steps` optimizer steps, from the sums over that window and all
+ranks; `val/...` the same over the whole validation set. At the same steps the
+`dflash.training.monitor` values and, from Lightning's LearningRateMonitor,
+`train/lr/matrices` and `train/lr/norms_biases`.
 """
 
 from __future__ import annotations

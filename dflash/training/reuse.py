@@ -1,15 +1,12 @@
 """Reusing a finished sweep job whose training is identical (`sweep.reuse`).
 
-Ablation sweeps share their baseline cell: at a scale whose recipe has 3 layers, 3 taps
-and B = 8, the depth sweep's 3-layer drafter, the taps sweep's 3-tap drafter and the
-block-size sweep's B = 8 drafter are one training run under three sweep names. A sweep
-job first looks under the sweeps root for a finished job whose config equals its own,
-bookkeeping aside (IGNORED_KEYS); when it finds one, it copies that job's drafter,
-metrics and results instead of training (hard links where the file system allows),
-rewrites the copied results' `config` to its own, and records the source in
-`reused_from.json`. The tables then see the cell in every ablation that has it, trained
-once. A copied cell's figures are the finished job's measurements, timings included
-(`cpu_threads` is not compared: a scale gives all its jobs the same).
+Ablation sweeps share their baseline cell (at a recipe of 3 layers, 3 taps and B = 8, the
+depth, taps and block-size sweeps each train that same drafter). A sweep job first looks under the
+sweeps root for a finished job whose config equals its own, bookkeeping aside (IGNORED_KEYS);
+if one exists, it copies that job's drafter, metrics and results instead of training (hard
+links where the file system allows), rewrites the copied results' `config` to its own, and
+records the source in `reused_from.json`. A copied cell's figures are the finished job's
+measurements, timings included (`cpu_threads` is not compared: a scale gives all its jobs the same).
 
 Invariants: a job is reused only when it finished (its results.json exists, so training,
 export and the after-train evaluation all ended); every key that can change the drafter

@@ -1,7 +1,6 @@
-"""One training run from plain settings: checkpoints and resume, the fit, export of the
-drafter directory and the optional evaluation after training. The settings are
-`dflash.training.settings`; the Trainer, its strategy and the loggers are built by
-`dflash.training.trainer`.
+"""One training run from plain settings (`dflash.training.settings`): checkpoints and resume,
+the fit, export of the drafter directory and the optional evaluation after training. The
+Trainer, its strategy and the loggers are built by `dflash.training.trainer`.
 
 `python -m dflash.train` (dflash/cli/train.py) fills a `TrainJob` from the Hydra config
 and calls `run_training`; nothing here reads Hydra objects, so tests and scripts can
@@ -10,22 +9,19 @@ run the same code with dataclasses.
 Invariants:
 - Run directory layout (`output_dir`): `checkpoints/last.ckpt` (refreshed every
   `checkpoint.every_n_train_steps` optimizer steps and at the end), `checkpoints/previous.ckpt`
-  (the last.ckpt it replaced), `checkpoints/best.ckpt` (with `checkpoint.select=best` and
-  validation data: the checkpoint of the best `checkpoint.monitor` value so far, written
-  right after the validation that measured it), `drafter/` (the exported drafter
-  directory, with `drafter/checkpoint.json` naming the checkpoint and step it came from),
-  `drafter/README.md` (its model card, `dflash.training.model_card`: rewritten with the
-  measured tau once the evaluation after training ran), `results.json` (evaluation after training), `tau_curves.png` (with `eval.tau_real`:
-  val/tau_sim and val/tau_real against the step, `dflash.training.tau_real`), logger files.
+  and `checkpoints/best.ckpt` (`dflash.training.checkpoints`), `drafter/` (the exported
+  drafter directory, with `drafter/checkpoint.json` naming the checkpoint and step it came
+  from, and its model card `drafter/README.md`, rewritten with the measured tau once the
+  evaluation after training ran), `results.json` (that evaluation), `tau_curves.png` (with
+  `eval.tau_real`, `dflash.training.tau_real`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
 - One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
   on it for the whole run (a second job exits 2 naming the holder; a killed holder's lock
   is taken over).
 - `resume="auto"`: training continues from `checkpoints/last.ckpt` with its global step,
-  optimizer and scheduler state; so re-running a killed command resumes. How checkpoints
-  are written, kept and checked (atomic writes, previous.ckpt, the corrupt-file fallback,
-  the shape check): `dflash.training.checkpoints`.
+  optimizer and scheduler state, so re-running a killed command resumes (how checkpoints
+  are written, kept and checked: `dflash.training.checkpoints`).
 - The frozen target is loaded by every rank on that rank's own device
   (`trainer.strategy.root_device`, known once the Trainer exists), never on cuda:0 by all.
 - Export and evaluation run on global rank 0 only; export reads the final checkpoint,
@@ -132,6 +128,7 @@ def run_training(job: TrainJob, callbacks: list[Callback] | tuple = ()) -> Train
 
 def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) -> TrainOutcome:
     from dflash.data.datamodule import DFlashDataModule
+    from dflash.training.export import read_checkpoint
 
     checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
     with config_key("checkpoint"):
@@ -188,9 +185,9 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     drafter_dir = results_path = None
     if trainer.is_global_zero:
         selected = selected_checkpoint(best, final_checkpoint, trainer.global_step)
-        drafter_dir = export_final_drafter(
-            job.method, selected, os.path.join(output_dir, DRAFTER_DIR), job.checkpoint.torch_export_dtype
-        )
+        export_dtype = job.checkpoint.torch_export_dtype
+        drafter_dir = job.method.export(read_checkpoint(selected), os.path.join(output_dir, DRAFTER_DIR), export_dtype)
+        log.info("drafter exported to %s", drafter_dir)
         write_export_info(drafter_dir, selected, best, trainer.global_step)
         write_model_card(drafter_dir, job.config)
         if job.evaluation is not None:
@@ -205,12 +202,3 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return TrainOutcome(trainer.global_step, resume_path, final_checkpoint, drafter_dir, results_path)
-
-
-def export_final_drafter(method, checkpoint: str, out_dir: str, dtype) -> str:
-    """Write the drafter of `checkpoint` as the method's drafter directory (`Method.export`)."""
-    from dflash.training.export import read_checkpoint
-
-    out_dir = method.export(read_checkpoint(checkpoint), out_dir, dtype)
-    log.info("drafter exported to %s", out_dir)
-    return out_dir

@@ -4,8 +4,8 @@ held-out prompts and checked against the target's own greedy output, logged as
 `val/tau_real` beside the simulated `val/tau_sim`.
 
 `TauRealCallback` schedules and logs; what decodes is a probe built above this layer
-(`dflash.eval.tau_real.TauRealProbe`: `.settings`, `.measure(target, drafter_dir, prompts)`),
-so every trained method is measured through its own evaluation (`Method.evaluation`).
+(`dflash.eval.tau_real.TauRealProbe`), so every trained method is measured through its own
+evaluation (`Method.evaluation`).
 
 Invariants:
 - Prompts: chosen once, at the first evaluation: `num_prompts` rows of the validation
@@ -75,9 +75,7 @@ def held_out_prompts(rows, indices, count: int) -> list[torch.Tensor]:
 class TauRealCallback(Callback):
     """Logs `val/tau_real`, `val/tau_real_lossless` (1.0: every output equals the target's
     greedy one) and `val/tau_real_seconds` (the call's wall time on rank 0, the stall of
-    training) at the scheduled validations (module invariants), and the same at the end of
-    training; then writes `tau_curves.png` (val/tau_sim and val/tau_real against the step)
-    into `output_dir`.
+    training) on the schedule of the module invariants, then writes `tau_curves.png` into `output_dir`.
 
     probe: `.settings` (`TauRealSettings`) and `.measure(target, drafter_dir, prompts)` ->
         {"tau", "lossless", "first_mismatch", "num_tokens", "baseline_seconds"}.
