@@ -11,25 +11,22 @@ needs to break even.
 
 It prints (and writes with --out, as Markdown):
 - the machine: CPU model (or GPU), threads, torch;
-- the bytes of weights one forward reads (every layer and the LM head; a tied embedding
-  once), the read bandwidth measured here (CPU: summing a 1 GiB buffer; GPU: a device
-  copy) and the floor they imply: bytes / bandwidth, no forward can be faster;
+- the bytes of weights one forward reads (`weight_bytes`), the read bandwidth measured here
+  (`read_bandwidth`) and the floor they imply: bytes / bandwidth, no forward can be faster;
 - the kernels the engine chose (`TargetModel.kernel_path`);
-- per verify width B: the target's forward over B new tokens with the drafter's taps
-  after `--context` cached positions, on the fast engine and on the HF forward
-  (reference), each against the floor and against the one-token forward; the drafter's
-  propose for a block of B (a random drafter of `--drafter-layers` layers unless
-  `--drafter` names one: cost does not depend on its weights; `--draft-vocab` gives it a
-  draft vocabulary, as the demo's drafter has), against the floor of the bytes it reads
-  (its weights and the head rows it drafts over); a DFlash step's cost
-  (propose + verify) in autoregressive steps, which is the acceptance length it needs to
-  break even;
-- batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast
-  one's steps after its prefill apart, against the compute floor: the FLOPs of every prompt
-  and new token (2 x the weights each multiplies) over the measured matmul throughput.
+- per verify width B: the target's forward over B new tokens with the drafter's taps after
+  `--context` cached positions, on the fast engine and on the HF forward (reference), each against
+  the floor and the one-token forward; the drafter's propose for a block of B (a random drafter of
+  `--drafter-layers` layers unless `--drafter` names one: cost does not depend on its weights;
+  `--draft-vocab` gives it a draft vocabulary, as the demo's drafter has), against the floor of the
+  bytes it reads (`drafter_bytes`); a DFlash step's cost (propose + verify) in autoregressive steps,
+  which is the acceptance length it needs to break even;
+- batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast one's steps
+  after its prefill apart, against the compute floor: the FLOPs of every prompt and new token (2 x the
+  weights each multiplies) over the measured matmul throughput.
 
-Steps take turns within each repeat and the median counts, so a slow spell of a shared
-machine hits them alike. Nothing else should run on the cores meanwhile.
+Steps take turns within each repeat and the median counts (`dflash.timing`). Nothing else should run
+on the cores meanwhile.
 """
 
 from __future__ import annotations
@@ -184,8 +181,7 @@ def step_costs(target, drafter, args) -> tuple[dict, dict]:
     taps = list(drafter.config.target_layer_ids)
     ids = torch.randint(
         100, min(20_000, target.embedding_rows), (1, context + max(args.widths)), generator=torch.Generator().manual_seed(0)
-    )
-    ids = ids.to(device)
+    ).to(device)
     with torch.inference_mode():
         caches = {"hf": DynamicCache()}
         if target.fast is not None:

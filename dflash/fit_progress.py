@@ -15,8 +15,7 @@ Invariants:
   rate and ETA count only the steps run by this process (a resumed run does not claim
   the steps of its predecessor).
 
-The Lightning-free helpers (`is_interactive`, `format_duration`, `budget_timer`) are in
-`dflash.progress`, which the apps that never train import.
+The Lightning-free helpers are in `dflash.progress`.
 """
 
 from __future__ import annotations
@@ -35,11 +34,8 @@ log = logging.getLogger("dflash.progress")  # the logger of the invariants above
 
 
 def training_progress(enabled: bool, label: str = "train", interval_s: float = PROGRESS_INTERVAL_S) -> tuple[bool, list[Callback]]:
-    """How to show training progress: (draw Lightning's progress bar?, extra callbacks).
-
-    enabled: the `trainer.enable_progress_bar` setting; False shows neither a bar nor lines.
-    On a terminal: the bar. Otherwise: a `LineProgress` callback.
-    """
+    """How to show training progress: (draw Lightning's progress bar?, extra callbacks): on a terminal the
+    bar, else a `LineProgress`. enabled: `trainer.enable_progress_bar`; False shows neither."""
     if not enabled:
         return False, []
     if is_interactive():

@@ -1,11 +1,9 @@
-"""Progress in logs that are not a terminal, without Lightning: whether output is a
-terminal (`is_interactive`), how often a tqdm bar redraws (`bar_interval`), durations as
-`H:MM:SS`, and the time budget's clock of a fit (`budget_timer`, which imports Lightning
-only when called).
+"""Progress in logs that are not a terminal, without Lightning: whether output is a terminal
+(`is_interactive`), how often a tqdm bar redraws (`bar_interval`), durations as `H:MM:SS`, and the time
+budget's clock of a fit (`budget_timer`, which imports Lightning only when called).
 
-Apps that never train (evaluate, export, tables, regenerate) import this module: it must
-not import Lightning at the top, which costs seconds per process. Lightning's side of
-training progress, the `LineProgress` callback, is `dflash.fit_progress`.
+Apps that never train (evaluate, export, tables, regenerate) import this module: it must not import
+Lightning at the top, which costs seconds per process. The `LineProgress` callback is `dflash.fit_progress`.
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ def bar_interval(terminal_s: float = 0.1) -> float:
     """Seconds a tqdm bar waits between redraws: `terminal_s` on a terminal, `PROGRESS_INTERVAL_S`
     in a log or a pipe; `TQDM_MININTERVAL` wins when it is set.
 
-    Our own bars pass this as `mininterval=`: tqdm reads `TQDM_MININTERVAL` only once, when
-    tqdm is first imported, which in an app that imports our packages is before its `main`
-    could set the variable (a log got a redraw per batch).
+    Our own bars pass this as `mininterval=`: tqdm reads `TQDM_MININTERVAL` only once, when first
+    imported, which in an app that imports our packages is before its `main` could set the variable.
     """
     value = os.environ.get("TQDM_MININTERVAL", "").strip()
     if value:

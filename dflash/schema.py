@@ -1,16 +1,12 @@
 """The apps' config schemas, registered in Hydra's ConfigStore.
 
-Every config group is described by one dataclass of the library (`TargetSpec`,
-`DataSpec`, `TrainingSettings`, `DecodingSettings`, ...); its field defaults are the
-defaults, and the group's YAML options hold only what differs from them. Each of the
-seven apps' primary configs (dflash/conf/<app>.yaml) starts from its schema below
-(`- _train_schema` etc. first in its defaults list), so composition itself
+Every config group is described by one dataclass of the library (`TargetSpec`, `DataSpec`,
+`TrainingSettings`, `DecodingSettings`, ...): its field defaults are the defaults, and the group's YAML
+options hold only what differs from them. Each app's primary config (dflash/conf/<app>.yaml) starts
+from its schema below (`- _train_schema` etc. first in its defaults list), so composition itself
 rejects an unknown key or a value of the wrong type, naming the full key
-(`dflash.cli.common.check_overrides` reports it before Hydra runs).
-
-Range checks live in each dataclass's `__post_init__` and name the field only
-(`require(..., "num_layers", ...)`); `dflash.structured.build` (the adapter) instantiates a
-group under its key, so the error the user sees names the full key (`drafter.num_layers`).
+(`dflash.cli.common.check_overrides` reports it before Hydra runs). Range checks live in each
+dataclass's `__post_init__` and name the field only; `dflash.structured.build` adds the group.
 
 Names: an app's schema is `<App>AppConfig` (`TrainAppConfig`); a group's is named for
 what it holds: `<Thing>Spec` for what is loaded or built (`TargetSpec`, `DrafterSpec`,

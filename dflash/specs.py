@@ -37,12 +37,11 @@ class TargetSpec:
     package) converted once into an HF directory at `path`, and again only when the file
     changes (`dflash.target.gguf`)."""
     engine: str = "auto"
-    """The forward that decodes: "auto" (the fast engine, `dflash.target.engine`: static KV
-    cache, fused weights, kernels measured on this CPU, where it can run the family on a
-    CPU; else the HF forward), "fast" (also on CUDA), "graphs" (the fast engine with its
-    decode steps replayed as CUDA graphs, `dflash.target.graphs`; on a CPU it runs "fast")
-    or "eager" (the HF forward with a DynamicCache). A target the fast engine cannot run
-    falls back to the HF forward with one log line."""
+    """The forward that decodes: "auto" (the fast engine, `dflash.target.engine`, where it can run the
+    family on a CPU; else the HF forward), "fast" (also on CUDA), "graphs" (the fast engine with its
+    decode steps replayed as CUDA graphs, `dflash.target.graphs`; on a CPU it runs "fast") or "eager"
+    (the HF forward with a DynamicCache). A target the fast engine cannot run falls back to the HF
+    forward with one log line."""
 
     def __post_init__(self):
         require(self.engine in ENGINES, "engine", f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")

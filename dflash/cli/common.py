@@ -1,14 +1,12 @@
 """Shared plumbing of the Hydra entry points.
 
-Every app reports a bad config or input the same way: one line
-`error: <key>: <message>` on stderr and exit status 2, no traceback. That covers
-`ConfigError` raised by library code (a run directory Hydra made for a refused start is
-removed again when it holds only Hydra's files), missing mandatory values, command-line
-overrides that Hydra rejects (an unknown key, in struct mode, or an unknown option of
-a config group) or would silently skip (an unknown option of an optional group such as
-`experiment`), and output directories that cannot be written: those are checked by
-composing the config once before Hydra runs (`run_app`). The exceptions of reading a
-damaged user file become ConfigErrors at the loader (`dflash.errors.reading`).
+Every app reports a bad config or input as one line `error: <key>: <message>` on stderr, exit status 2,
+no traceback: a `ConfigError` from library code (a run directory Hydra made for a refused start is
+removed again when it holds only Hydra's files), a missing mandatory value, an override Hydra rejects
+(an unknown key, or an unknown option of a config group) or would silently skip (an unknown option of
+an optional group such as `experiment`), an output directory that cannot be written. The command line
+is checked by composing the config once before Hydra runs (`run_app`). A damaged user file becomes a
+ConfigError at its loader (`dflash.errors.reading`).
 """
 
 from __future__ import annotations
@@ -40,11 +38,8 @@ def fail(err: ConfigError) -> NoReturn:
 
 
 def exits_on_config_error(task: Callable) -> Callable:
-    """Decorate a Hydra task function so that a ConfigError ends the run via `fail`.
-
-    Hydra prints a traceback for exceptions escaping the task; `SystemExit` passes
-    through it untouched.
-    """
+    """Make a ConfigError end a Hydra task via `fail` (Hydra prints a traceback for any other
+    exception escaping the task; `SystemExit` passes through it untouched)."""
 
     @functools.wraps(task)
     def wrapper(*args, **kwargs):
@@ -61,9 +56,8 @@ HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.y
 
 
 def remove_refused_run_dir() -> None:
-    """After a ConfigError inside a Hydra task: remove the run directory Hydra made for it
-    when it holds nothing but Hydra's own files, so a refused start leaves nothing that
-    `python -m dflash.tables` would count as a run."""
+    """After a ConfigError inside a Hydra task: remove the run directory Hydra made for it when it holds
+    only Hydra's own files, so a refused start leaves nothing `python -m dflash.tables` counts as a run."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
@@ -99,9 +93,9 @@ def run_app(
 ) -> None:
     """Check the command line, then run `hydra_main` (a `@hydra.main` function).
 
-    `--help` prints the app's own help (`dflash.usage`) and exits. Checked before Hydra starts (and creates its run directory): the flags and
-    overrides (see `check_overrides`), that the directories the app writes are writable,
-    then `check`.
+    `--help` prints the app's own help (`dflash.usage`) and exits. Checked before Hydra starts (and
+    creates its run directory): the flags and overrides (`check_overrides`), that the directories the
+    app writes are writable, then `check`.
     output_dirs: config keys of the directories the app writes, checked in this order
         before Hydra's own (so `paths.artifacts` is named when it is the culprit, not the
         `hydra.run.dir` made from it); null values are skipped.
@@ -134,8 +128,7 @@ class CommandLine:
         (None: no extra search path from flags).
     config_dirs: every directory whose groups the config is composed from: dflash/conf,
         `--config-dir`, then the `file://` and `pkg://` entries of `hydra.searchpath`.
-    help: `--help` / `-h`. left_to_hydra: a flag only Hydra acts on (`--hydra-help`,
-        `--version`, `--shell-completion`, `--config-path`, `--experimental-rerun`).
+    help: `--help` / `-h`. left_to_hydra: a flag only Hydra acts on (`_HYDRA_ONLY`).
     """
 
     overrides: list[str]
@@ -173,7 +166,7 @@ def parse_command_line(config_name: str, args: list[str]) -> CommandLine:
         if flag in _HYDRA_ONLY:
             line.left_to_hydra = True
             continue
-        if flag in _VALUE_FLAGS and flag not in _HYDRA_ONLY:
+        if flag in _VALUE_FLAGS:
             if not has_value:
                 if i >= len(args):
                     raise ConfigError(flag, "needs a value")
@@ -196,7 +189,7 @@ def parse_command_line(config_name: str, args: list[str]) -> CommandLine:
         entries.append(f"file://{directory}")
     for arg in line.overrides:
         if arg.partition("=")[0].lstrip("+~") == "hydra.searchpath":
-            listed = _parse_value(arg)
+            listed = _parse_override(arg).value()
             entries += [str(entry) for entry in listed] if isinstance(listed, list) else []
     line.config_dirs += [d for d in map(_search_dir, entries[1:] if "--config-dir" in values else entries) if d is not None]
     if "--config-dir" in values:
@@ -205,12 +198,12 @@ def parse_command_line(config_name: str, args: list[str]) -> CommandLine:
     return line
 
 
-def _parse_value(arg: str):
+def _parse_override(arg: str):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        return OverridesParser.create().parse_override(arg).value()
+        return OverridesParser.create().parse_override(arg)
     except HydraException as err:
         raise ConfigError(arg.split("=", 1)[0], f"cannot parse override {arg!r}: {first_line(err)}") from None
 
@@ -252,17 +245,15 @@ def check_output_dirs(cfg: DictConfig, keys: tuple[str, ...], multirun: bool) ->
 def quiet_third_party_logs() -> None:
     """Print each Lightning log line once, and without its advertisements.
 
-    On import, the `lightning` package attaches its own console handler to the `lightning`
-    logger, which also propagates to the root logger that Hydra's job_logging set up: every
-    Lightning line would print twice (once as `INFO: ...`, once in Hydra's format). Inside
-    a Hydra app that handler goes, so lines come only through Hydra's handlers (console and
-    the run's .log file). Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines
-    are dropped at their logger; every other Lightning line stays. So is the deprecation
-    warning that Lightning's own code triggers in torch's pytree (nothing a user can fix),
-    and, under DDP or FSDP, Lightning's advice to log `val/...` (and the `val_...` copies
-    checkpoint file names use) with `sync_dist=True`: the validation metrics are summed
-    over ranks before dividing (`dflash.training.metrics`) and `val/tau_real` is rank 0's
-    value broadcast, so every rank logs the global value already.
+    On import, `lightning` attaches its own console handler to the `lightning` logger, which also
+    propagates to the root logger Hydra's job_logging set up: every line would print twice. Inside a
+    Hydra app that handler goes, so lines come only through Hydra's handlers (console and the run's
+    .log file). Dropped: Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines; the
+    deprecation warning Lightning's own code triggers in torch's pytree (nothing a user can fix);
+    under DDP or FSDP, its advice to log `val/...` (and the `val_...` copies checkpoint file names
+    use) with `sync_dist=True`: the validation metrics are summed over ranks before dividing
+    (`dflash.training.metrics`) and `val/tau_real` is rank 0's value broadcast, so every rank logs
+    the global value already.
     """
     import logging
     import warnings
@@ -294,8 +285,7 @@ def resolved_config(cfg: DictConfig) -> dict:
 
 
 def set_cpu_threads(threads) -> None:
-    """Apply config key `cpu_threads` (torch intra-op threads, an int or None by the apps'
-    schemas; None keeps torch's default)."""
+    """Apply config key `cpu_threads` (torch intra-op threads, an int or None; None keeps torch's default)."""
     if threads is not None:
         require(threads >= 1, "cpu_threads", f"must be a positive integer or null, got {threads!r}")
         import torch
@@ -306,14 +296,12 @@ def set_cpu_threads(threads) -> None:
 def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
     """Compose `config_name` with the command line; ConfigError naming the bad override.
 
-    args: the whole command line: Hydra's flags (`--config-dir`, `--config-name`, `-m`,
-    `--cfg`, ...) and the overrides (`parse_command_line`). Returns the composed config
-    (hydra node included; sweeps at their first value), or None for command lines left to
-    Hydra: a flag only Hydra acts on (`--hydra-help`, `--config-path`, ...) and glob or
-    interval sweeps. A sweep over a config group's options is checked option by option (a
-    bad key fails for any value, a bad option only for itself). An unknown option of an
-    optional group (`experiment=nope`), which Hydra would silently skip, is an error too,
-    and so is a key that no schema reads (`+training.lr=1`, which would train with it unused).
+    args: the whole command line, Hydra's flags and the overrides (`parse_command_line`). Returns the
+    composed config (hydra node included; sweeps at their first value), or None for command lines left
+    to Hydra: a flag only Hydra acts on (`--hydra-help`, `--config-path`, ...), glob or interval sweeps.
+    A sweep over a config group's options is checked option by option (a bad key fails for any value, a
+    bad option only for itself). Also errors: an unknown option of an optional group (`experiment=nope`,
+    which Hydra would silently skip) and a key no schema reads (`+training.lr=1`, which would go unused).
     """
     import dflash.schema  # noqa: F401 - registers the apps' schemas, which their configs start from
 
@@ -348,13 +336,9 @@ def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
 def _override_values(arg: str, config_dirs: list[Path]) -> list[str] | None:
     """`arg` itself, or for a sweep its first value, plus every other value when it sweeps a
     config group; None for sweeps that cannot be enumerated here (glob, interval)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    try:
-        override = OverridesParser.create().parse_override(arg)
-    except HydraException as err:
-        raise ConfigError(arg.split("=", 1)[0], f"cannot parse override {arg!r}: {first_line(err)}") from None
+    override = _parse_override(arg)
     if override.is_sweep_override():
         try:
             options = list(override.sweep_string_iterator())
@@ -404,10 +388,9 @@ def _compose_error(compose: Callable[[list[str]], DictConfig], overrides: list[s
 def _override_error(
     compose: Callable[[list[str]], DictConfig], good: list[str], bad: str, err: Exception, config_dirs: list[Path]
 ) -> ConfigError:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import MissingConfigException
 
-    override = OverridesParser.create().parse_override(bad)
+    override = _parse_override(bad)
     key = override.key_or_group
     if isinstance(err, MissingConfigException) and err.options:
         options = sorted(o for o in err.options if not o.startswith("_"))

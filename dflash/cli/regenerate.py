@@ -1,11 +1,10 @@
 """`python -m dflash.regenerate`: the target writes the responses of a prompt mix
 (config: dflash/conf/regenerate.yaml, data sources: dflash/conf/data/*.yaml).
 
-Reads the prompts of `data.sources` (or of `data.path` when there are none) and writes
-JSONL shards to `regenerate.output_dir` (by default `data.path`, where training then
-reads them). Re-running resumes: finished shards are kept. Every setting is checked, the
-prompts are loaded and the output directory is locked before the target loads, so a bad
-value (or a second regeneration into the same directory) fails in seconds.
+Reads the prompts of `data.sources` (or of `data.path` when there are none) and writes JSONL shards to
+`regenerate.output_dir` (by default `data.path`, where training then reads them). Re-running resumes:
+finished shards are kept. Every setting is checked, the prompts are loaded and the output directory is
+locked before the target loads, so a bad value (or a second regeneration into it) fails in seconds.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ def _hydra_main(cfg: DictConfig) -> None:
         rows += loaded
     require(bool(rows), "data.sources", "the sources hold no prompt to answer")
 
-    # Locked before the target loads, so a second regeneration into this directory fails in seconds.
     with DirectoryLock(output_dir, "regenerate.output_dir", LOCK_REMEDY):
         target = load_target(target_spec) if target_spec is not None else None
         path = regenerate(target, rows, output_dir, settings)

@@ -1,14 +1,13 @@
 """`python -m dflash.train`: train a DFlash drafter (config: dflash/conf/train.yaml, named runs:
 dflash/conf/experiment/*.yaml, selected with `experiment=NAME`).
 
-The run directory is `${paths.artifacts}/runs/${run_name}`, where `run_name` is derived
-from the command line (experiment name + a short hash of the other overrides), not from
-the clock: running the same command again finds `checkpoints/last.ckpt` there and
-resumes (`checkpoint.resume=auto`). Set `run_name=NAME` to pin the directory yourself
-(for instance to continue a run with a larger `trainer.max_steps`).
+The run directory is `${paths.artifacts}/runs/${run_name}`, where `run_name` is derived from the
+command line (experiment name + a short hash of the other overrides), not from the clock: the same
+command again finds `checkpoints/last.ckpt` there and resumes (`checkpoint.resume=auto`). Set
+`run_name=NAME` to pin the directory (e.g. to continue a run with a larger `trainer.max_steps`).
 
-Every group is a dataclass of the config schema (dflash/schema.py: unknown keys and
-wrong types fail at composition, naming the key) and is built as one before any model loads; then `dflash.training.run.run_training` does the work.
+Every group is built as its dataclass of the config schema (dflash/schema.py) before any model
+loads; then `dflash.training.run.run_training` does the work.
 """
 
 from __future__ import annotations
@@ -23,14 +22,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dflash.cli.common import (
-    CONF_DIR,
-    exits_on_config_error,
-    quiet_third_party_logs,
-    resolved_config,
-    run_app,
-    set_cpu_threads,
-)
+from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app, set_cpu_threads
 from dflash.errors import require
 from dflash.structured import build, config_key
 
@@ -40,11 +32,10 @@ RUN_NAME_RESOLVER = "dflash_run_name"
 
 
 def run_name_for(experiment: str | None, overrides: str) -> str:
-    """Run directory name: the experiment's name, plus a hash of the other overrides.
+    """Run directory name: the experiment's name, plus a hash of the other overrides (same command -> same name).
 
-    overrides: Hydra's `job.override_dirname`: the command-line overrides, sorted, without
-    `experiment` and the keys that do not change what is trained (the `exclude_keys` of
-    dflash/conf/train.yaml: run_name, checkpoint.resume, logger, ...). Same command -> same name.
+    overrides: Hydra's `job.override_dirname`: the command-line overrides, sorted, without `experiment`
+    and the keys that do not change what is trained (`exclude_keys` of dflash/conf/train.yaml).
     """
     base = (experiment or "train").replace("/", "_")
     if not overrides:
@@ -56,8 +47,7 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 
 
 def job_from_config(cfg: DictConfig):
-    """The `TrainJob` described by a composed `train` config (every group built as its
-    dataclass by `dflash.structured.build`, errors naming the full key)."""
+    """The `TrainJob` of a composed `train` config (each group built by `dflash.structured.build`)."""
     from dflash.training.run import TrainJob
 
     method, settings = _method(cfg)
@@ -94,8 +84,7 @@ def _seeded(settings, seed: int):
 
 
 def _method(cfg: DictConfig):
-    """The trained method of the `method` group (`dflash.methods`) and its settings (each
-    option of dflash/conf/method/ starts from its method's `train_settings` schema)."""
+    """The trained method of the `method` group (`dflash.methods`) and its `train_settings`."""
     from dflash.methods import METHODS, trained_methods
 
     node = cfg.get("method")
@@ -149,14 +138,12 @@ _LAUNCHER_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK"
 def single_job_for_ddp_ranks():
     """Inside a Hydra multirun, make this job re-runnable by Lightning's DDP launcher.
 
-    Lightning starts the other local ranks by re-running `sys.argv` with
-    `hydra.run.dir=<HydraConfig run.dir>` appended. In a multirun, `sys.argv` is the
-    whole sweep (`-m a=1,2`), so every rank would launch the sweep again, and `run.dir`
-    is not this job's directory. Both are replaced by this job's own overrides (one value
-    each) and output directory, so the ranks re-create exactly this job in RUN mode.
-    The launcher also leaves LOCAL_RANK etc. in the environment, which would make the next
-    job believe an outside launcher started it (and wait for ranks nobody starts); they
-    are restored afterwards. Outside a multirun this does nothing.
+    Lightning starts the other local ranks by re-running `sys.argv` with `hydra.run.dir=<HydraConfig
+    run.dir>` appended. In a multirun, `sys.argv` is the whole sweep (`-m a=1,2`), so every rank would
+    launch the sweep again, and `run.dir` is not this job's directory: both are replaced by this job's
+    own overrides and output directory, so the ranks re-create exactly this job in RUN mode. The
+    launcher also leaves LOCAL_RANK etc. in the environment, which would make the next job wait for
+    ranks nobody starts; they are restored afterwards. Outside a multirun this does nothing.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -1,11 +1,9 @@
-"""Tiny random targets built from a config: for tests, the random-drafter floor, and
-anything that must run with no hub access.
+"""Tiny random targets built from a config: for tests, the random-drafter floor, and anything that
+must run with no hub access.
 
-The tokenizer is byte-level (256 byte tokens + special tokens, no merges), so it needs
-no training data and encodes any text. Models are small configs of the families in
-`TINY_ARCHS` (Qwen3, Llama-3.1, Mistral, Gemma2/3, GPT-2, ...) with random weights from
-a seed; they are saved as ordinary HF directories that
-`AutoModelForCausalLM` / `AutoTokenizer` load.
+The tokenizer is byte-level (256 byte tokens + special tokens, no merges): it needs no training data
+and encodes any text. Models are small configs of the families in `TINY_ARCHS` (Qwen3, Llama-3.1,
+Mistral, Gemma2/3, GPT-2, ...) with random weights from a seed, saved as ordinary HF directories.
 """
 
 from __future__ import annotations
@@ -243,11 +241,8 @@ TINY_ARCHS = tuple(_FAMILIES)
 
 
 def build_tiny_target(arch: str = "qwen3", seed: int = 0, chat_template: bool = False, **config_overrides):
-    """A random tiny target and its byte tokenizer, as (model, tokenizer).
-
-    The embedding has spare rows beyond the tokenizer (as Qwen's does), so a mask token
-    fits.
-    """
+    """A random tiny target and its byte tokenizer, as (model, tokenizer). The embedding has spare rows
+    beyond the tokenizer (as Qwen's does), so a mask token fits."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = byte_tokenizer(chat_template=chat_template)
@@ -258,19 +253,11 @@ def build_tiny_target(arch: str = "qwen3", seed: int = 0, chat_template: bool = 
     torch.manual_seed(seed)
     implementation = supported_attention_implementation(config, "sdpa")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=implementation)
-    _sharpen(model)
-    return model.eval(), tokenizer
-
-
-def _sharpen(model) -> None:
-    """Scale up the LM head so random models have peaked next-token distributions.
-
-    With default init, random logits are nearly flat and greedy decoding sits on
-    near-ties that float rounding can flip; sharper logits make greedy comparisons
-    between two mathematically equal computations meaningful.
-    """
+    # Sharpen the head: with default init, random logits are nearly flat and greedy decoding sits on near-ties
+    # that float rounding can flip; peaked logits make greedy comparisons of two equal computations meaningful.
     with torch.no_grad():
         find_lm_head(model).weight.mul_(20.0)
+    return model.eval(), tokenizer
 
 
 def save_tiny_target(directory: str, arch: str = "qwen3", seed: int = 0, chat_template: bool = False, **overrides) -> str:

@@ -1,16 +1,10 @@
 """A tiny but real code LM, built offline from the Python standard library's source.
 
-A random target has no structure for a drafter to learn, so the offline demo needs a
-small model that actually predicts code. This module:
-
-- selects the stdlib's `.py` files (`stdlib_source_files`) and cuts them into one
-  document per function (`file_documents`), holding some files out for validation
-  (`split_corpus`),
-- trains a byte-level BPE tokenizer on them (`train_tokenizer`; <|endoftext|> eos,
-  <|pad|>, <|MASK|> mask),
-- pre-trains a small Qwen3 causal LM with plain next-token loss (`dflash.toy.pretrain`),
-- saves both as an ordinary HF directory with `build_info.json` (config, its hash,
-  losses, tokens seen, wall time).
+A random target has no structure for a drafter to learn, so the offline demo needs a small model that
+actually predicts code: the stdlib's functions, one document each (`split_corpus`), a byte-level BPE
+tokenizer trained on them (`train_tokenizer`), a small Qwen3 pre-trained with next-token loss
+(`dflash.toy.pretrain`), saved as an HF directory with `build_info.json` (config, its hash, losses,
+tokens seen, wall time).
 
 Invariants:
 - Same `TinyCodeConfig` (which fixes the thread count) on the same machine (Python
@@ -43,20 +37,7 @@ BUILD_FORMAT_VERSION = 1
 # Path components skipped in the stdlib: tests and test data, vendored or third-party
 # code, and generated tables (codec maps, pydoc topics) that teach nothing about code.
 EXCLUDED_DIRS = frozenset(
-    {
-        "test",
-        "tests",
-        "idle_test",
-        "idlelib",
-        "lib2to3",
-        "site-packages",
-        "dist-packages",
-        "ensurepip",
-        "encodings",
-        "pydoc_data",
-        "turtledemo",
-        "__pycache__",
-    }
+    "test tests idle_test idlelib lib2to3 site-packages dist-packages ensurepip encodings pydoc_data turtledemo __pycache__".split()
 )
 
 
@@ -70,8 +51,8 @@ class TinyCodeConfig:
     `seq_len` tokens; linear warm-up over `warmup_steps`, cosine decay to lr/10.
     Corpus: at most `max_corpus_bytes` of stdlib functions, `heldout_fraction` of it
     (whole files) held out; validation loss is averaged over at most `val_windows` windows.
-    num_threads: torch threads while pre-training: 2 are faster than 1 on two idle cores,
-        several-fold slower when a busy process shares them; set 1 on a shared machine.
+    num_threads: torch threads while pre-training; set 1 on a shared machine (2 threads on two cores
+        that a busy process shares run several-fold slower).
     """
 
     seed: int = 0
@@ -242,11 +223,10 @@ class Corpus:
 def split_corpus(config: TinyCodeConfig) -> Corpus:
     """The pre-training corpus: the functions of the stdlib files, one document each.
 
-    Whole functions (rather than whole files) match what the target is asked to do, a
-    function body after a `def` line and docstring, and that focus is what a model
-    trained for minutes needs. Files are visited in a seeded shuffle until the
-    functions reach `max_corpus_bytes` (UTF-8); the files worth the last
-    `heldout_fraction` of those bytes are held out.
+    Whole functions (not whole files) match what the target is asked to do, a body after a `def` line
+    and docstring: the focus a model trained for minutes needs. Files are visited in a seeded shuffle
+    until the functions reach `max_corpus_bytes` (UTF-8); the files worth the last `heldout_fraction`
+    of those bytes are held out.
     """
     files = stdlib_source_files()
     random.Random(config.seed).shuffle(files)
@@ -276,18 +256,16 @@ def split_corpus(config: TinyCodeConfig) -> Corpus:
 def train_tokenizer(texts: list[str], vocab_size: int, progress: bool = True):
     """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts`.
 
-    Special tokens take ids 0, 1, 2: <|endoftext|> (eos), <|pad|>, <|MASK|> (mask). No
-    BOS and no chat template: this is a plain-text code model. Newlines are always
-    single tokens.
+    Special tokens take ids 0, 1, 2: <|endoftext|> (eos), <|pad|>, <|MASK|> (mask). No BOS and no chat
+    template: this is a plain-text code model.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    # Every newline is a token of its own, never merged with the next line's indent: a
-    # prompt that ends in "\n" (as HumanEval prompts do) then ends on a token boundary the
-    # model has seen before an indented body, instead of on a bare "\n" that in training
-    # only ever preceded column-0 code.
+    # Every newline is a token of its own, never merged with the next line's indent: a prompt that ends
+    # in "\n" (as HumanEval prompts do) then ends on a token boundary the model has seen before an
+    # indented body, not on a bare "\n" that in training only ever preceded column-0 code.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
@@ -325,11 +303,10 @@ def is_current(out_dir: str, config: TinyCodeConfig) -> bool:
 
 
 def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress: bool = True) -> str:
-    """Build the tiny code target at `out_dir` unless a build of this config is there.
+    """Build the tiny code target at `out_dir` unless a build of this config is there; returns `out_dir`.
 
-    Trains the tokenizer and the model (a few minutes on 2 CPU cores at the default
-    config) and saves an HF directory that `AutoModelForCausalLM` / `AutoTokenizer` /
-    `TargetModel.load` read, plus `build_info.json`. Returns `out_dir`.
+    Trains the tokenizer and the model and saves an HF directory that `AutoModelForCausalLM` /
+    `AutoTokenizer` / `TargetModel.load` read, plus `build_info.json`.
     """
     if isinstance(config, dict):
         config = TinyCodeConfig.from_dict(config)

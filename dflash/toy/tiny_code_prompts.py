@@ -6,14 +6,12 @@ the body starts (`FunctionSource.header`), in the shape of a HumanEval prompt:
     def name(args):
         \"\"\"Docstring.\"\"\"
 
-The tiny target continues each prompt (regeneration) to make drafter training data.
-No near-duplicate of a HumanEval prompt is kept (docs/design.md invariant 27). Two code
-prompts are near-duplicates when they define a function of the same name, when one
-contains the other, or when at least half of the shorter one's word 5-grams (words:
-lower-cased runs of letters and digits, so layout, punctuation and case do not count)
-occur in the other; unrelated stdlib headers share at most 29% with a HumanEval prompt.
-Any held-out code set must pass the same test against the training headers; HumanEval is
-the only one today. Parsing the whole stdlib takes a few seconds.
+The tiny target continues each prompt (regeneration) to make drafter training data. No near-duplicate
+of a HumanEval prompt is kept (docs/design.md invariant 27). Two code prompts are near-duplicates when
+they define a function of the same name, when one contains the other, or when at least half of the
+shorter one's word 5-grams (words: lower-cased runs of letters and digits, so layout, punctuation and
+case do not count) occur in the other (unrelated stdlib headers share at most 29% with a HumanEval
+prompt). Any held-out code set must pass the same test against the training headers.
 """
 
 from __future__ import annotations
@@ -77,12 +75,10 @@ def stdlib_code_prompts(
     """`num_prompts` distinct function-header prompts from the stdlib corpus, at most
     `max_chars` characters each, none a near-duplicate of a HumanEval prompt, in a seeded order.
 
-    With `doctest_first`, every header whose docstring shows `>>>` examples (HumanEval's
-    shape; about 250 in CPython 3.11's stdlib) is taken first. The rest is spread over
-    files: at most `per_file` random headers per file, files in a seeded order, leftovers
+    With `doctest_first`, every header whose docstring shows `>>>` examples (HumanEval's shape) is taken
+    first: drafters trained on that mix accept more on HumanEval (docs/results/demo-history.md; docs/demo.md). The rest
+    is spread over files: at most `per_file` random headers per file, files in a seeded order, leftovers
     only when every file has given its share. Deterministic for a seed and Python stdlib.
-    Drafters trained on the doctest-first mix accept more on HumanEval (docs/results/demo-history.md;
-    docs/demo.md, "The toy demo").
     """
     require(num_prompts > 0, "num_prompts", f"must be positive, got {num_prompts}")
     require(max_chars > 0, "max_chars", f"must be positive, got {max_chars}")
