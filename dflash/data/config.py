@@ -24,9 +24,7 @@ _TOKENIZE_FIELDS = [f.name for f in dataclasses.fields(TokenizeSettings)]
 
 @dataclass
 class DataSpec(SourceSpec):
-    """Everything in the `data` config group: the training conversations' source fields
-    (inherited, `SourceSpec`, where they are documented), regeneration sources,
-    tokenisation and DataModule settings."""
+    """The `data` config group (module docstring); the source fields are inherited from `SourceSpec`, documented there."""
 
     sources: list[SourceSpec] = field(default_factory=list)
     """Prompt sources for regeneration; empty: the conversations at `path`."""
@@ -35,14 +33,14 @@ class DataSpec(SourceSpec):
     require_chat_template: bool = False
     """A tokenizer without a chat template is an error."""
     enable_thinking: bool | None = False
-    """Qwen3 thinking mode; None passes nothing to the template."""
+    """Qwen3 thinking mode; None passes nothing to the template. Must match regeneration and evaluation
+    (docs/design.md invariant 8)."""
     assistant_turns: str = "last"
-    """"last" trains on the final (regenerated) turn; "all" on every assistant turn."""
+    """"last" trains on the final (regenerated) turn; "all" on every assistant turn (plain-text tokenizers: the last)."""
     batch_size: int = 1
     """Sequences per device per step (each opens many anchor blocks)."""
     val_fraction: float = 0.05
-    """Share of conversations held out, split with `seed` (0.05, as the command line has
-    always used; this dataclass said 0.01 before the schema)."""
+    """Share of conversations held out, split with `seed`."""
     seed: int = 0
     """Both the held-out split's seed and, for the conversations at `path`, the seed of a
     `limit`'s draw (each of `sources` has its own `seed`)."""

@@ -104,15 +104,10 @@ class DFlashDataModule(L.LightningDataModule):
             assistant response.
         tokenizer: the target's tokenizer (its chat template lays out the sequences).
         tokenize: max_length, chat template and thinking settings.
-        batch_size: sequences per batch (per device).
-        val_fraction: share of conversations held out for validation.
-        seed: seed of the split.
-        num_workers: DataLoader workers.
+        batch_size / val_fraction / seed / num_workers / allow_partial: as the `DataSpec` fields.
         cache_dir: when set, the tokenised rows are stored there (built once, by
             `prepare_data` on one process per node) and reused while the data, tokenizer
             and settings are unchanged.
-        allow_partial: train on a regenerated directory that holds fewer rows than its
-            manifest lists (a warning says how many are missing) instead of refusing it.
         key: config prefix used to name keys in errors.
     """
 

@@ -15,32 +15,9 @@ import random
 import re
 from collections.abc import Collection
 
-NAMES = (
-    "Ava",
-    "Ben",
-    "Carla",
-    "Dev",
-    "Elena",
-    "Farid",
-    "Grace",
-    "Hiro",
-    "Ines",
-    "Jamal",
-    "Kira",
-    "Liam",
-    "Maya",
-    "Noah",
-    "Olga",
-    "Pablo",
-    "Quinn",
-    "Rosa",
-    "Sam",
-    "Tara",
-    "Uma",
-    "Victor",
-    "Wen",
-    "Yusuf",
-    "Zoe",
+NAMES = tuple(
+    "Ava Ben Carla Dev Elena Farid Grace Hiro Ines Jamal Kira Liam Maya "
+    "Noah Olga Pablo Quinn Rosa Sam Tara Uma Victor Wen Yusuf Zoe".split()
 )
 ITEMS = (
     ("apples", 0.5),

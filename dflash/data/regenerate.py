@@ -49,8 +49,7 @@ class RegenerateSettings:
     """How the target regenerates responses."""
 
     batch_size: int = 16
-    """Prompts per `generate` call (or concurrent requests to a server); the command line's
-    default, 16, is the default here too (it was 8 before the schema)."""
+    """Prompts per `generate` call (or concurrent requests to a server)."""
     shard_size: int = 512
     """Rows per output file; the unit of resumption."""
     max_new_tokens: int = 2048
@@ -114,7 +113,6 @@ def regenerate(
         target: a `TargetModel` (unused when `generator` is given or settings.server_url is set).
         rows: `{"messages": [...]}` rows; each must contain a user turn to answer.
         out_dir: output directory of JSONL shards; existing complete shards are kept.
-        settings: generation settings.
         generator: overrides the generator (tests, custom backends).
     """
     settings = settings or RegenerateSettings()
@@ -156,7 +154,7 @@ def _write_missing_shards(generator, prompts, out_dir, settings: RegenerateSetti
         shard_prompts = prompts[start:stop]
         answers: list[Generated | None] = [None] * len(shard_prompts)
         # Similar lengths batch together (less padding); output order stays the input order.
-        order = sorted(range(len(shard_prompts)), key=lambda i: _prompt_chars(shard_prompts[i]))
+        order = sorted(range(len(shard_prompts)), key=lambda i: sum(len(m["content"]) for m in shard_prompts[i]))
         for first in range(0, len(order), settings.batch_size):
             batch = order[first : first + settings.batch_size]
             for i, answer in zip(batch, generator([shard_prompts[i] for i in batch])):
@@ -217,10 +215,6 @@ def _write_shard(out_dir, start, stop, prompts, answers, fingerprint: str | None
             row[TOKEN_IDS] = token_ids_record(answer.prompt_ids, answer.response_ids, fingerprint)
         rows.append(row)
     write_jsonl(_shard_path(out_dir, start, stop), rows, ensure_ascii=False)
-
-
-def _prompt_chars(prompt: list[dict]) -> int:
-    return sum(len(m["content"]) for m in prompt)
 
 
 def _manifest(generator, prompts, settings: RegenerateSettings, tokenizer) -> dict:

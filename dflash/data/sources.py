@@ -105,7 +105,6 @@ def load_conversations(spec: SourceSpec, key: str = "data", require_response: bo
     """Load and normalise one source.
 
     Args:
-        spec: the source.
         key: config prefix of `spec`, used to name keys in errors ("data", "data.sources[1]").
         require_response: every kept row must end with an assistant turn (training);
             rows without one are skipped, and a source with none at all is an error.

@@ -43,16 +43,8 @@ ASSISTANT_TURNS = ("last", "all")
 
 @dataclass
 class TokenizeSettings:
-    """How conversations become training sequences.
-
-    max_length: sequences are cut to this many tokens.
-    require_chat_template: a tokenizer without a chat template is an error (instead of
-        falling back to plain prompt + response text).
-    enable_thinking: passed to the chat template (Qwen3); None passes nothing. Must match
-        the value used to regenerate the data and to evaluate.
-    assistant_turns: "last" trains on the final assistant turn only (the one the target
-        regenerated); "all" on every assistant turn. Plain-text tokenizers always use the last.
-    """
+    """How conversations become training sequences: the `data` group's fields of these names
+    (documented on `dflash.data.config.DataSpec`)."""
 
     max_length: int = 3072
     require_chat_template: bool = False

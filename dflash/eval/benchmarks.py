@@ -6,8 +6,7 @@ Sources:
   the hub ids and splits of the public DFlash benchmark harness, at `revision` (the
   shipped configs pin the revision they were written against where one could be
   verified; `benchmark_source` is what results.json records). Only the columns the
-  wording reads are materialised: LiveCodeBench's rows also hold gigabytes of private
-  test cases that are never read.
+  wording reads are materialised (`_hub_rows`).
 - Any benchmark can instead be read from a local JSONL file (`path`): a row with
   `turns: [str, ...]` is used verbatim (already worded, one string per user turn);
   otherwise the first of `prompt`, `question`, `problem` is a single turn, worded by
@@ -17,9 +16,6 @@ Wording (`prompt_format`): "paper" is the wording of the public harness (math ge
 "Please reason step by step, and put your final answer within \\boxed{}.", HumanEval is
 wrapped in an instruction and a code fence, ...); "raw" is the benchmark's own text
 (HumanEval's code prompt as-is, for plain-text code models with no chat template).
-
-Subsampling is deterministic: `max_samples` rows chosen by `random.Random(seed)`, kept
-in source order.
 """
 
 from __future__ import annotations

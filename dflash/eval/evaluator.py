@@ -285,8 +285,7 @@ class _Methods:
         model, device = self.target.model, self.target.device
         input_ids = input_ids.to(device)
         if not self.sampling.greedy:
-            # HF generate takes no generator: seed the global RNG instead
-            torch.manual_seed(seed)
+            torch.manual_seed(seed)  # HF generate takes no generator: seed the global RNG instead
         synchronize(device)
         start = time.perf_counter()
         with decode_attention():  # the loop's kernels: a fair baseline (dflash.target.cache)

@@ -29,8 +29,8 @@ a bug).
 
 Several methods (`methods`, e.g. [dflash, ngram]) run on the same generations; every
 figure above exists per method, against the same autoregressive and HF generate runs.
-The first listed method is the run's primary method: the top-level fields describe it
-(with the default [dflash] they are DFlash's, as before); `methods` holds every method's.
+The first listed method is the run's primary method: the top-level fields describe it;
+`methods` holds every method's.
 
 results.json: `dflash.layout.Results`, one field each, described beside it; every nested
 key in docs/results-file.md ("Every key").

@@ -8,11 +8,9 @@
 - Ablation tables: one per (ablation, target); rows = the sweep's axes (e.g. drafter
   layers), plus T when several temperatures were run; columns as above.
 
-Which aggregation the tau and speedup columns show (`metric`, see
-`dflash.eval.results`): "pooled" (default): tau pooled over all verify steps and the
-end-to-end speedup, prefill included; "paper": the DFlash paper's harness, tau as the
-mean of per-generation means and the decode-only speedup (time per output token
-without prefill). Runs whose results.json predates a field get a footnote naming it.
+Which aggregation the tau and speedup columns show (`metric`; see METRIC_NOTES and
+`dflash.eval.results`): "pooled" (default) or "paper" (the DFlash paper's harness). Runs
+whose results.json predates a field get a footnote naming it.
 
 Which data each column measured: a note under the table names every benchmark's source
 as its runs recorded it (results.json `benchmark_source`): the hub dataset and the

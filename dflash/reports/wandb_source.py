@@ -3,12 +3,11 @@
 A training run logs its resolved config (with the `sweep` node) as the wandb run config,
 per-position accuracies as `val/acc_01`.. and `train/acc_01`.., and after its evaluation
 (dflash.training.after_train.log_evaluation) uploads results.json as a run file and logs
-`eval/tau`, `eval/tau_per_prompt_mean`, `eval/speedup_vs_autoregressive`,
-`eval/speedup_vs_hf_generate`, `eval/speedup_decode_only_vs_autoregressive` and
-`eval/tokens_per_s_*`; the summary keeps the last value of each. The uploaded
+its headline figures as `eval/...`; the summary keeps the last value of each. The uploaded
 results.json gives the full results (acceptance histogram, per-prompt numbers). A run
-without it (its file not synced yet) gives tau and speedups from the summary, the other
-results fields (benchmark, block sizes, temperature) from the config, and no histogram.
+without it (its file not synced yet) gives tau and speedups from the summary
+(`_results_from_summary`), the other results fields (benchmark, block sizes, temperature)
+from the config, and no histogram.
 
 Only `wandb.Api()`-shaped objects are used: `api.runs(path, filters=...)` yielding runs
 with `.config`, `.summary`, `.state`, `.path`, `.created_at`, and `.files()` / `.file(name)`
@@ -37,7 +36,8 @@ def collect_wandb_runs(api, project: str, entity: str | None = None, groups: lis
 def record_from_wandb_run(run) -> RunRecord:
     """The record of one wandb run (see the module docstring for what is read)."""
     config = _plain(dict(run.config))
-    summary = _plain(dict(_summary_items(run.summary)))
+    # wandb's summary object is dict-like; its `_json_dict` is the plain content.
+    summary = _plain(dict(getattr(run.summary, "_json_dict", run.summary).items()))
     results = _uploaded_results(run) or _results_from_summary(config, summary, run)
     source = "/".join(str(part) for part in run.path) if isinstance(run.path, (list, tuple)) else str(run.path)
     if results.get("tau") is not None:
@@ -71,11 +71,6 @@ def _uploaded_results(run) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         run.file(RESULTS_FILE).download(root=tmp, replace=True)
         return Results.read(os.path.join(tmp, RESULTS_FILE)).to_json()
-
-
-def _summary_items(summary):
-    # wandb's summary object is dict-like; its `_json_dict` is the plain content.
-    return getattr(summary, "_json_dict", summary).items()
 
 
 def _plain(value):

@@ -12,8 +12,8 @@ sweep's own, full for all but the cpu-only ones). Runs the sweep's `prepare` com
 then `python -m dflash.<app> -m +sweep=NAME [sweep/scale=S] ...` (a Hydra multirun;
 evaluation stages take `sweep/eval_scale=S`), then the sweep named by its `next` key the
 same way. Each stage is an ordinary Hydra command, printed before it runs, so any stage
-can be re-run by hand. Re-running skips finished grid points. The names of the former
-per-scale files still work: `depth_cpu` is `depth --scale cpu`.
+can be re-run by hand. Re-running skips finished grid points. A per-scale name also
+works: `depth_cpu` is `depth --scale cpu`.
 
 Extra arguments are Hydra overrides. `hydra...` overrides go to every stage; other
 (task) overrides go to the first stage only, and are refused for two-stage sweeps: the
@@ -48,7 +48,7 @@ def stage_commands(plan: SweepPlan, overrides: list[str], gpus: str | None, seed
 
 
 def sweep_and_scale(name: str, scale: str | None) -> tuple[str, str | None]:
-    """(sweep, scale) of a command line; a former per-scale name (`depth_cpu`) is its sweep at that scale."""
+    """(sweep, scale) of a command line; a per-scale name (`depth_cpu`) is its sweep at that scale."""
     if name in available_sweeps():
         return name, scale
     for known in available_scales():

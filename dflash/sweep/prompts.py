@@ -8,8 +8,8 @@
   public harness's wording (a seeded subset), then N held-out math and N held-out chat
   prompts from the held-out templates of the training prompts' generators, none a
   near-duplicate of a prompt of the regenerated training data (`--data`; docs/design.md
-  invariant 27). results.json then reports every
-  figure per family (`families`), and the tables give each family a column.
+  invariant 27). results.json then reports every figure per family (`families`), and the
+  tables give each family a column.
 
 Each keeps an existing file made with the same settings, so a prepare step is a no-op
 after the first run.
@@ -28,10 +28,6 @@ import sys
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import artifacts_root
-
-
-def default_path() -> str:
-    return os.path.join(artifacts_root(), "data", "tiny_code_prompts.jsonl")
 
 
 def expand(path: str) -> str:
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.kind == "tiny_code":
-            path = args.out or default_path()
+            path = args.out or os.path.join(artifacts_root(), "data", "tiny_code_prompts.jsonl")
             wrote = write_tiny_code_prompts(path, args.count, args.seed)
         else:
             require(args.data is not None and args.out is not None, "--data", "smollm2_eval needs --data DIR and --out FILE")
