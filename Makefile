@@ -37,11 +37,13 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # One worker per core (-n auto); a test file stays on one worker, so its module fixtures are built once.
+# Files go out in collection order (tests/conftest.py puts the long end-to-end ones first), not
+# xdist's default of most tests first, which left a minute-long file running alone at the end.
 test: install $(TF4_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: install $(TF4_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not slow"
 
 # DFlash on SmolLM2-135M-Instruct in 30 minutes on a 2-core CPU, the install included: the
 # start time goes to the demo, which budgets its training from it.

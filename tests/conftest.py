@@ -17,6 +17,13 @@ ARCHS = ["qwen3", "llama"]
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """The end-to-end files first (a stable sort): under `--dist loadfile --no-loadscope-reorder`
+    (the Makefile's) workers take whole files in this order, so the long files start early and
+    the short ones even out the workers' ends."""
+    items.sort(key=lambda item: item.path.parent.name != "e2e")
+
+
 @pytest.fixture(scope="session", params=ARCHS)
 def tiny_target(request) -> TargetModel:
     """A random tiny target (Qwen3 and Llama architectures), byte tokenizer."""
