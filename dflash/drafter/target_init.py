@@ -23,7 +23,7 @@ from torch import nn
 
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError
-from dflash.target.model import TargetModel, _get_path, find_decoder_layers
+from dflash.target.model import TargetModel, find_decoder_layers, module_at
 
 KEY = "init_from_target"  # the field of DrafterSpec
 
@@ -85,14 +85,14 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel) -> None:
     for i, (ours, theirs) in enumerate(zip(drafter.layers, sources)):
         where = f"layer {len(layers) - num_layers + i}"
         for name in _LAYER_WEIGHTS:
-            source = _get_path(theirs, name)
+            source = module_at(theirs, name)
             if source is None:
                 raise ConfigError(KEY, f"the target's {where} has no {name}; this target cannot start a drafter")
-            _copy(_get_path(ours, name), source, f"{where} {name}")
+            _copy(module_at(ours, name), source, f"{where} {name}")
         for name in _OPTIONAL:
-            source = _get_path(theirs, name)
+            source = module_at(theirs, name)
             if source is not None:
-                _copy(_get_path(ours, name), source, f"{where} {name}")
+                _copy(module_at(ours, name), source, f"{where} {name}")
     _copy(drafter.hidden_norm, sources[0].input_layernorm, f"layer {len(layers) - num_layers} input_layernorm")
     _copy(drafter.norm, final_norm(target), "final norm")
     if drafter.fc is not None:

@@ -90,7 +90,7 @@ _DECODER_LAYER_PATHS = ("model.layers", "model.language_model.layers", "transfor
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The list of transformer blocks of an HF causal LM."""
     for path in _DECODER_LAYER_PATHS:
-        module = _get_path(model, path)
+        module = module_at(model, path)
         if isinstance(module, nn.ModuleList):
             return module
     module = _only_layer_list(model)
@@ -127,7 +127,8 @@ def supported_attention_implementation(config, requested: str | None) -> str | N
     return "eager"
 
 
-def _get_path(root: nn.Module, dotted: str):
+def module_at(root: nn.Module, dotted: str) -> nn.Module | None:
+    """The submodule of `root` at a dotted path (`self_attn.q_proj`), or None where a part is missing."""
     module = root
     for name in dotted.split("."):
         module = getattr(module, name, None)

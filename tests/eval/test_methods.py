@@ -11,10 +11,12 @@ import torch
 
 import dflash.eval.evaluator as evaluator
 from dflash.decoding import ChainVerifier, SamplingConfig, generate
+from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
 from dflash.methods import METHODS, Method, MethodSetup, build_method, check_method_names
 from dflash.specs import DrafterSpec, build_drafter
+from dflash.toy.tiny import tiny_config
 from helpers.apps import assert_one_error_line, run_cli, run_main
 from helpers.decoding import PartialOracleProposer
 
@@ -208,7 +210,7 @@ def test_app_runs_dflash_and_ngram_side_by_side(tmp_path, artifacts):
 BAD_METHOD_SETTINGS = {
     "unknown method": (["methods=[dflash,nope]"], "methods"),
     "ngram range": (["ngram.min_ngram=0"], "ngram.min_ngram"),
-    "eagle3.path not an EAGLE-3 drafter": (["methods=[eagle3]", "eagle3.path={artifacts}/fits"], "eagle3.path"),
+    "a DFlash drafter as eagle3's": (["methods=[eagle3]", "eagle3.path={tmp}/dflash_drafter"], "eagle3.path"),
     "lookup ngram": (["methods=[dflash_lookup]", "dflash_lookup.ngram=0"], "dflash_lookup.ngram"),
 }
 
@@ -216,7 +218,9 @@ BAD_METHOD_SETTINGS = {
 @pytest.mark.parametrize("case", BAD_METHOD_SETTINGS)
 def test_the_app_rejects_bad_method_settings_before_loading_the_target(case, tmp_path, artifacts, monkeypatch, capsys):
     bad, key = BAD_METHOD_SETTINGS[case]
-    argv = [f"hydra.run.dir={tmp_path}/run", f"paths.artifacts={artifacts}", *(arg.format(artifacts=artifacts) for arg in bad)]
+    config = DrafterConfig.from_target(tiny_config("qwen3"), num_layers=1, block_size=4, mask_token_id=258, num_target_features=2)
+    save_drafter(DFlashDrafter(config), str(tmp_path / "dflash_drafter"))
+    argv = [f"hydra.run.dir={tmp_path}/run", f"paths.artifacts={artifacts}", *(arg.format(tmp=tmp_path) for arg in bad)]
     code, lines = run_main("evaluate", argv, monkeypatch, capsys)
     assert_one_error_line(code, lines, key, "")
     assert not any("Loading weights" in line or "cannot read" in line for line in lines)  # before the target, one cause
