@@ -15,12 +15,13 @@ Invariants (docs/design.md invariant 21):
   before loading models, the library function it calls locks again); it is released when
   the outermost holder lets go.
 - On a filesystem without flock support the job runs unguarded, with a warning.
+- Every flock of the package goes through `lock_file`: POSIX's flock, Windows' byte lock
+  (msvcrt) where there is no fcntl, so the package imports and locks on every OS.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -29,6 +30,11 @@ import sys
 from datetime import datetime, timezone
 
 from dflash.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +80,7 @@ class DirectoryLock:
                     f"if that job has ended, delete the file, or {self.remedy}",
                 ) from None
             try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_file(descriptor, wait=False)
             except BlockingIOError:
                 os.close(descriptor)
                 raise ConfigError(
@@ -110,6 +116,27 @@ class DirectoryLock:
             os.remove(self.path)
         os.close(self._descriptor)
         self._descriptor = None
+
+
+def lock_file(handle, wait: bool = True) -> None:
+    """An exclusive lock on an open file (a descriptor or a file object), released when it
+    is closed or its process ends; waits for it, or raises BlockingIOError (`wait=False`)."""
+    if fcntl is not None:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        return
+    import msvcrt  # Windows only
+    import time
+
+    descriptor = handle if isinstance(handle, int) else handle.fileno()
+    while True:
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(descriptor, msvcrt.LK_NBLCK, 1)
+            return
+        except OSError:
+            if not wait:
+                raise BlockingIOError(errno.EAGAIN, "locked by another process") from None
+            time.sleep(0.5)
 
 
 def read_holder(path: str) -> dict:

@@ -4,10 +4,13 @@ Doubles and helper functions are not fixtures: they live in tests/helpers/ (`imp
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 
-from dflash.target import TargetModel
+from dflash.target import TargetModel, kernels
 from dflash.toy.tiny import build_tiny_target
 
 ARCHS = ["qwen3", "llama"]
@@ -35,3 +38,20 @@ def tiny_target(request) -> TargetModel:
 def qwen3_target() -> TargetModel:
     model, tokenizer = build_tiny_target("qwen3", seed=0)
     return TargetModel(model, tokenizer)
+
+
+@pytest.fixture(params=kernels.cpu_isas() or [None])
+def kernel_isa(request, monkeypatch) -> str:
+    """Each instruction set of our kernels that this CPU runs (csrc/vec.h: an AVX-512 CPU runs
+    the AVX2 build too), as this process's kernels for the test. A build that fails fails the
+    test; only a CPU with none of them, or a machine without a C++ compiler, skips."""
+    isa = request.param
+    if isa is None:
+        pytest.skip("this CPU runs none of our kernels' instruction sets (AVX2, AVX-512, NEON)")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    assert kernels.build(isa) is not None, f"our {isa} kernels did not build here"
+    monkeypatch.setenv(kernels.ISA_ENV, isa)
+    kernels.module.cache_clear()
+    yield isa
+    kernels.module.cache_clear()

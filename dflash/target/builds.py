@@ -17,7 +17,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from dflash.fileio import read_json, write_json
+from dflash.locks import lock_file
 
 BUILD_INFO = "build_info.json"
 
@@ -58,14 +58,11 @@ def build_lock(out_dir: str, say: Callable[[str], None]) -> Iterator[None]:
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     with open(f"{out_dir}.build.lock", "a") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_file(handle, wait=False)
         except BlockingIOError:
             say(f"another process is building {out_dir}; waiting for it")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            lock_file(handle)
+        yield  # closing the file lets go
 
 
 def save_atomically(out_dir: str, model, tokenizer, info: dict, config_keys: dict | None = None) -> None:

@@ -273,7 +273,8 @@ class FastForward:
         path = f"{self.dtype}".removeprefix("torch.") + f"; layers {layers}; head {self.lm_head.describe()}"
         like = self.final_norm[0]
         path += "; attention ours(1-16) sdpa" if attention_available(like) else "; attention sdpa"
-        return path + ("; layer ops ours" if layer_ops(like) is not None else "; layer ops torch")
+        ops = layer_ops(like)
+        return path + (f"; layer ops ours ({ops.isa})" if ops is not None else "; layer ops torch")
 
     @torch.inference_mode()
     def forward(

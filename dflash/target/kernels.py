@@ -1,16 +1,20 @@
 """Weight matmuls of the fast engine: per row count, the fastest kernel measured here.
 
 No CPU kernel wins everywhere: MKL's float32 GEMM falls far below memory bandwidth at a
-few rows on some CPUs, oneDNN's bfloat16 at one row, and our own AVX-512 kernel
-(`csrc/small_gemm.cpp`, built here once) is bound by arithmetic from 8 rows on
-(docs/design.md, "Measured figures"). So `tune` times each candidate on the real weights
-of each shape, streamed as a forward streams them, and `Linear` calls the winner per row
-count (docs/results/engine-2026-11-26-xeon/).
+few rows on some CPUs, oneDNN's bfloat16 at one row, and our own kernel
+(`csrc/small_gemm.cpp`) is bound by arithmetic from 8 rows on (docs/design.md, "Measured
+figures"). So `tune` times each candidate on the real weights of each shape, streamed as a
+forward streams them, and `Linear` calls the winner per row count.
+
+Our kernels (`csrc/`: the GEMM, decode attention, the layer ops; one module) are written
+once over the vector layer of `csrc/vec.h` and built on first use for the fastest
+instruction set this CPU runs (`ISAS`: AVX-512 with or without BF16, AVX2, NEON), by the
+C++ compiler torch's cpp_extension finds.
 
 Invariants:
 - Every candidate computes x @ W.T + b in the weight's dtype; they differ in rounding
   only (float32: within 1e-5 relative). Which one ran is recorded (`describe`).
-- A candidate that fails on this machine (no oneDNN, no MKL, no AVX-512 BF16 or no C++
+- A candidate that fails on this machine (no oneDNN, no MKL, no instruction set or no C++
   compiler for our kernel) is skipped, never an error; the dense `F.linear` is always
   there. On CUDA only the dense kernel runs.
 - Choices hold for row counts up to `MAX_TUNED_ROWS`; larger inputs (prefill, batched
@@ -19,7 +23,7 @@ Invariants:
 - Measured once per machine. A group's choices are kept in a JSON file
   (`$DFLASH_KERNEL_CHOICES`, default `~/.cache/dflash/kernel_choices.json`; `off` keeps
   nothing) under a key of everything that can change the winner: the CPU model and flags,
-  torch's version, the thread count, our kernel's source, the weights' shape, dtype and
+  torch's version, the thread count, our kernels' source and instruction set, the weights' shape, dtype and
   count, the row counts and the candidates. Another process with the same key reuses them
   instead of measuring again; a key that differs in anything is measured.
 - Attention of a few new positions (`attention_plan` once per forward, then `run_attention`
@@ -35,7 +39,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -50,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.fileio import read_json, write_json
+from dflash.locks import lock_file
 
 log = logging.getLogger(__name__)
 
@@ -77,72 +81,123 @@ def _mkl(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     return out.view(*shape[:-1], out.shape[-1])
 
 
-def _avx512(linear: Linear, x: torch.Tensor) -> torch.Tensor:
-    packed = linear.packed("avx512", _pack_avx512)
+def _ours(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    ops = module()
+    packed = linear.packed(f"ours/{ops.isa}", lambda weight: pack(weight, ops.tile_columns))
     shape = x.shape
-    out = small_gemm().small_linear(x.reshape(-1, shape[-1]).contiguous(), packed, linear.bias, linear.weight.shape[0])
+    out = ops.small_linear(x.reshape(-1, shape[-1]).contiguous(), packed, linear.bias, linear.weight.shape[0])
     return out.view(*shape[:-1], out.shape[-1])
 
 
-def _pack_avx512(weight: torch.Tensor) -> torch.Tensor:
-    """The layout of csrc/small_gemm.cpp: tiles of 64 output rows, k-major (bfloat16: k in pairs)."""
+def pack(weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """The layout of csrc/small_gemm.cpp: tiles of `tile` output rows, k-major (bfloat16: k in pairs)."""
     n, k = weight.shape
     if weight.dtype == torch.float32:
-        return weight.view(n // 64, 64, k).transpose(1, 2).contiguous()
-    return weight.view(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        return weight.view(n // tile, tile, k).transpose(1, 2).contiguous()
+    return weight.view(n // tile, tile, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
-_SOURCES = ("small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp")  # one module; vec.h is included
+#: the instruction sets our kernels are built for (csrc/vec.h), fastest first, and the x86 CPU
+#: flags each needs (/proc/cpuinfo's names; the compiler's -m flags are the same names); the
+#: aarch64 baseline has NEON
+ISAS = {
+    "avx512_bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
+    "avx2": ("avx2", "fma"),
+    "neon": (),
+}
+_SOURCES = ("module.cpp", "small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp", "vec.h")  # module.cpp includes the rest
+ISA_ENV = "DFLASH_KERNEL_ISA"
 
 
 @functools.cache
-def small_gemm():
-    """Our AVX-512 kernel module, built on first use (then cached by torch under
-    ~/.cache/torch_extensions); None where this CPU or machine cannot build or run it."""
+def cpu_isas() -> tuple[str, ...]:
+    """The instruction sets of `ISAS` this CPU runs, fastest first (none on other CPUs)."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return ("neon",)
+    if machine not in ("x86_64", "amd64"):
+        return ()
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        flags = []
-    missing = [flag for flag in _AVX512_FLAGS if flag not in flags]
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
-    if missing or compiler is None:
-        why = f"this CPU lacks {', '.join(missing)}" if missing else "no C++ compiler"
-        log.info("engine: our AVX-512 kernel is not used (%s); measuring the library kernels only", why)
-        return None
+        return ()
+    return tuple(isa for isa, needs in ISAS.items() if needs and set(needs) <= flags)
+
+
+@functools.cache
+def module():
+    """Our kernel module for this CPU: built on first use for the fastest instruction set it
+    runs (`$DFLASH_KERNEL_ISA` names a slower one: `avx2` on an AVX-512 CPU), then cached by
+    torch under ~/.cache/torch_extensions; None where this CPU or machine cannot build or run
+    it, and the engine measures the library kernels only."""
+    isas = cpu_isas()
+    wanted = os.environ.get(ISA_ENV)
+    if wanted:
+        if wanted not in isas:
+            log.warning("engine: %s=%s is not one this CPU runs (%s)", ISA_ENV, wanted, ", ".join(isas) or "none")
+        isas = tuple(isa for isa in isas if isa == wanted)
+    why = "no instruction set of ours on this CPU" if not isas else None
+    if os.name == "nt":
+        why = "they need GCC or Clang"
+    elif shutil.which(os.environ.get("CXX", "c++")) is None:
+        why = "no C++ compiler"
+    for isa in () if why else isas:
+        built = build(isa)
+        if built is not None:
+            return built
+        why = "the build failed"
+    log.info("engine: our kernels are not used (%s); measuring the library kernels only", why)
+    return None
+
+
+@functools.cache
+def build(isa: str):
+    """Our kernel module for instruction set `isa` (a key of `ISAS` that this CPU runs),
+    built on first use; None if the build fails here."""
     import sys
 
     from torch.utils.cpp_extension import _get_build_directory, load
 
+    from dflash.locks import lock_file
+
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    sources = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in _SOURCES]
-    log.info("engine: loading our AVX-512 kernels (built on first use on a machine: about 25 s)")
-    flags = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
+    here = os.path.join(os.path.dirname(__file__), "csrc")
+    log.info("engine: loading our %s kernels (built on first use on a machine: about 15 s)", isa)
+    openmp = [] if platform.system() == "Darwin" else ["-fopenmp"]  # Apple's clang has none: one thread there
+    flags = ["-O3", *openmp, *(f"-m{flag.replace('_', '')}" for flag in ISAS[isa]), f"-DDFLASH_ISA_{isa.upper()}"]
     try:
         # One build directory per sources and flags: two checkouts with other sources never
         # rebuild over each other. torch's own build lock is a file that a killed build leaves
         # behind, on which every later process would wait forever; a flock dies with its
         # process, so whoever holds ours knows that lock file is stale.
-        text = b""
-        for source in [*sources, os.path.join(os.path.dirname(__file__), "csrc", "vec.h")]:
-            with open(source, "rb") as f:
-                text += f.read()
-        digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:12]
-        name = f"dflash_small_gemm_{digest}"
+        digest = hashlib.sha256(_source_text() + " ".join(flags).encode()).hexdigest()[:12]
+        name = f"dflash_kernels_{isa}_{digest}"
         build_dir = _get_build_directory(name, verbose=False)
         with open(os.path.join(build_dir, "dflash-build.lock"), "w") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
+            lock_file(held)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(build_dir, "lock"))
-            return load(name, sources, extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
+            return load(
+                name, [os.path.join(here, "module.cpp")], extra_cflags=flags, extra_ldflags=openmp, build_directory=build_dir
+            )
     except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
-        log.warning("engine: could not build the AVX-512 kernel (%s); measuring the library kernels only", str(error)[:200])
+        log.warning("engine: could not build our %s kernels (%s)", isa, str(error)[:200])
         return None
 
 
-KERNELS = {"dense": _dense, "onednn": _onednn, "mkl": _mkl, "avx512": _avx512}
+@functools.cache
+def _source_text() -> bytes:
+    text = b""
+    for name in _SOURCES:
+        with open(os.path.join(os.path.dirname(__file__), "csrc", name), "rb") as f:
+            text += f.read()
+    return text
+
+
+KERNELS = {"dense": _dense, "onednn": _onednn, "mkl": _mkl, "ours": _ours}
 
 
 def _bucket(rows: int) -> int:
@@ -177,15 +232,16 @@ class Linear:
         if self.weight.dtype == torch.float32:
             names.append("mkl")
         n, k = self.weight.shape
-        if self.weight.dtype in (torch.float32, torch.bfloat16) and n % 64 == 0 and k % 2 == 0 and small_gemm() is not None:
-            names.append("avx512")
+        ops = module() if self.weight.dtype in (torch.float32, torch.bfloat16) and k % 2 == 0 else None
+        if ops is not None and n % ops.tile_columns == 0:
+            names.append("ours")
         return names
 
     def drop_unused(self) -> None:
         """Free packed copies that no row count chose."""
         used = set(self.choice.values())
         for kind in list(self._packed):
-            if kind not in used:
+            if kind.split("/")[0] not in used:  # "ours/<isa>": our kernel's layout for one instruction set
                 del self._packed[kind]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -259,22 +315,21 @@ def choices_path() -> str | None:
 
 @functools.cache
 def _machine() -> str:
-    """The CPU model and its flags, torch's version and our kernel's source, as one digest."""
+    """The CPU model and its flags, torch's version and our kernels' source, as one digest."""
     try:
         with open("/proc/cpuinfo") as f:
             cpu = "".join(sorted({line for line in f if line.startswith(("model name", "flags"))}))
     except OSError:
         cpu = platform.processor()
-    with open(os.path.join(os.path.dirname(__file__), "csrc", "small_gemm.cpp"), "rb") as f:
-        source = f.read()
-    return hashlib.sha256(cpu.encode() + torch.__version__.encode() + source).hexdigest()[:16]
+    return hashlib.sha256(cpu.encode() + torch.__version__.encode() + _source_text()).hexdigest()[:16]
 
 
 def _choice_key(group: list[Linear], rows: tuple[int, ...]) -> str | None:
     linear = group[0]
     if linear.weight.device.type != "cpu" or choices_path() is None:
         return None
-    parts = [_machine(), torch.get_num_threads(), *linear.shape_key, len(group), rows, linear.candidates()]
+    ops = module()
+    parts = [_machine(), ops and ops.isa, torch.get_num_threads(), *linear.shape_key, len(group), rows, linear.candidates()]
     return json.dumps(parts, default=str)
 
 
@@ -296,7 +351,7 @@ def _keep_choice(key: str | None, choice: dict[int, str]) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".lock", "w") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
+            lock_file(held)
             kept = read_json(path)
             kept = kept if isinstance(kept, dict) else {}
             kept[key] = {str(count): name for count, name in choice.items()}
@@ -360,7 +415,7 @@ def attention_plan(
         or keys.stride(-1) != 1
         or values.stride(-1) != 1
         or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-        or small_gemm() is None
+        or module() is None
     ):
         return None
     if mask is not None:
@@ -382,7 +437,7 @@ def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if query.stride(-1) != 1:
         query = query.contiguous()
     try:
-        return small_gemm().decode_attention(query, keys, values, mask, query.shape[-1] ** -0.5)
+        return module().decode_attention(query, keys, values, mask, query.shape[-1] ** -0.5)
     except (RuntimeError, AttributeError) as error:  # a module built without it, a shape it refuses
         _attention_broken = True
         log.warning("engine: our attention kernel failed (%s); SDPA from now on", str(error)[:200])
@@ -395,7 +450,7 @@ def layer_ops(like: torch.Tensor):
     and the engine runs PyTorch's ops: not CPU, not float32 or bfloat16, or no kernel on this
     machine. Callers run under inference mode (the ops have no backward) and check the
     widths and dtypes (rows of multiples of 16, head_dim of 32, one dtype)."""
-    return small_gemm() if like.device.type == "cpu" and like.dtype in (torch.float32, torch.bfloat16) else None
+    return module() if like.device.type == "cpu" and like.dtype in (torch.float32, torch.bfloat16) else None
 
 
 def attention_available(like: torch.Tensor) -> bool:
@@ -408,7 +463,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     any), through our kernel for contiguous float32 or bfloat16 CPU rows where this process
     has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once
     (docs/results/engine-2026-11-27d-xeon/)."""
-    ops = layer_ops(logits) if small_gemm.cache_info().currsize else None
+    ops = layer_ops(logits) if module.cache_info().currsize else None
     if ops is None or logits.dim() == 0 or logits.shape[-1] == 0 or not logits.is_contiguous():
         return logits.argmax(-1)
     return ops.argmax_rows(logits).view(logits.shape[:-1])

@@ -176,3 +176,32 @@ def test_other_flock_errors_keep_their_traceback(tmp_path, monkeypatch):
         lock(tmp_path).acquire()
     assert not isinstance(caught.value, ConfigError) and caught.value.errno == errno.EIO
     assert dflash.locks._held_here == {}
+
+
+def test_without_fcntl_every_module_imports_and_locks_take_windows_byte_locks(tmp_path):
+    """Windows has no fcntl: the whole package still imports (the kernels may be missing
+    there, never the import), and a directory lock goes through msvcrt (a stand-in here that
+    locks by inode; a second holder is refused)."""
+    script = """
+import importlib, os, pkgutil, sys, types
+sys.modules["fcntl"] = None  # `import fcntl` raises ImportError, as on Windows
+import dflash
+for info in pkgutil.walk_packages(dflash.__path__, "dflash."):
+    importlib.import_module(info.name)
+held = set()
+def locking(descriptor, mode, count):
+    if os.fstat(descriptor).st_ino in held:
+        raise OSError("locked")
+    held.add(os.fstat(descriptor).st_ino)
+sys.modules["msvcrt"] = types.SimpleNamespace(LK_NBLCK=2, locking=locking)  # after the imports: subprocess reads it
+from dflash.locks import DirectoryLock, lock_file
+with DirectoryLock(sys.argv[1], "run_name", "pick another") as lock:
+    try:
+        lock_file(os.open(lock.path, os.O_RDWR), wait=False)  # another holder
+    except BlockingIOError:
+        print("refused")
+print("held", len(held))
+"""
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["refused", "held", "1"]

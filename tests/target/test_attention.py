@@ -14,11 +14,6 @@ def inference():
         yield
 
 
-def needs_kernel():
-    if kernels.small_gemm() is None:
-        pytest.skip("this machine does not build our AVX-512 kernels (no AVX-512 BF16 or no compiler)")
-
-
 def case(dtype, batch, length, heads, kv_heads, head_dim=64, q=1, mask="pad", seed=0):
     """Query, cache views (the first `length` of a larger capacity) and a mask."""
     generator = torch.Generator().manual_seed(seed)
@@ -66,24 +61,21 @@ def check(dtype, *args, **kwargs):
 @pytest.mark.parametrize("length", [1, 17, 300])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4)])
 @pytest.mark.parametrize("mask", ["pad", "none"])
-def test_decode_attention_equals_sdpa(dtype, batch, length, heads, mask):
-    needs_kernel()
+def test_decode_attention_equals_sdpa(kernel_isa, dtype, batch, length, heads, mask):
     check(dtype, batch, length, *heads, mask=mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("head_dim", "q"), [(128, 1), (256, 3), (64, 16), (128, 16)])
-def test_other_head_dims_and_several_queries_equal_sdpa(dtype, head_dim, q):
-    needs_kernel()
+def test_other_head_dims_and_several_queries_equal_sdpa(kernel_isa, dtype, head_dim, q):
     check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q)
     check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q, mask="none")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(dtype):
+def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(kernel_isa, dtype):
     """The kernel starts each (batch row, kv head) at the first key any of its query rows sees:
     rows that start at other keys (not the first row's, not in order) still see all of theirs."""
-    needs_kernel()
     query, keys, values, _ = case(dtype, 2, 100, 9, 3, q=3, mask="none")
     first = torch.tensor([[70, 21, 40], [33, 90, 17]])  # (batch, query row): its first seen key
     mask = (torch.arange(100) >= first.unsqueeze(-1)).unsqueeze(1)
@@ -96,10 +88,9 @@ def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("length", [17, 300])
-def test_a_mask_strided_along_the_keys_gives_the_same_bits(dtype, length):
-    """The kernel reads a mask's keys 16 at a time where they are contiguous, one at a time
+def test_a_mask_strided_along_the_keys_gives_the_same_bits(kernel_isa, dtype, length):
+    """The kernel reads a mask's keys 8 at a time where they are contiguous, one at a time
     otherwise: the same mask stored keys-first (stride q along the keys) gives the same bits."""
-    needs_kernel()
     query, keys, values, mask = case(dtype, 3, length, 9, 3, q=5)
     mask = mask.expand(3, 1, 5, length)
     strided = mask.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
@@ -110,10 +101,9 @@ def test_a_mask_strided_along_the_keys_gives_the_same_bits(dtype, length):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("batch", "q"), [(1, 1), (1, 8), (1, 5), (3, 3)])
-def test_rows_split_over_threads_give_the_same_bits(dtype, batch, q):
+def test_rows_split_over_threads_give_the_same_bits(kernel_isa, dtype, batch, q):
     """3 kv heads on 2 or 4 threads: each (batch row, kv head)'s query rows are cut in parts
     (batch 3: 9 pairs on 2 threads); the result is the one-thread result, bit for bit."""
-    needs_kernel()
     query, keys, values, mask = case(dtype, batch, 300, 9, 3, q=q)
     threads = torch.get_num_threads()
     try:
@@ -125,8 +115,7 @@ def test_rows_split_over_threads_give_the_same_bits(dtype, batch, q):
         torch.set_num_threads(threads)
 
 
-def test_a_row_with_every_key_masked_is_zero_as_sdpa():
-    needs_kernel()
+def test_a_row_with_every_key_masked_is_zero_as_sdpa(kernel_isa):
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     mask = mask.clone()
     mask[1] = False
@@ -150,7 +139,7 @@ def test_where_the_kernel_does_not_apply_the_caller_runs_sdpa():
 
 
 def test_no_kernel_on_the_machine_means_sdpa(monkeypatch):
-    monkeypatch.setattr(kernels, "small_gemm", lambda: None)
+    monkeypatch.setattr(kernels, "module", lambda: None)
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     assert attention(query, keys, values, mask) is None
     assert not kernels.attention_available(query)

@@ -29,7 +29,7 @@ def pair(arch: str, **overrides) -> tuple[TargetModel, TargetModel]:
 @pytest.mark.parametrize(
     ("arch", "sizes"), [(arch, {}) for arch in FAST_FAMILIES] + [("llama", {"num_heads": 2, "num_kv_heads": 1})]
 )
-def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch, sizes):
+def test_fast_forward_equals_hf_forward_over_a_growing_cache(kernel_isa, arch, sizes):
     eager, fast = pair(arch, **sizes)
     assert eager.fast is None and fast.fast is not None
     ids = torch.randint(0, 250, (1, 300), generator=torch.Generator().manual_seed(1))
@@ -54,7 +54,7 @@ def test_fast_forward_equals_hf_forward_over_a_growing_cache(arch, sizes):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("block_size", [1, 4, 8])
-def test_fast_engine_decodes_the_hf_forwards_greedy_output(arch, block_size):
+def test_fast_engine_decodes_the_hf_forwards_greedy_output(kernel_isa, arch, block_size):
     assert_same_greedy_output(*pair(arch), PROMPTS, block_size)
 
 
@@ -65,8 +65,8 @@ def test_fast_engine_tunes_on_first_use_and_names_its_kernels():
     assert fast.fast.prepared
     assert fast.kernel_path.startswith("fast: float32; layers qkv ") and "head " in fast.kernel_path
     assert all(name in fast.kernel_path for name in (", o ", ", gate_up ", ", down "))  # every projection's choice
-    ours = kernels.small_gemm() is not None
-    assert fast.kernel_path.endswith("; layer ops ours" if ours else "; layer ops torch")
+    ops = kernels.module()
+    assert fast.kernel_path.endswith(f"; layer ops ours ({ops.isa})" if ops else "; layer ops torch")
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
@@ -108,20 +108,20 @@ def test_a_killed_kernel_build_does_not_block_the_next_one(tmp_path, monkeypatch
         return "built"
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
-    probe = kernels.small_gemm.__wrapped__
-    if probe() is None:
-        pytest.skip("this machine does not build our kernel")
+    build = kernels.build.__wrapped__
+    isa = kernels.cpu_isas()[0] if kernels.cpu_isas() else pytest.skip("this CPU runs none of our kernels")
+    assert build(isa) == "built"
     ((name, files),) = seen
     (tmp_path / name / "lock").write_text("")  # the stale lock of a killed build
-    assert probe() == "built"
-    assert seen[1] == (name, ["dflash-build.lock"]) and name.startswith("dflash_small_gemm_")
+    assert build(isa) == "built"
+    assert seen[1] == (name, ["dflash-build.lock"]) and name.startswith(f"dflash_kernels_{isa}_")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_kernel_that_runs_here_computes_the_dense_linear(dtype):
+def test_every_kernel_that_runs_here_computes_the_dense_linear(kernel_isa, dtype):
     generator = torch.Generator().manual_seed(0)
     linear = Linear(torch.randn(128, 64, generator=generator).to(dtype), torch.randn(128, generator=generator).to(dtype))
-    assert "avx512" in linear.candidates() or kernels.small_gemm() is None
+    assert "ours" in linear.candidates()
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     for rows in (1, 3, 8, 40):
         x = torch.randn(2, rows, 64, generator=generator).to(dtype)

@@ -19,11 +19,8 @@ def inference():
 
 
 @pytest.fixture
-def ops():
-    module = kernels.small_gemm()
-    if module is None:
-        pytest.skip("this machine does not build our AVX-512 kernels (no AVX-512 BF16 or no compiler)")
-    return module
+def ops(kernel_isa):
+    return kernels.module()
 
 
 def close(ours: torch.Tensor, reference: torch.Tensor):

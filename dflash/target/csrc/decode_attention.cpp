@@ -1,7 +1,7 @@
 // softmax(q k^T * scale + mask) v for a few query positions over a KV cache (decoding),
 // reading each kv head's keys and values from memory once for all the query heads of its
-// group (GQA). dflash.target.kernels builds this file with small_gemm.cpp (one module) and
-// calls it from the engine's forward where it applies (`kernels.attention_plan`, `run_attention`).
+// group (GQA). Part of module.cpp (dflash.target.kernels builds it); the engine
+// calls it from its forward where it applies (`kernels.attention_plan`, `run_attention`).
 //
 // query: (B, H, Q, D); keys, values: (B, KVH, L, D), any strides with the last one 1 (the
 // engine passes views of its static cache); mask: none, or bool (B, 1, Q, L), any strides
@@ -13,19 +13,21 @@
 // one part, unless there are few such pairs and the threads do not divide their count (a
 // small model's 3 kv heads on 2 threads leave one thread idle a third of the time); then
 // each pair's rows are cut in as many parts as threads. A row's result does not depend on
-// the rows that share its task. Each row scores every key
-// (float32 accumulation; bfloat16 with AVX512-BF16 pair products, exact, summed in
-// float32), the scores of a row are scaled, masked (-inf), max-subtracted and exponentiated
+// the rows that share its task. Each row scores every key (float32 accumulation; bfloat16
+// widened to float32, or with AVX512-BF16 pair products, exact, summed in float32), the
+// scores of a row are scaled, masked (-inf), max-subtracted and exponentiated
 // (vectorised Cephes-style exp, about 1 ulp), then the values are summed under those
 // weights in float32 and divided by the row's sum once; bfloat16 rounds once (nearest
 // even) at the end. A row whose keys are all masked gives 0, as SDPA's CPU flash kernel.
-// Needs AVX-512F/BW/VL/DQ and AVX512-BF16 and D in {64, 128, 256}; kernels.py checks it all.
-#include <ATen/ATen.h>
+// Needs D in {64, 128, 256}; kernels.py checks it.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -35,54 +37,36 @@ namespace {
 
 using namespace dflash_vec;
 
-// The 16 lane sums of a[0..15], in order, in one vector (45 instructions where 16
-// horizontal reductions take about 150).
-inline __m512 lane_sums(const __m512* a) {
-  __m512 t[8], u[4];
-  for (int k = 0; k < 8; ++k)
-    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
-  for (int k = 0; k < 4; ++k) {
-    const __m512d x = _mm512_castps_pd(t[2 * k]), y = _mm512_castps_pd(t[2 * k + 1]);
-    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // u[k], 128-bit lane j, element m: part j of the sum of a[4k + m]
-  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
-}
-
-// q . k * scale of `rows` query rows against keys [j0, j0 + n), n <= 16, into
-// scores[r * ld + j0 ...] (a block of 16 keys stays in L1 while the rows pass over it).
-template <int NC>
-inline void score_block(const float* k, int64_t k_stride, int n, const float* const* q, int rows, __m512 scale,
-                        float* scores, int64_t ld, int64_t j0) {
+// q . k * scale of `rows` query rows against keys [j0, j0 + n), n <= W, into
+// scores[r * ld + j0 ...] (a block of W keys stays in L1 while the rows pass over it).
+template <int NC, typename T>
+inline void score_block(const T* k, int64_t k_stride, int n, const T* const* q, int rows, vf scale, float* scores,
+                        int64_t ld, int64_t j0) {
   for (int r = 0; r < rows; ++r) {
-    __m512 qv[NC], acc[16];
-    for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q[r] + 16 * c);
-    for (int j = 0; j < 16; ++j) {
-      acc[j] = _mm512_setzero_ps();
-      if (j < n)
-        for (int c = 0; c < NC; ++c) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + j * k_stride + 16 * c), acc[j]);
+    vf acc[W];
+#if defined(DFLASH_BF16_DOT)
+    if constexpr (sizeof(T) == 2) {
+      constexpr int NP = NC / 2;  // 32 bfloat16 per vector
+      __m512bh qv[NP];
+      for (int c = 0; c < NP; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + 32 * c);
+      for (int j = 0; j < W; ++j) {
+        acc[j] = zero();
+        if (j < n)
+          for (int c = 0; c < NP; ++c)
+            acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(k + j * k_stride + 32 * c));
+      }
+      store(scores + r * ld + j0, mul(lane_sums(acc), scale));
+      continue;
     }
-    _mm512_storeu_ps(scores + r * ld + j0, _mm512_mul_ps(lane_sums(acc), scale));
-  }
-}
-
-template <int NC>
-inline void score_block(const at::BFloat16* k, int64_t k_stride, int n, const at::BFloat16* const* q, int rows,
-                        __m512 scale, float* scores, int64_t ld, int64_t j0) {
-  constexpr int NP = NC / 2;  // 32 bfloat16 per vector
-  for (int r = 0; r < rows; ++r) {
-    __m512bh qv[NP];
-    __m512 acc[16];
-    for (int c = 0; c < NP; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + 32 * c);
-    for (int j = 0; j < 16; ++j) {
-      acc[j] = _mm512_setzero_ps();
+#endif
+    vf qv[NC];
+    for (int c = 0; c < NC; ++c) qv[c] = load(q[r] + W * c);
+    for (int j = 0; j < W; ++j) {
+      acc[j] = zero();
       if (j < n)
-        for (int c = 0; c < NP; ++c)
-          acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(k + j * k_stride + 32 * c));
+        for (int c = 0; c < NC; ++c) acc[j] = fmadd(qv[c], load(k + j * k_stride + W * c), acc[j]);
     }
-    _mm512_storeu_ps(scores + r * ld + j0, _mm512_mul_ps(lane_sums(acc), scale));
+    store(scores + r * ld + j0, mul(lane_sums(acc), scale));
   }
 }
 
@@ -90,28 +74,28 @@ inline void score_block(const at::BFloat16* k, int64_t k_stride, int n, const at
 template <int NC, int ROWS, typename T>
 inline void weigh_values(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld,
                          const float* inverse_sums, T* const* out) {
-  __m512 acc[ROWS][NC];
+  vf acc[ROWS][NC];
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[r][c] = zero();
   for (int64_t j = 0; j < L; ++j) {
     const T* vj = v + j * v_stride;
-    __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load_f32(vj + 16 * c);
+    vf vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load(vj + W * c);
     for (int r = 0; r < ROWS; ++r) {
-      const __m512 p = _mm512_set1_ps(weights[r * ld + j]);
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+      const vf p = set1(weights[r * ld + j]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = fmadd(p, vv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < ROWS; ++r) {
-    const __m512 inv = _mm512_set1_ps(inverse_sums[r]);
-    for (int c = 0; c < NC; ++c) store(out[r] + 16 * c, _mm512_mul_ps(acc[r][c], inv));
+    const vf inv = set1(inverse_sums[r]);
+    for (int c = 0; c < NC; ++c) store(out[r] + W * c, mul(acc[r][c], inv));
   }
 }
 
 template <int NC, typename T>
 void weigh_group(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld, const float* inverse_sums,
                  T* const* out, int rows) {
-  constexpr int RG = NC == 4 ? 6 : NC == 8 ? 3 : 1;  // rows per pass: RG * NC accumulators
+  constexpr int RG = std::max(1, std::min(6, (REGS - 2) / (NC + 1)));  // rows per pass: RG * NC accumulators
   for (int r0 = 0; r0 < rows; r0 += RG) {
     const int n = std::min(RG, rows - r0);
     const float* w = weights + r0 * ld;
@@ -133,6 +117,24 @@ void weigh_group(const T* v, int64_t v_stride, int64_t L, const float* weights, 
   }
 }
 
+// scores s[j] = -inf for the keys j in [from, L) that the mask row m hides, 8 bools at a time
+// (a run of seen keys, the common case, costs one compare)
+inline void hide_masked(float* s, const bool* m, int64_t mask_l, int64_t from, int64_t L) {
+  constexpr uint64_t all_seen = 0x0101010101010101ull;
+  int64_t j = from;
+  if (mask_l == 1) {
+    for (; j + 8 <= L; j += 8) {
+      uint64_t bits;
+      std::memcpy(&bits, m + j, sizeof(bits));
+      if (bits == all_seen) continue;
+      for (int t = 0; t < 8; ++t)
+        if (!m[j + t]) s[j + t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  for (; j < L; ++j)
+    if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
+}
+
 struct Strides {
   int64_t b, h, l;
 };
@@ -141,15 +143,14 @@ template <int NC, typename T>
 void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Strides ks, const T* values, Strides vs,
             const bool* mask, int64_t mask_b, int64_t mask_q, int64_t mask_l, T* out, int64_t B, int64_t H,
             int64_t KVH, int64_t Q, int64_t L, float scale) {
-  constexpr int64_t D = 16 * NC;
+  constexpr int64_t D = W * NC;
   const int64_t G = H / KVH, R = G * Q;
-  const int64_t ld = (L + 15) / 16 * 16;
-  const __m512 scale_v = _mm512_set1_ps(scale);
+  const int64_t ld = (L + W - 1) / W * W;
+  const vf scale_v = set1(scale);
   const int64_t pairs = B * KVH, threads = at::get_num_threads();
   const int64_t parts = pairs % threads != 0 && pairs < 8 * threads ? std::min(threads, R) : 1;
   at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);  // FTZ | DAZ, as small_gemm.cpp
+    FlushDenormals flush;
     std::vector<float> scores(R * ld);
     std::vector<float> inverse_sums(R);
     std::vector<const T*> q_rows(R);
@@ -165,7 +166,7 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         out_rows[r] = out + ((b * Q + i) * H + h) * D;
       }
       // keys before the first one any row sees (a row's left padding) are skipped, from a
-      // multiple of 16 on: the scores' lanes keep their keys, so the result is bit for bit
+      // multiple of W on: the scores' lanes keep their keys, so the result is bit for bit
       // the one over every key (the skipped ones weigh exactly 0)
       int64_t j_lo = 0;
       if (mask) {
@@ -176,54 +177,32 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
           while (j < j_lo && !m[j * mask_l]) ++j;
           j_lo = j;
         }
-        j_lo = j_lo == L ? 0 : j_lo / 16 * 16;
+        j_lo = j_lo == L ? 0 : j_lo / W * W;
       }
       const T* k = keys + b * ks.b + kvh * ks.h;
-      for (int64_t j0 = j_lo; j0 < L; j0 += 16)
-        score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(16, L - j0)), q_rows.data(),
+      for (int64_t j0 = j_lo; j0 < L; j0 += W)
+        score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(W, L - j0)), q_rows.data(),
                         static_cast<int>(n), scale_v, scores.data(), ld, j0);
       for (int64_t r = 0; r < n; ++r) {
         float* s = scores.data() + r * ld;
-        const int64_t i = (r0 + r) % Q;
-        if (mask) {
-          const bool* m = mask + b * mask_b + i * mask_q;
-          if (mask_l == 1) {  // 16 keys at a time: their bools as a lane mask
-            const __m512 hidden = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-            for (int64_t j = j_lo; j < L; j += 16) {
-              const __mmask16 lanes = L - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - j)) - 1u);
-              const __m128i seen = _mm_maskz_loadu_epi8(lanes, m + j);
-              _mm512_mask_storeu_ps(s + j, lanes & ~_mm_test_epi8_mask(seen, seen), hidden);
-            }
-          } else {
-            for (int64_t j = j_lo; j < L; ++j)
-              if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
-          }
-        }
-        const int64_t full = L / 16 * 16;
-        const __mmask16 tail = (__mmask16)((1u << (L - full)) - 1u);
-        __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        for (int64_t j = j_lo; j < full; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-        if (tail) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, s + full));
-        const float top = _mm512_reduce_max_ps(mx);
-        const __m512 topv = _mm512_set1_ps(top);
-        __m512 sum = _mm512_setzero_ps();
-        for (int64_t j = j_lo; j < full; j += 16) {
-          const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), topv));
-          _mm512_storeu_ps(s + j, e);
-          sum = _mm512_add_ps(sum, e);
-        }
-        if (tail) {
-          const __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full), topv)));
-          _mm512_mask_storeu_ps(s + full, tail, e);
-          sum = _mm512_add_ps(sum, e);
+        if (mask) hide_masked(s, mask + b * mask_b + (r0 + r) % Q * mask_q, mask_l, j_lo, L);
+        for (int64_t j = L; j < ld; ++j) s[j] = -std::numeric_limits<float>::infinity();  // the last block's rest
+        vf mx = set1(-std::numeric_limits<float>::infinity());
+        for (int64_t j = j_lo; j < ld; j += W) mx = max(mx, load(s + j));
+        const float top = reduce_max(mx);
+        const vf topv = set1(top);
+        vf sum = zero();
+        for (int64_t j = j_lo; j < ld; j += W) {
+          const vf e = exp_nonpositive(sub(load(s + j), topv));
+          store(s + j, e);
+          sum = add(sum, e);
         }
         // all keys masked: every weight is 0 and so is the row, as SDPA's CPU flash kernel
-        inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / _mm512_reduce_add_ps(sum);
+        inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / reduce_add(sum);
       }
       weigh_group<NC>(values + b * vs.b + kvh * vs.h + j_lo * vs.l, vs.l, L - j_lo, scores.data() + j_lo, ld,
                       inverse_sums.data(), out_rows.data(), static_cast<int>(n));
     }
-    _mm_setcsr(csr);
   });
 }
 
@@ -232,9 +211,9 @@ void dispatch(int64_t D, const T* query, Strides qs, int64_t q_pos_stride, const
               Strides vs, const bool* mask, int64_t mb, int64_t mq, int64_t ml, T* out, int64_t B, int64_t H,
               int64_t KVH, int64_t Q, int64_t L, float scale) {
   switch (D) {
-    case 64: attend<4, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
-    case 128: attend<8, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
-    case 256: attend<16, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    case 64: attend<64 / W, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    case 128: attend<128 / W, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
+    case 256: attend<256 / W, T>(query, qs, q_pos_stride, keys, ks, values, vs, mask, mb, mq, ml, out, B, H, KVH, Q, L, scale); break;
     default: TORCH_CHECK(false, "decode_attention: head_dim 64, 128 or 256");
   }
 }
@@ -276,9 +255,8 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
                     values.data_ptr<float>(), vs, mask_data, mb, mq, ml, out.data_ptr<float>(), B, H, KVH, Q, L, s);
   } else {
     TORCH_CHECK(query.scalar_type() == at::kBFloat16, "decode_attention: float32 or bfloat16");
-    using bf = at::BFloat16;
-    dispatch<bf>(D, query.data_ptr<bf>(), qs, query.stride(2), keys.data_ptr<bf>(), ks, values.data_ptr<bf>(), vs,
-                 mask_data, mb, mq, ml, out.data_ptr<bf>(), B, H, KVH, Q, L, s);
+    dispatch<bf16>(D, query.data_ptr<bf16>(), qs, query.stride(2), keys.data_ptr<bf16>(), ks, values.data_ptr<bf16>(),
+                   vs, mask_data, mb, mq, ml, out.data_ptr<bf16>(), B, H, KVH, Q, L, s);
   }
   return out;
 }

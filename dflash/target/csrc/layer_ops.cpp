@@ -1,6 +1,6 @@
 // The elementwise parts of a decoder layer, each one pass over its rows where PyTorch runs
 // 4 to 9 ops (on 2 cores a one-token forward spent about a sixth of its time in them).
-// dflash.target.kernels builds this file with small_gemm.cpp (one module); the engine calls
+// Part of module.cpp (dflash.target.kernels builds it); the engine calls
 // them where `kernels.layer_ops` allows. Each rounds where HF's ops round (to the tensor's
 // dtype after every op that PyTorch runs separately), so they differ from PyTorch's ops in
 // the last bit at most (summation order, our exp):
@@ -21,9 +21,10 @@
 //   argmax compares one value at a time (docs/results/engine-2026-11-27d-xeon/).
 // All other tensors float32 or all bfloat16, rows contiguous, widths multiples of 16 (D of 32);
 // kernels.py checks it all.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cmath>
 #include <tuple>
@@ -35,12 +36,8 @@ namespace {
 using namespace dflash_vec;
 
 // v rounded to T and back (bfloat16: nearest even; float32: v)
-inline __m512 rounded(const float*, __m512 v) { return v; }
-
-inline __m512 rounded(const at::BFloat16*, __m512 v) {
-  const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
+inline vf rounded(const float*, vf v) { return v; }
+inline vf rounded(const bf16*, vf v) { return round_bf16(v); }
 
 template <typename T>
 void rms_rows(const T* x, const T* delta, const T* weight, T* out, T* sum, int64_t rows, int64_t D, float eps) {
@@ -50,31 +47,25 @@ void rms_rows(const T* x, const T* delta, const T* weight, T* out, T* sum, int64
       const T* h = xr;
       if (delta) {  // h = x + delta, rounded to T, kept for the caller
         T* s = sum + r * D;
-        for (int64_t j = 0; j < D; j += 16) store(s + j, _mm512_add_ps(load_f32(xr + j), load_f32(delta + r * D + j)));
+        for (int64_t j = 0; j < D; j += W) store(s + j, add(load(xr + j), load(delta + r * D + j)));
         h = s;
       }
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t j = 0; j < D; j += 16) {
-        const __m512 v = load_f32(h + j);
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+      vf acc = zero();
+      for (int64_t j = 0; j < D; j += W) {
+        const vf v = load(h + j);
+        acc = add(acc, mul(v, v));
       }
-      const float scale = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(D) + eps);
-      const __m512 sv = _mm512_set1_ps(scale);
-      for (int64_t j = 0; j < D; j += 16) {
-        const __m512 normed = rounded(h, _mm512_mul_ps(load_f32(h + j), sv));
-        store(out + r * D + j, _mm512_mul_ps(load_f32(weight + j), normed));
-      }
+      const vf scale = set1(1.0f / std::sqrt(reduce_add(acc) / static_cast<float>(D) + eps));
+      for (int64_t j = 0; j < D; j += W) store(out + r * D + j, mul(load(weight + j), rounded(h, mul(load(h + j), scale))));
     }
   });
 }
 
 // silu(g) = g / (1 + e^-g), as g * 1 / (1 + e) for g >= 0 and g * e / (1 + e) below, e = e^-|g|
-inline __m512 silu(__m512 g) {
-  const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 numerator = _mm512_mask_mov_ps(one, negative, e);
-  return _mm512_mul_ps(g, _mm512_div_ps(numerator, _mm512_add_ps(one, e)));
+inline vf silu(vf g) {
+  const vf e = exp_nonpositive(sub(zero(), abs(g)));
+  const vf one = set1(1.0f);
+  return mul(g, div(where_negative(g, e, one), add(one, e)));
 }
 
 template <typename T>
@@ -82,10 +73,7 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * n;
-      for (int64_t j = 0; j < n; j += 16) {
-        const __m512 s = rounded(g, silu(load_f32(g + j)));
-        store(out + r * n + j, _mm512_mul_ps(s, load_f32(g + n + j)));
-      }
+      for (int64_t j = 0; j < n; j += W) store(out + r * n + j, mul(rounded(g, silu(load(g + j))), load(g + n + j)));
     }
   });
 }
@@ -94,10 +82,10 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
 template <typename T>
 inline void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t D) {
   const int64_t half = D / 2;
-  for (int64_t j = 0; j < D; j += 16) {
+  for (int64_t j = 0; j < D; j += W) {
     const int64_t other = j < half ? j + half : j - half;
-    const __m512 a = rounded(x, _mm512_mul_ps(load_f32(x + j), load_f32(cos + j)));
-    store(out + j, _mm512_add_ps(a, _mm512_mul_ps(load_f32(x + other), load_f32(sin + j))));
+    const vf a = rounded(x, mul(load(x + j), load(cos + j)));
+    store(out + j, add(a, mul(load(x + other), load(sin + j))));
   }
 }
 
@@ -117,7 +105,7 @@ void rope_rows(const T* qkv, const T* cos, const T* sin, T* keys, T* values, T* 
         rotate(row + (H + h) * D, c, s, keys + b * kb + h * kh + (start + i) * kl, D);
         const T* v = row + (H + KVH + h) * D;
         T* to = values + b * vb + h * vh + (start + i) * vl;
-        for (int64_t j = 0; j < D; j += 16) store(to + j, load_f32(v + j));
+        for (int64_t j = 0; j < D; j += W) store(to + j, load(v + j));
       }
     }
   });
@@ -126,14 +114,13 @@ void rope_rows(const T* qkv, const T* cos, const T* sin, T* keys, T* values, T* 
 // rms_rows' normalisation of one head into out (float32 sums, rounded where HF rounds)
 template <typename T>
 inline void norm_row(const T* x, const T* weight, float eps, T* out, int64_t D) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < D; j += 16) {
-    const __m512 v = load_f32(x + j);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  vf acc = zero();
+  for (int64_t j = 0; j < D; j += W) {
+    const vf v = load(x + j);
+    acc = add(acc, mul(v, v));
   }
-  const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(D) + eps));
-  for (int64_t j = 0; j < D; j += 16)
-    store(out + j, _mm512_mul_ps(load_f32(weight + j), rounded(x, _mm512_mul_ps(load_f32(x + j), scale))));
+  const vf scale = set1(1.0f / std::sqrt(reduce_add(acc) / static_cast<float>(D) + eps));
+  for (int64_t j = 0; j < D; j += W) store(out + j, mul(load(weight + j), rounded(x, mul(load(x + j), scale))));
 }
 
 template <typename T>
@@ -155,26 +142,26 @@ void norm_rope_rows(const T* x, const T* weight, float eps, const T* cos, const 
   });
 }
 
-// the first index of x's maximum (of its first NaN if it has one), 16 lanes at a time
+// the first index of x's maximum (of its first NaN if it has one), W lanes at a time
 template <typename T>
 int64_t argmax_row(const T* x, int64_t V) {
-  const int64_t body = V - V % 16;
-  __m512 best = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < body; j += 16) {
-    const __m512 v = load_f32(x + j);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const int64_t body = V - V % W;
+  vf best = set1(-INFINITY);
+  for (int64_t j = 0; j < body; j += W) {
+    const vf v = load(x + j);
+    const unsigned nan = nan_lanes(v);
     if (nan) return j + __builtin_ctz(nan);
-    best = _mm512_max_ps(best, v);
+    best = max(best, v);
   }
-  float top = _mm512_reduce_max_ps(best);
+  float top = reduce_max(best);
   for (int64_t j = body; j < V; ++j) {
     const float v = static_cast<float>(x[j]);
     if (std::isnan(v)) return j;
     top = v > top ? v : top;
   }
-  const __m512 tops = _mm512_set1_ps(top);
-  for (int64_t j = 0; j < body; j += 16) {
-    const __mmask16 hit = _mm512_cmp_ps_mask(load_f32(x + j), tops, _CMP_EQ_OQ);
+  const vf tops = set1(top);
+  for (int64_t j = 0; j < body; j += W) {
+    const unsigned hit = equal_lanes(load(x + j), tops);
     if (hit) return j + __builtin_ctz(hit);
   }
   for (int64_t j = body; j < V; ++j)
@@ -208,9 +195,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
     rms_rows<float>(x.data_ptr<float>(), has_delta ? delta->data_ptr<float>() : nullptr, weight.data_ptr<float>(),
                     out.data_ptr<float>(), sum.data_ptr<float>(), rows, D, e);
   } else {
-    using bf = at::BFloat16;
-    rms_rows<bf>(x.data_ptr<bf>(), has_delta ? delta->data_ptr<bf>() : nullptr, weight.data_ptr<bf>(), out.data_ptr<bf>(),
-                 sum.data_ptr<bf>(), rows, D, e);
+        rms_rows<bf16>(x.data_ptr<bf16>(), has_delta ? delta->data_ptr<bf16>() : nullptr, weight.data_ptr<bf16>(), out.data_ptr<bf16>(),
+                 sum.data_ptr<bf16>(), rows, D, e);
   }
   return {out, sum};
 }
@@ -225,8 +211,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n) {
   if (gate_up.scalar_type() == at::kFloat) {
     silu_mul_rows<float>(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n);
   } else {
-    using bf = at::BFloat16;
-    silu_mul_rows<bf>(gate_up.data_ptr<bf>(), out.data_ptr<bf>(), rows, n);
+        silu_mul_rows<bf16>(gate_up.data_ptr<bf16>(), out.data_ptr<bf16>(), rows, n);
   }
   return out;
 }
@@ -253,9 +238,8 @@ at::Tensor rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const a
                      values.data_ptr<float>(), query.data_ptr<float>(), B, Q, heads, kv_heads, D, start, keys.stride(0),
                      keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2));
   } else {
-    using bf = at::BFloat16;
-    rope_rows<bf>(qkv.data_ptr<bf>(), cos.data_ptr<bf>(), signed_sin.data_ptr<bf>(), keys.data_ptr<bf>(),
-                  values.data_ptr<bf>(), query.data_ptr<bf>(), B, Q, heads, kv_heads, D, start, keys.stride(0),
+        rope_rows<bf16>(qkv.data_ptr<bf16>(), cos.data_ptr<bf16>(), signed_sin.data_ptr<bf16>(), keys.data_ptr<bf16>(),
+                  values.data_ptr<bf16>(), query.data_ptr<bf16>(), B, Q, heads, kv_heads, D, start, keys.stride(0),
                   keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2));
   }
   return query;
@@ -298,9 +282,8 @@ at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weigh
                           x.stride(2));
   } else {
     TORCH_CHECK(dtype == at::kBFloat16, "layer_ops: norm_rope of float32 or bfloat16");
-    using bf = at::BFloat16;
-    norm_rope_rows<bf>(x.data_ptr<bf>(), has_weight ? weight->data_ptr<bf>() : nullptr, e, cos.data_ptr<bf>(),
-                       signed_sin.data_ptr<bf>(), out.data_ptr<bf>(), B, S, H, D, x.stride(0), x.stride(1), x.stride(2));
+        norm_rope_rows<bf16>(x.data_ptr<bf16>(), has_weight ? weight->data_ptr<bf16>() : nullptr, e, cos.data_ptr<bf16>(),
+                       signed_sin.data_ptr<bf16>(), out.data_ptr<bf16>(), B, S, H, D, x.stride(0), x.stride(1), x.stride(2));
   }
   return out;
 }
