@@ -226,7 +226,7 @@ def generation(target, args) -> tuple[dict, int]:
     run's prompt tokens)."""
     import torch
 
-    from dflash.target.batched import greedy_batch
+    from dflash.engine import greedy_batch
 
     rows = [[100 + (7 * row + i) % 5000 for i in range(48 + row % 16)] for row in range(args.batch)]
     never = {-1}  # no stop token: every row runs the full length

@@ -37,9 +37,9 @@ class TargetSpec:
     package) converted once into an HF directory at `path`, and again only when the file
     changes (`dflash.target.gguf`)."""
     engine: str = "auto"
-    """The forward that decodes: "auto" (the fast engine, `dflash.target.engine`, where it can run the
+    """The forward that decodes: "auto" (the fast engine, `dflash.engine.forward`, where it can run the
     family on a CPU; else the HF forward), "fast" (also on CUDA), "graphs" (the fast engine with its
-    decode steps replayed as CUDA graphs, `dflash.target.graphs`; on a CPU it runs "fast") or "eager"
+    decode steps replayed as CUDA graphs, `dflash.engine.graphs`; on a CPU it runs "fast") or "eager"
     (the HF forward with a DynamicCache). A target the fast engine cannot run falls back to the HF
     forward with one log line."""
 

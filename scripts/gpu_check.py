@@ -17,7 +17,7 @@ c. greedy losslessness against HF `generate()` on small random targets (float32 
    `target.engine=graphs`;
 d. flex_attention compiled by torch.compile against the factored SDPA path on the
    training mask, and flash-attn if installed;
-e. CUDA graphs (`target.engine=graphs`, `dflash.target.graphs`): target forwards of 1-16
+e. CUDA graphs (`target.engine=graphs`, `dflash.engine.graphs`): target forwards of 1-16
    tokens on HF's forward, the fast forward and its graphs, against the kernels' own time
    and the bandwidth floor, and our decode loop on each, for a cut Qwen3-8B and a whole
    SmolLM2-135M (random weights).
@@ -637,8 +637,8 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
     import copy
 
     from dflash.dflash.proposer import DFlashProposer
+    from dflash.engine import GraphedForward
     from dflash.target import TargetModel
-    from dflash.target.graphs import GraphedForward
     from dflash.training.forward import set_attention_implementation
 
     cuda = device.type == "cuda"
@@ -649,7 +649,7 @@ def section_graphs(sizes: Sizes, device: torch.device, dtype: torch.dtype) -> li
         "(`target.engine=graphs`); kernels: the GPU kernels' own time per forward of the graphs path (torch.profiler's "
         "device events); floor: weight bytes / measured copy bandwidth. Decode: our loop per step, autoregressive and "
         f"with a random {sizes.drafter_layers}-layer DFlash drafter at B = 16 (tau about 1: a step's time is its cost; "
-        "on the graphs path the drafter proposes through CUDA graphs too, `dflash.drafter.graphs`). Same output: the graphs "
+        "on the graphs path the drafter proposes through CUDA graphs too, `dflash.engine.drafter_graphs`). Same output: the graphs "
         "path's greedy tokens against the fast forward's (in bfloat16 a near-tie can part them: section c classifies).",
         "",
     ]

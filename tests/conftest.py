@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from dflash.target import TargetModel, kernels
+from dflash.engine import kernels
+from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 
 ARCHS = ["qwen3", "llama"]

@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 
 from dflash.data.chat import end_of_turn_token_id, prompt_token_ids
+from dflash.engine import greedy_batch
 from dflash.errors import ConfigError, require
-from dflash.target.batched import greedy_batch
 from dflash.target.cache import decode_attention
 
 
@@ -55,7 +55,7 @@ class HFGenerator:
     template's end-of-turn token. temperature 0 is greedy; top_k 0 disables top-k, so a model's
     default top_k does not sneak into sampling. Every answer carries its prompt and response token
     ids (`dflash.data.token_ids`); `tokenizer` names their vocabulary. Greedy generation on a target
-    with the fast engine runs on it (`dflash.target.batched.greedy_batch`); sampling and other
+    with the fast engine runs on it (`dflash.engine.batched.greedy_batch`); sampling and other
     targets run HF `generate`.
     """
 

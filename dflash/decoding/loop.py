@@ -36,10 +36,10 @@ import torch
 from dflash.decoding.chain import ChainVerifier
 from dflash.decoding.proposer import Proposer
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
+from dflash.engine import argmax
 from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.target.cache import decode_attention
-from dflash.target.kernels import argmax
 
 
 @dataclass

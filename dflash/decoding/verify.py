@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash.decoding.sampling import SamplingConfig, probabilities, sample
-from dflash.target.kernels import argmax
+from dflash.engine import argmax
 
 
 @dataclass

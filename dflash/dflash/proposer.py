@@ -8,9 +8,8 @@ from collections.abc import Callable
 import torch
 
 from dflash.decoding.verify import propose_tokens
-from dflash.drafter.fast import FastDrafter
-from dflash.drafter.graphs import GraphedDrafter
 from dflash.drafter.model import DFlashDrafter, DrafterCache
+from dflash.engine import FastDrafter, GraphedDrafter
 
 
 class DFlashProposer:
@@ -22,8 +21,8 @@ class DFlashProposer:
         logits: hidden (..., D) -> (..., V) logits through the target's head transform
             (`TargetModel.draft_logits`).
         lean_dtype: run the drafter's lean decoding forward in this dtype
-            (`dflash.drafter.fast`; `TargetModel.draft_dtype`), or None: the module itself.
-        graphed: propose through CUDA graphs (`dflash.drafter.graphs`), as a target on
+            (`dflash.engine.drafter`; `TargetModel.draft_dtype`), or None: the module itself.
+        graphed: propose through CUDA graphs (`dflash.engine.drafter_graphs`), as a target on
             `engine=graphs` verifies (`TargetModel.graphs`); on a CPU it runs uncaptured.
     """
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from dflash.drafter.attention import attend
 from dflash.drafter.config import DrafterConfig
+from dflash.engine import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -37,16 +38,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, heads, seq, head_dim); cos/sin: (batch, seq, head_dim)."""
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 class DrafterCache:

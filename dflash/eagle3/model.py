@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from dflash.drafter.attention import attend
-from dflash.drafter.model import DrafterCache, DrafterMLP, RMSNorm, apply_rope
+from dflash.drafter.model import DrafterCache, DrafterMLP, RMSNorm
 from dflash.eagle3.config import Eagle3Config
+from dflash.engine import apply_rope
 
 
 class Eagle3Attention(nn.Module):

@@ -19,8 +19,8 @@ from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.decoding.verify import Drafts
 from dflash.drafter.model import DrafterCache
 from dflash.eagle3.model import Eagle3Drafter
+from dflash.engine import argmax
 from dflash.errors import require
-from dflash.target.kernels import argmax
 
 GREEDY = SamplingConfig()
 

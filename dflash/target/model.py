@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dflash.engine import FastForward, StaticCache, fast_engine_refusal
 from dflash.errors import ConfigError, reading, require
-from dflash.target.engine import FastForward, StaticCache, fast_engine_refusal
 
 log = logging.getLogger(__name__)
 
@@ -194,11 +194,11 @@ class TargetModel:
         return FastForward(self.model)
 
     def _graphed(self, engine: str):
-        """The fast forward's decode steps as CUDA graphs (`dflash.target.graphs`) where
+        """The fast forward's decode steps as CUDA graphs (`dflash.engine.graphs`) where
         `engine` is "graphs" and the target is on CUDA, else None (one log line says why)."""
         if engine != "graphs" or self.fast is None:
             return None
-        from dflash.target.graphs import HOST_ROPE_TYPES, GraphedForward
+        from dflash.engine import HOST_ROPE_TYPES, GraphedForward
 
         rope = getattr(self.fast.rotary, "rope_type", "default")
         if any(kind in rope for kind in HOST_ROPE_TYPES):
@@ -233,9 +233,9 @@ class TargetModel:
             attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2", ...);
                 "sdpa" falls back to "eager" for models that refuse it (Gemma2).
             device: torch device string.
-            engine: "auto" (the fast forward, `dflash.target.engine`, where it can run on a
+            engine: "auto" (the fast forward, `dflash.engine.forward`, where it can run on a
                 CPU; else the HF forward), "fast" (also on CUDA), "graphs" (the fast forward
-                with its decode steps as CUDA graphs, `dflash.target.graphs`; on CUDA only)
+                with its decode steps as CUDA graphs, `dflash.engine.graphs`; on CUDA only)
                 or "eager" (the HF forward).
         """
         from safetensors import SafetensorError
@@ -322,7 +322,7 @@ class TargetModel:
     @property
     def draft_dtype(self) -> torch.dtype | None:
         """bfloat16 where the fast engine decodes on a CPU (drafters propose in it, as `draft_logits`
-        does; docs/design.md invariant 12), else None: the drafter's own (`dflash.drafter.fast`)."""
+        does; docs/design.md invariant 12), else None: the drafter's own (`dflash.engine.drafter`)."""
         return torch.bfloat16 if self.fast is not None and self.device.type == "cpu" else None
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The drafter's lean decoding forward: `DFlashDrafter.forward` over a `DrafterCache` without
-a mask, on the fast engine's kernels (`dflash.target.kernels`), in bfloat16.
+a mask, on the fast engine's kernels (`dflash.engine.kernels`), in bfloat16.
 
 A propose reads the drafter's weights for 3-6 rows, where the module's float32 GEMMs and a
 few dozen small ops per layer dominate. Here the projections are fused (k with v, gate with
@@ -9,7 +9,7 @@ its rotary run as our fused layer ops (`kernels.layer_ops`; docs/results/engine-
 
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, op for op
-  in the same order (float32: equal within float rounding; tests/drafter/test_fast.py).
+  in the same order (float32: equal within float rounding; tests/engine/test_drafter.py).
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.drafter.model import DFlashDrafter
-from dflash.target.engine import add_rms_norm, rms_norm, rope, rope_tables, rotary_fits, silu_mul
-from dflash.target.kernels import Linear, attention_plan, layer_ops, run_attention, tune
+from dflash.engine.forward import add_rms_norm, rms_norm, rope, rope_tables, rotary_fits, silu_mul
+from dflash.engine.kernels import Linear, attention_plan, layer_ops, run_attention, tune
 
 
 def _linear(dtype: torch.dtype, *modules) -> Linear:
@@ -42,7 +41,7 @@ def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
 class FastDrafter:
     """`DFlashDrafter.forward` for decoding (module invariants); called like the module."""
 
-    def __init__(self, drafter: DFlashDrafter, dtype: torch.dtype):
+    def __init__(self, drafter: torch.nn.Module, dtype: torch.dtype):  # a DFlashDrafter
         self.config = drafter.config
         self.dtype = dtype
         self.rotary = drafter.rotary_emb

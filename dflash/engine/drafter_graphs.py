@@ -6,12 +6,12 @@ mostly host time, as is the target's forward (docs/results/gpu-2026-11-27-h100/)
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, through the
   module's own weights and PyTorch's ops (float32: within float rounding on CPU, run
-  uncaptured; tests/drafter/test_graphs.py).
+  uncaptured; tests/engine/test_drafter_graphs.py).
 - The cache is a `DrafterStaticCache`: the context's keys/values in preallocated buffers,
   `crop(length)` keeping the first `length` positions as `DrafterCache.crop` does. A
   propose writes its c + B positions at [length, length + c + B) by index and every block
   query attends over the whole capacity under the mask key < length + c + B (the context
-  and its whole block), so one graph serves every length (`dflash.target.graphs`).
+  and its whole block), so one graph serves every length (`dflash.engine.graphs`).
 - One graph per (batch, c, B) with c + B <= 2 MAX_GRAPH_WIDTH (c is the tokens the last
   step accepted, plus one); a longer context (the prompt, at the first propose) runs the
   same step uncaptured.
@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.drafter.model import DFlashDrafter, apply_rope
-from dflash.target.engine import StaticCache
-from dflash.target.graphs import MAX_GRAPH_WIDTH, StepGraphs, cache_buffers
+from dflash.engine.forward import StaticCache, apply_rope
+from dflash.engine.graphs import MAX_GRAPH_WIDTH, StepGraphs, cache_buffers
 
 
 class DrafterStaticCache(StaticCache):
@@ -35,7 +34,7 @@ class DrafterStaticCache(StaticCache):
         self.length = min(self.length, length)
 
 
-def static_propose(drafter: DFlashDrafter, block_embeds, block_positions, features, context_positions, start, keys, values):
+def static_propose(drafter: torch.nn.Module, block_embeds, block_positions, features, context_positions, start, keys, values):
     """`DFlashDrafter.forward` over a `DrafterStaticCache`'s buffers from position `start`
     (a 0-d device tensor) with no host reads; (b, B, D) final-normed hidden states."""
     config = drafter.config
@@ -72,7 +71,7 @@ class GraphedDrafter:
     """`DFlashDrafter.forward` for decoding with its proposes replayed from CUDA graphs
     (module invariants); called like the module, with a cache from `new_cache`."""
 
-    def __init__(self, drafter: DFlashDrafter):
+    def __init__(self, drafter: torch.nn.Module):  # a DFlashDrafter
         self.drafter = drafter
         self.steps = StepGraphs()
 

@@ -1,6 +1,6 @@
 // The elementwise parts of a decoder layer, each one pass over its rows where PyTorch runs
 // 4 to 9 ops (on 2 cores a one-token forward spent about a sixth of its time in them).
-// Part of module.cpp (dflash.target.kernels builds it); the engine calls
+// Part of module.cpp (dflash.engine.kernels builds it); the engine calls
 // them where `kernels.layer_ops` allows. Each rounds where HF's ops round (to the tensor's
 // dtype after every op that PyTorch runs separately), so they differ from PyTorch's ops in
 // the last bit at most (summation order, our exp):

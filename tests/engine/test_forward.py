@@ -1,4 +1,4 @@
-"""The fast engine (dflash.target.engine) computes what the HF forward computes, and falls
+"""The fast engine (dflash.engine.forward) computes what the HF forward computes, and falls
 back to it with one log line where it cannot."""
 
 import json
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from dflash.decoding import generate
-from dflash.target import TargetModel, crop_cache, kernels
-from dflash.target.engine import StaticCache
-from dflash.target.kernels import KERNELS, Linear, tune
+from dflash.engine import kernels
+from dflash.engine.forward import StaticCache
+from dflash.engine.kernels import KERNELS, Linear, tune
+from dflash.target import TargetModel, crop_cache
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import PROMPTS, assert_same_greedy_output, random_proposer
 
@@ -208,7 +209,7 @@ def test_batched_greedy_generation_equals_each_prompts_own_greedy_output(arch, p
     each row alone), the prompts' shared start run once and stopped rows leaving the batch:
     every row continues as if alone, through its stop token, in the prompts' order; a stopped
     row never reaches the others."""
-    from dflash.target import batched
+    from dflash.engine import batched
 
     monkeypatch.setattr(batched, "PREFILL_ROWS", prefill_rows)
     eager, fast = pair(arch)

@@ -1,5 +1,5 @@
 // y = x @ w.T (+ bias) for a few rows of x, reading the weight from memory once whatever
-// the row count. Part of module.cpp (dflash.target.kernels builds it per instruction set),
+// the row count. Part of module.cpp (dflash.engine.kernels builds it per instruction set),
 // packs the weights (`pack` in kernels.py, tiles of the module's `tile_columns`) and calls it where it
 // measures fastest.
 //

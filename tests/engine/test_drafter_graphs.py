@@ -1,4 +1,4 @@
-"""The drafter's graphed propose (dflash.drafter.graphs) computes what the module computes; here
+"""The drafter's graphed propose (dflash.engine.drafter_graphs) computes what the module computes; here
 it runs uncaptured (CI has no GPU), which checks everything but the capture itself."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter
-from dflash.drafter.graphs import DrafterStaticCache, GraphedDrafter
+from dflash.engine.drafter_graphs import DrafterStaticCache, GraphedDrafter
+from dflash.engine.graphs import GraphedForward
 from dflash.target import TargetModel
-from dflash.target.graphs import GraphedForward
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import random_drafter
 

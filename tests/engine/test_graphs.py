@@ -1,4 +1,4 @@
-"""The CUDA-graph step (dflash.target.graphs) computes what the fast forward computes; here it
+"""The CUDA-graph step (dflash.engine.graphs) computes what the fast forward computes; here it
 runs uncaptured (CI has no GPU), which checks everything but the capture itself."""
 
 import logging
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dflash.decoding import generate
+from dflash.engine.graphs import MAX_GRAPH_WIDTH, GraphedForward
 from dflash.target import TargetModel, crop_cache
-from dflash.target.graphs import MAX_GRAPH_WIDTH, GraphedForward
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import PROMPTS, assert_same_greedy_output
 

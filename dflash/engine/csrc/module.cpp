@@ -1,6 +1,6 @@
 // The kernel module: the three kernel files compiled as one translation unit (torch's
 // headers are parsed once, not three times: the build takes a third less) and their Python
-// bindings. dflash.target.kernels builds this file once per instruction set (vec.h).
+// bindings. dflash.engine.kernels builds this file once per instruction set (vec.h).
 #include <torch/csrc/utils/pybind.h>  // at::Tensor arguments; torch/extension.h takes twice as long to compile
 
 #include "decode_attention.cpp"

@@ -1,6 +1,6 @@
 // softmax(q k^T * scale + mask) v for a few query positions over a KV cache (decoding),
 // reading each kv head's keys and values from memory once for all the query heads of its
-// group (GQA). Part of module.cpp (dflash.target.kernels builds it); the engine
+// group (GQA). Part of module.cpp (dflash.engine.kernels builds it); the engine
 // calls it from its forward where it applies (`kernels.attention_plan`, `run_attention`).
 //
 // query: (B, H, Q, D); keys, values: (B, KVH, L, D), any strides with the last one 1 (the

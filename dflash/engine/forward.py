@@ -9,7 +9,7 @@ Invariants:
 - Same model. For the families it accepts (`fast_engine_refusal` is None: Llama, Mistral
   without a window, Qwen2, Qwen3 with SiLU MLPs and full attention) it computes what the
   HF forward computes, in the model's dtype, with the model's own rotary embedding: float32
-  logits agree within float rounding (tests/target/test_engine.py: 1e-4, greedy outputs
+  logits agree within float rounding (tests/engine/test_forward.py: 1e-4, greedy outputs
   identical). Anything else runs the HF forward, with one log line saying why.
 - Cache layout. `StaticCache` holds keys/values of every layer in one preallocated buffer
   per kind (layers, batch, kv_heads, capacity, head_dim); positions [0, length) are
@@ -21,19 +21,19 @@ Invariants:
   whose tap is the final-normed output, as HF's `hidden_states[-1]` (docs/design.md
   invariant 2).
 - Kernels. Every weight matmul goes through `Linear`, which runs the kernel measured
-  fastest here for its row count (`dflash.target.kernels`); `kernel_path` records it.
+  fastest here for its row count (`dflash.engine.kernels`); `kernel_path` records it.
 - Attention. A CPU forward of up to `MAX_ATTENTION_QUERIES` (16) new positions in float32
   or bfloat16, with no mask or a boolean one (decoding, batched regeneration's key mask,
   draft verification), runs our AVX-512 kernel (`kernels.attention_plan`, `run_attention`):
   it reads each kv head's cached keys and values once for its group of query heads,
   straight from the cache's views, and agrees with SDPA within float rounding (float32:
-  1e-6 relative; tests/target/test_attention.py). Everything else (prefill's causal
+  1e-6 relative; tests/engine/test_attention.py). Everything else (prefill's causal
   forward, longer inputs, additive masks, CUDA, no kernel) runs SDPA; `kernel_path` says which.
 - Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
   residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
   (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`): one pass
   each where PyTorch runs 4 to 9 ops, rounding where PyTorch's ops round (equal within the
-  last bit; tests/target/test_layer_ops.py). Elsewhere, and for widths they do not take,
+  last bit; tests/engine/test_layer_ops.py). Elsewhere, and for widths they do not take,
   PyTorch's ops.
 """
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.target.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, layer_ops, run_attention, tune
+from dflash.engine.kernels import TUNED_ROWS, Linear, attention_available, attention_plan, layer_ops, run_attention, tune
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -207,6 +207,17 @@ def rope_tables(rotary, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch
 def rotary_fits(head_dim: int) -> bool:
     """Whether our fused rotary ops (`rope_into_cache`, `norm_rope`) take heads of this width."""
     return head_dim % 32 == 0 and head_dim <= 256
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotary of x (batch, heads, seq, head_dim); cos/sin: (batch, seq, head_dim)
+    (the drafter module's, and its graphed propose's)."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""Our decode-attention kernel (dflash.target.kernels.attention_plan, run_attention) computes what SDPA computes,
+"""Our decode-attention kernel (dflash.engine.kernels.attention_plan, run_attention) computes what SDPA computes,
 and the engine runs SDPA wherever the kernel does not apply."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.target import kernels
+from dflash.engine import kernels
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 // The vector layer every kernel in this directory is written over: one source per kernel,
-// one block per instruction set here. dflash.target.kernels builds the module once per
+// one block per instruction set here. dflash.engine.kernels builds the module once per
 // instruction set it runs, defining one of
 //   DFLASH_ISA_AVX512_BF16  AVX-512F/BW/VL/DQ and AVX512-BF16 (Sapphire Rapids, Zen 4 on)
 //   DFLASH_ISA_AVX512       AVX-512F/BW/VL/DQ without bfloat16 dot products (Skylake-X, Ice Lake)

@@ -16,7 +16,7 @@ Invariants:
   doubles, so a decode captures each width a few times at most.
 - Same numbers as the fast forward: `static_step` runs the fast forward's weights through
   PyTorch's ops (float32 logits within 1e-5 on CPU, greedy output identical:
-  tests/target/test_graphs.py). Our CPU kernels do not run here: graphs are CUDA's.
+  tests/engine/test_graphs.py). Our CPU kernels do not run here: graphs are CUDA's.
 - A replay overwrites the graph's buffers: `forward` returns copies.
 - Without CUDA, or with a rotary embedding that reads positions on the host
   (`HOST_ROPE_TYPES`), `TargetModel` keeps the fast forward (one log line); a
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash.target.engine import FastForward, StaticCache, _ordered, add_rms_norm, qkv_heads, rope_tables, silu_mul
+from dflash.engine.forward import FastForward, StaticCache, _ordered, add_rms_norm, qkv_heads, rope_tables, silu_mul
 
 #: widest forward replayed from a graph (a verify of B tokens is B wide)
 MAX_GRAPH_WIDTH = 16

@@ -1,5 +1,5 @@
 """Batched greedy generation on the fast engine, for regeneration (`dflash.data.generators`) and
-the bench's generation row; `greedy_batch` states what holds (tests/target/test_engine.py).
+the bench's generation row; `greedy_batch` states what holds (tests/engine/test_forward.py).
 Greedy tokens come from `kernels.argmax`, index for index torch's."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from dflash.target.engine import FastForward
-from dflash.target.kernels import argmax
+from dflash.engine.forward import FastForward
+from dflash.engine.kernels import argmax
 
 PREFILL_ROWS = 8  # rows per prefill group of `greedy_batch`
 

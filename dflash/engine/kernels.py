@@ -160,8 +160,6 @@ def build(isa: str):
 
     from torch.utils.cpp_extension import _get_build_directory, load
 
-    from dflash.locks import lock_file
-
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     here = os.path.join(os.path.dirname(__file__), "csrc")

@@ -1,12 +1,13 @@
-"""Our fused layer ops (dflash/target/csrc/layer_ops.cpp) compute what the engine's PyTorch ops
+"""Our fused layer ops (dflash/engine/csrc/layer_ops.cpp) compute what the engine's PyTorch ops
 compute, within the last bit, and the engine gives the same logits with them as without."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.target import TargetModel, kernels
-from dflash.target.engine import add_rms_norm, rms_norm, rope
+from dflash.engine import kernels
+from dflash.engine.forward import add_rms_norm, rms_norm, rope
+from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -131,7 +132,7 @@ def test_the_engine_gives_the_same_logits_with_our_layer_ops_as_with_pytorchs(op
         return prefill, step, features, cache.keys[:, :, :, :40].clone()
 
     ours = run()
-    monkeypatch.setattr("dflash.target.engine.layer_ops", lambda like: None)
+    monkeypatch.setattr("dflash.engine.forward.layer_ops", lambda like: None)
     theirs = run()
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
     for a, b in zip(ours, theirs):

@@ -1,4 +1,4 @@
-"""The drafter's lean decoding forward (dflash.drafter.fast) computes what the module computes:
+"""The drafter's lean decoding forward (dflash.engine.drafter) computes what the module computes:
 float32 logits of every propose equal within float rounding over a growing drafter cache,
 bfloat16 within its rounding; a decoding loop drafting through it stays lossless."""
 
@@ -10,7 +10,7 @@ import torch
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter
-from dflash.drafter.fast import FastDrafter
+from dflash.engine.drafter import FastDrafter
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import random_drafter
