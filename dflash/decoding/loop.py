@@ -205,6 +205,12 @@ def generate(
     """
     require(input_ids.dim() == 2 and input_ids.shape[0] == 1, "input_ids", "batch size 1 is supported: shape (1, P)")
     require(input_ids.shape[1] >= 1, "prompt", "the prompt is empty")
+    require(
+        isinstance(max_new_tokens, int) and max_new_tokens >= 1,
+        "max_new_tokens",
+        f"must be an integer >= 1, got {max_new_tokens!r}",
+    )
+    require(isinstance(block_size, int) and block_size >= 1, "block_size", f"must be an integer >= 1, got {block_size!r}")
     require(block_size == 1 or proposer is not None, "drafter", "block_size > 1 needs a drafter")
     verifier = ChainVerifier() if verifier is None else verifier
     verifier.check(target, sampling)

@@ -118,3 +118,26 @@ def test_result_reports_times_and_rates(qwen3_target):
     assert result.prefill_time_s > 0 and result.decode_time_s > 0
     assert result.tokens_per_s == pytest.approx(10 / result.total_time_s)
     assert all(1 <= n <= 4 for n in result.acceptance_lengths)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": -3}, "max_new_tokens"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens"),
+        ({"max_new_tokens": 5, "block_size": 0}, "block_size"),
+        ({"max_new_tokens": 5, "block_size": -1}, "block_size"),
+        ({"max_new_tokens": 5, "block_size": 4}, "drafter"),  # no proposer
+        ({"max_new_tokens": 5, "block_size": 4.0, "use_proposer": True}, "block_size"),
+    ],
+)
+def test_bad_generation_settings_are_one_error_naming_the_setting(qwen3_target, settings, key):
+    from dflash.errors import ConfigError
+
+    settings = dict(settings)
+    proposer = random_proposer(qwen3_target) if settings.pop("use_proposer", False) else None
+    ids = qwen3_target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    with pytest.raises(ConfigError, match=f"^{key}: ") as error:
+        generate(qwen3_target, ids, proposer=proposer, **settings)
+    assert "\n" not in str(error.value)
