@@ -106,6 +106,7 @@ ISAS = {
     "avx2": ("avx2", "fma"),
     "neon": (),
 }
+SOURCE_DIR = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = ("module.cpp", "small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp", "vec.h")  # module.cpp includes the rest
 ISA_ENV = "DFLASH_KERNEL_ISA"
 
@@ -162,10 +163,9 @@ def build(isa: str):
 
     # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    here = os.path.join(os.path.dirname(__file__), "csrc")
     log.info("engine: loading our %s kernels (built on first use on a machine: about 15 s)", isa)
     openmp = [] if platform.system() == "Darwin" else ["-fopenmp"]  # Apple's clang has none: one thread there
-    flags = ["-O3", *openmp, *(f"-m{flag.replace('_', '')}" for flag in ISAS[isa]), f"-DDFLASH_ISA_{isa.upper()}"]
+    flags = ["-O3", *openmp, *compile_flags(isa)]
     try:
         # One build directory per sources and flags: two checkouts with other sources never
         # rebuild over each other. torch's own build lock is a file that a killed build leaves
@@ -179,18 +179,23 @@ def build(isa: str):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(build_dir, "lock"))
             return load(
-                name, [os.path.join(here, "module.cpp")], extra_cflags=flags, extra_ldflags=openmp, build_directory=build_dir
+                name, [os.path.join(SOURCE_DIR, "module.cpp")], extra_cflags=flags, extra_ldflags=openmp, build_directory=build_dir
             )
     except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
         log.warning("engine: could not build our %s kernels (%s)", isa, str(error)[:200])
         return None
 
 
+def compile_flags(isa: str) -> list[str]:
+    """The compiler flags that select instruction set `isa` (csrc/vec.h's macro, x86's -m flags)."""
+    return [*(f"-m{flag.replace('_', '')}" for flag in ISAS[isa]), f"-DDFLASH_ISA_{isa.upper()}"]
+
+
 @functools.cache
 def _source_text() -> bytes:
     text = b""
     for name in _SOURCES:
-        with open(os.path.join(os.path.dirname(__file__), "csrc", name), "rb") as f:
+        with open(os.path.join(SOURCE_DIR, name), "rb") as f:
             text += f.read()
     return text
 
@@ -226,8 +231,10 @@ class Linear:
     def candidates(self) -> list[str]:
         if self.weight.device.type != "cpu":
             return ["dense"]
-        names = ["dense", "onednn"]
-        if self.weight.dtype == torch.float32:
+        names = ["dense"]
+        if torch.backends.mkldnn.is_available():
+            names.append("onednn")
+        if self.weight.dtype == torch.float32 and torch.backends.mkl.is_available():  # none in aarch64 builds
             names.append("mkl")
         n, k = self.weight.shape
         ops = module() if self.weight.dtype in (torch.float32, torch.bfloat16) and k % 2 == 0 else None
