@@ -54,6 +54,8 @@ demo:
 demo-tiny: install
 	$(PY) -m dflash.demo_tiny $(ARGS)
 
+# Step costs on this machine (ARGS='--quick'); llama.cpp's own t(B) beside ours where it is built (make serve-check
+# builds it), ARGS='--llama-cpp' builds it here once (minutes).
 bench: install
 	$(PY) -m dflash.bench $(ARGS)
 

