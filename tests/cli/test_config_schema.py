@@ -74,6 +74,7 @@ def test_every_schema_field_is_covered():
         "method",
         "sweep",
         "train_minutes",  # the demo's: "auto" or minutes
+        "prompts",  # the demo's: "auto" or a number of prompts
         "trainer.devices",
         "trainer.val_check_interval",
         "trainer.limit_val_batches",

@@ -1,5 +1,6 @@
 """`make demo` on SmolLM2-135M-Instruct: a shortened demo end to end through a pipe (every
-stage's output, the report per family, held-out prompts, stage times, progress lines).
+stage's output, the plan stage 1 measured, the report per family, held-out prompts, stage times,
+progress lines).
 
 Run once: that a second run skips every stage is tested in process for the demo's own
 stages (tests/cli/test_demo.py) and end to end on the toy demo, whose pipeline this one
@@ -66,6 +67,15 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
             record = results["methods"][method]
             assert row["tau"] == record["tau"] and row["num_prompts"] == 1 and record["lossless"] is True
     assert summary["train_minutes"] == 0.15
+    # stage 1 measured both dtypes and both precisions and chose the faster of each, on every prompt
+    # (the floor min_prompts is capped at the 12 the data has); the plan is kept for a resumed demo
+    plan = summary["plan"]
+    for choice, rates in (("data_dtype", "answer_tokens_per_s"), ("precision", "fill_tokens_per_s")):
+        measured = plan["measured"][rates]
+        assert len(measured) == 2 and plan[choice] == max(measured, key=measured.get), plan
+    assert plan["prompts"] == 12 and plan["data_overrides"] == []
+    assert [json.loads(path.read_text()) for path in (tmp_path / "demo").glob("plan-*.json")] == [plan]
+    assert f"trainer.precision={plan['precision']}" in first.stdout and "expected to finish at" in first.stdout
     times = summary["stage_wall_time_s"]
     assert list(times) == ["install", "target", "data", "train", "evaluate", "total"]
     assert times["install"] >= 4  # DFLASH_DEMO_STARTED was 5 s before the demo started

@@ -1,5 +1,5 @@
 """The apps as the tests drive them: the `train` config as `python -m dflash.train` composes
-it, an app's `main()` in this process, `python -m dflash.evaluate` and other Python commands
+it, the demo's own settings, an app's `main()` in this process, `python -m dflash.evaluate` and other Python commands
 in a subprocess, and chat data files for training."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from dflash.cli.common import CONF_DIR
 
@@ -26,6 +26,15 @@ def compose_train(overrides: list[str]):
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
+    return cfg
+
+
+def demo_config(**overrides):
+    """dflash/conf/demo.yaml's own keys (no defaults list, no hydra node), with `overrides` set."""
+    cfg = OmegaConf.load(CONF_DIR / "demo.yaml")
+    cfg.pop("defaults"), cfg.pop("hydra")
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
     return cfg
 
 
