@@ -83,10 +83,15 @@ def _mkl(linear: Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _ours(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     ops = module()
-    packed = linear.packed(f"ours/{ops.isa}", lambda weight: pack(weight, ops.tile_columns))
+    packed = linear.packed(f"ours/{ops.isa}", lambda weight: pack(weight, tile_columns(ops, weight)))
     shape = x.shape
     out = ops.small_linear(x.reshape(-1, shape[-1]).contiguous(), packed, linear.bias, linear.weight.shape[0])
     return out.view(*shape[:-1], out.shape[-1])
+
+
+def tile_columns(ops, weight: torch.Tensor) -> int:
+    """Output columns per packed tile of our GEMM in `ops` (a kernel module) for this weight's dtype."""
+    return ops.tile_columns[str(weight.dtype).removeprefix("torch.")]
 
 
 def pack(weight: torch.Tensor, tile: int) -> torch.Tensor:
@@ -238,7 +243,7 @@ class Linear:
             names.append("mkl")
         n, k = self.weight.shape
         ops = module() if self.weight.dtype in (torch.float32, torch.bfloat16) and k % 2 == 0 else None
-        if ops is not None and n % ops.tile_columns == 0:
+        if ops is not None and n % tile_columns(ops, self.weight) == 0:
             names.append("ours")
         return names
 

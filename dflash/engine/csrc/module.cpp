@@ -9,7 +9,10 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = dflash_vec::ISA;
-  m.attr("tile_columns") = TILE;
+  pybind11::dict tiles;  // output columns per packed tile, by the weight's dtype
+  tiles["float32"] = F32::TILE;
+  tiles["bfloat16"] = BF16::TILE;
+  m.attr("tile_columns") = tiles;
   m.def("small_linear", &small_linear, "x @ w.T (+ bias) for a few rows of x, from a packed weight");
   m.def("decode_attention", &decode_attention, "softmax(q k^T scale + mask) v for a few query positions (GQA)");
   m.def("rms_norm", &rms_norm, "HF's RMSNorm of rows, after an optional residual add");
