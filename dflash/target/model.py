@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash.engine import FastForward, StaticCache, fast_engine_refusal
+from dflash.engine import HOST_ROPE_TYPES, FastForward, Forward, GraphedForward, StaticCache, fast_engine_refusal
 from dflash.errors import ConfigError, reading, require
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class TargetModel:
         self.fast = self._fast_forward(engine)
         self.graphs = self._graphed(engine)
 
-    def _fast_forward(self, engine: str):
+    def _fast_forward(self, engine: str) -> FastForward | None:
         """The fast engine's forward, or None for the HF forward (one log line says why)."""
         if engine == "eager":
             return None
@@ -193,13 +193,11 @@ class TargetModel:
             return None
         return FastForward(self.model)
 
-    def _graphed(self, engine: str):
+    def _graphed(self, engine: str) -> Forward | None:
         """The fast forward's decode steps as CUDA graphs (`dflash.engine.graphs`) where
         `engine` is "graphs" and the target is on CUDA, else None (one log line says why)."""
         if engine != "graphs" or self.fast is None:
             return None
-        from dflash.engine import HOST_ROPE_TYPES, GraphedForward
-
         rope = getattr(self.fast.rotary, "rope_type", "default")
         if any(kind in rope for kind in HOST_ROPE_TYPES):
             log.warning("engine: graphs cannot capture %s rope (it reads positions on the host); running the fast forward", rope)
