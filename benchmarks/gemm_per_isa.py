@@ -13,14 +13,14 @@ import time
 
 import torch
 
-from dflash.engine import kernels
+from dflash.engine import kernels, native
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
 
 def main(isas: list[str]) -> None:
     torch.set_num_threads(2)
-    modules = {isa: kernels.build(isa) for isa in isas}
+    modules = {isa: native.build(isa) for isa in isas}
     for dtype in (torch.float32, torch.bfloat16):
         generator = torch.Generator().manual_seed(0)
         weights = [torch.randn(n, k, generator=generator).to(dtype) for n, k in SHAPES]
@@ -41,4 +41,4 @@ def main(isas: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(kernels.cpu_isas()))
+    main(sys.argv[1:] or list(native.cpu_isas()))

@@ -7,7 +7,7 @@
 #   scripts/arm_kernels.sh run ARGS...    the aarch64 python with ARGS, in the checkout, e.g.
 #     run -m pytest -q -p no:cacheprovider tests/engine/test_attention.py tests/engine/test_layer_ops.py
 #
-# Under `run`, kernels.module() builds itself as on an Arm machine: torch's cpp_extension calls
+# Under `run`, native.module() builds itself as on an Arm machine: torch's cpp_extension calls
 # $CXX (the host's cross g++, run natively) and imports the result in the guest.
 # $ROOT: DFLASH_ARM_ROOT (default ~/.cache/dflash-arm); the checkout: DFLASH_CHECKOUT
 # (default this script's); QEMU_CPU=neoverse-n1 emulates a core without SVE and BF16.

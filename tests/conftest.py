@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from dflash.engine import kernels
+from dflash.engine import native
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 
@@ -41,7 +41,7 @@ def qwen3_target() -> TargetModel:
     return TargetModel(model, tokenizer)
 
 
-@pytest.fixture(params=kernels.cpu_isas() or [None])
+@pytest.fixture(params=native.cpu_isas() or [None])
 def kernel_isa(request, monkeypatch) -> str:
     """Each instruction set of our kernels that this CPU runs (csrc/vec.h: an AVX-512 CPU runs
     the AVX2 build too), as this process's kernels for the test. A build that fails fails the
@@ -51,8 +51,8 @@ def kernel_isa(request, monkeypatch) -> str:
         pytest.skip("this CPU runs none of our kernels' instruction sets (AVX2, AVX-512, NEON)")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler")
-    assert kernels.build(isa) is not None, f"our {isa} kernels did not build here"
-    monkeypatch.setenv(kernels.ISA_ENV, isa)
-    kernels.module.cache_clear()
+    assert native.build(isa) is not None, f"our {isa} kernels did not build here"
+    monkeypatch.setenv(native.ISA_ENV, isa)
+    native.module.cache_clear()
     yield isa
-    kernels.module.cache_clear()
+    native.module.cache_clear()

@@ -12,8 +12,8 @@ the names below alone (docs/design.md invariant 25; tests/core/test_engine_seam.
   the same kernels, and as CUDA graphs.
 - `argmax`: `Tensor.argmax(-1)`, index for index, on our kernel where it is loaded;
   `apply_rope`: HF's rotary, as the drafter module and its graphs compute it.
-- `kernels`: the kernel choice per row count and our C++ kernels (`csrc/`, one source per
-  kernel over `csrc/vec.h`, built per instruction set: AVX-512, AVX2, NEON).
+- `kernels`: the kernel choice per row count; `native`: our C++ kernels (`csrc/`, one source
+  per kernel over `csrc/vec.h`, built per instruction set: AVX-512, AVX2, NEON).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from dflash.engine import kernels
+from dflash.engine import kernels, native
 from dflash.engine.batched import greedy_batch
 from dflash.engine.drafter import FastDrafter
 from dflash.engine.drafter_graphs import GraphedDrafter
@@ -63,4 +63,5 @@ __all__ = [
     "fast_engine_refusal",
     "greedy_batch",
     "kernels",
+    "native",
 ]

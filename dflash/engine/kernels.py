@@ -6,10 +6,8 @@ few rows on some CPUs, oneDNN's bfloat16 at one row, and our own kernel
 figures"). So `tune` times each candidate on the real weights of each shape, streamed as a
 forward streams them, and `Linear` calls the winner per row count.
 
-Our kernels (`csrc/`: the GEMM, decode attention, the layer ops; one module) are written
-once over the vector layer of `csrc/vec.h` and built on first use for the fastest
-instruction set this CPU runs (`ISAS`: AVX-512 with or without BF16, AVX2, NEON), by the
-C++ compiler torch's cpp_extension finds.
+Our own kernels come from `native.module()` (csrc/, built for the instruction set this CPU
+runs best).
 
 Invariants:
 - Every candidate computes x @ W.T + b in the weight's dtype; they differ in rounding
@@ -38,20 +36,19 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
 import platform
-import shutil
 import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 
+import dflash.engine.native as native
 from dflash.fileio import read_json, write_json
 from dflash.locks import lock_file
 
@@ -82,7 +79,7 @@ def _mkl(linear: Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _ours(linear: Linear, x: torch.Tensor) -> torch.Tensor:
-    ops = module()
+    ops = native.module()
     packed = linear.packed(f"ours/{ops.isa}", lambda weight: pack(weight, tile_columns(ops, weight)))
     shape = x.shape
     out = ops.small_linear(x.reshape(-1, shape[-1]).contiguous(), packed, linear.bias, linear.weight.shape[0])
@@ -100,109 +97,6 @@ def pack(weight: torch.Tensor, tile: int) -> torch.Tensor:
     if weight.dtype == torch.float32:
         return weight.view(n // tile, tile, k).transpose(1, 2).contiguous()
     return weight.view(n // tile, tile, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-
-
-#: the instruction sets our kernels are built for (csrc/vec.h), fastest first, and the x86 CPU
-#: flags each needs (/proc/cpuinfo's names; the compiler's -m flags are the same names); the
-#: aarch64 baseline has NEON
-ISAS = {
-    "avx512_bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"),
-    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"),
-    "avx2": ("avx2", "fma"),
-    "neon": (),
-}
-SOURCE_DIR = os.path.join(os.path.dirname(__file__), "csrc")
-_SOURCES = ("module.cpp", "small_gemm.cpp", "decode_attention.cpp", "layer_ops.cpp", "vec.h")  # module.cpp includes the rest
-ISA_ENV = "DFLASH_KERNEL_ISA"
-
-
-@functools.cache
-def cpu_isas() -> tuple[str, ...]:
-    """The instruction sets of `ISAS` this CPU runs, fastest first (none on other CPUs)."""
-    machine = platform.machine().lower()
-    if machine in ("aarch64", "arm64"):
-        return ("neon",)
-    if machine not in ("x86_64", "amd64"):
-        return ()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
-    except OSError:
-        return ()
-    return tuple(isa for isa, needs in ISAS.items() if needs and set(needs) <= flags)
-
-
-@functools.cache
-def module():
-    """Our kernel module for this CPU: built on first use for the fastest instruction set it
-    runs (`$DFLASH_KERNEL_ISA` names a slower one: `avx2` on an AVX-512 CPU), then cached by
-    torch under ~/.cache/torch_extensions; None where this CPU or machine cannot build or run
-    it, and the engine measures the library kernels only."""
-    isas = cpu_isas()
-    wanted = os.environ.get(ISA_ENV)
-    if wanted:
-        if wanted not in isas:
-            log.warning("engine: %s=%s is not one this CPU runs (%s)", ISA_ENV, wanted, ", ".join(isas) or "none")
-        isas = tuple(isa for isa in isas if isa == wanted)
-    why = "no instruction set of ours on this CPU" if not isas else None
-    if os.name == "nt":
-        why = "they need GCC or Clang"
-    elif shutil.which(os.environ.get("CXX", "c++")) is None:
-        why = "no C++ compiler"
-    for isa in () if why else isas:
-        built = build(isa)
-        if built is not None:
-            return built
-        why = "the build failed"
-    log.info("engine: our kernels are not used (%s); measuring the library kernels only", why)
-    return None
-
-
-@functools.cache
-def build(isa: str):
-    """Our kernel module for instruction set `isa` (a key of `ISAS` that this CPU runs),
-    built on first use; None if the build fails here."""
-    import sys
-
-    from torch.utils.cpp_extension import _get_build_directory, load
-
-    # the `ninja` that pip installed beside this Python, when its bin/ is not on PATH
-    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    log.info("engine: loading our %s kernels (built on first use on a machine: about 15 s)", isa)
-    openmp = [] if platform.system() == "Darwin" else ["-fopenmp"]  # Apple's clang has none: one thread there
-    flags = ["-O3", *openmp, *compile_flags(isa)]
-    try:
-        # One build directory per sources and flags: two checkouts with other sources never
-        # rebuild over each other. torch's own build lock is a file that a killed build leaves
-        # behind, on which every later process would wait forever; a flock dies with its
-        # process, so whoever holds ours knows that lock file is stale.
-        digest = hashlib.sha256(_source_text() + " ".join(flags).encode()).hexdigest()[:12]
-        name = f"dflash_kernels_{isa}_{digest}"
-        build_dir = _get_build_directory(name, verbose=False)
-        with open(os.path.join(build_dir, "dflash-build.lock"), "w") as held:
-            lock_file(held)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(build_dir, "lock"))
-            return load(
-                name, [os.path.join(SOURCE_DIR, "module.cpp")], extra_cflags=flags, extra_ldflags=openmp, build_directory=build_dir
-            )
-    except (RuntimeError, OSError, ImportError) as error:  # a compiler or ninja that fails here
-        log.warning("engine: could not build our %s kernels (%s)", isa, str(error)[:200])
-        return None
-
-
-def compile_flags(isa: str) -> list[str]:
-    """The compiler flags that select instruction set `isa` (csrc/vec.h's macro, x86's -m flags)."""
-    return [*(f"-m{flag.replace('_', '')}" for flag in ISAS[isa]), f"-DDFLASH_ISA_{isa.upper()}"]
-
-
-@functools.cache
-def _source_text() -> bytes:
-    text = b""
-    for name in _SOURCES:
-        with open(os.path.join(SOURCE_DIR, name), "rb") as f:
-            text += f.read()
-    return text
 
 
 KERNELS = {"dense": _dense, "onednn": _onednn, "mkl": _mkl, "ours": _ours}
@@ -242,7 +136,7 @@ class Linear:
         if self.weight.dtype == torch.float32 and torch.backends.mkl.is_available():  # none in aarch64 builds
             names.append("mkl")
         n, k = self.weight.shape
-        ops = module() if self.weight.dtype in (torch.float32, torch.bfloat16) and k % 2 == 0 else None
+        ops = native.module() if self.weight.dtype in (torch.float32, torch.bfloat16) and k % 2 == 0 else None
         if ops is not None and n % tile_columns(ops, self.weight) == 0:
             names.append("ours")
         return names
@@ -331,14 +225,14 @@ def _machine() -> str:
             cpu = "".join(sorted({line for line in f if line.startswith(("model name", "flags"))}))
     except OSError:
         cpu = platform.processor()
-    return hashlib.sha256(cpu.encode() + torch.__version__.encode() + _source_text()).hexdigest()[:16]
+    return hashlib.sha256(cpu.encode() + torch.__version__.encode() + native.source_text()).hexdigest()[:16]
 
 
 def _choice_key(group: list[Linear], rows: tuple[int, ...]) -> str | None:
     linear = group[0]
     if linear.weight.device.type != "cpu" or choices_path() is None:
         return None
-    ops = module()
+    ops = native.module()
     parts = [_machine(), ops and ops.isa, torch.get_num_threads(), *linear.shape_key, len(group), rows, linear.candidates()]
     return json.dumps(parts, default=str)
 
@@ -425,7 +319,7 @@ def attention_plan(
         or keys.stride(-1) != 1
         or values.stride(-1) != 1
         or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-        or module() is None
+        or native.module() is None
     ):
         return None
     if mask is not None:
@@ -447,7 +341,7 @@ def run_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if query.stride(-1) != 1:
         query = query.contiguous()
     try:
-        return module().decode_attention(query, keys, values, mask, query.shape[-1] ** -0.5)
+        return native.module().decode_attention(query, keys, values, mask, query.shape[-1] ** -0.5)
     except (RuntimeError, AttributeError) as error:  # a module built without it, a shape it refuses
         _attention_broken = True
         log.warning("engine: our attention kernel failed (%s); SDPA from now on", str(error)[:200])
@@ -460,7 +354,7 @@ def layer_ops(like: torch.Tensor):
     and the engine runs PyTorch's ops: not CPU, not float32 or bfloat16, or no kernel on this
     machine. Callers run under inference mode (the ops have no backward) and check the
     widths and dtypes (rows of multiples of 16, head_dim of 32, one dtype)."""
-    return module() if like.device.type == "cpu" and like.dtype in (torch.float32, torch.bfloat16) else None
+    return native.module() if like.device.type == "cpu" and like.dtype in (torch.float32, torch.bfloat16) else None
 
 
 def attention_available(like: torch.Tensor) -> bool:
@@ -473,7 +367,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     any), through our kernel for contiguous float32 or bfloat16 CPU rows where this process
     has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once
     (docs/results/engine-2026-11-27d-xeon/)."""
-    ops = layer_ops(logits) if module.cache_info().currsize else None
+    ops = layer_ops(logits) if native.module.cache_info().currsize else None
     if ops is None or logits.dim() == 0 or logits.shape[-1] == 0 or not logits.is_contiguous():
         return logits.argmax(-1)
     return ops.argmax_rows(logits).view(logits.shape[:-1])

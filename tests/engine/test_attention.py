@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.engine import kernels
+from dflash.engine import kernels, native
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +139,7 @@ def test_where_the_kernel_does_not_apply_the_caller_runs_sdpa():
 
 
 def test_no_kernel_on_the_machine_means_sdpa(monkeypatch):
-    monkeypatch.setattr(kernels, "module", lambda: None)
+    monkeypatch.setattr(native, "module", lambda: None)
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     assert attention(query, keys, values, mask) is None
     assert not kernels.attention_available(query)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash.decoding import generate
-from dflash.engine import kernels
+from dflash.engine import kernels, native
 from dflash.engine.forward import StaticCache
 from dflash.engine.kernels import KERNELS, Linear, tune
 from dflash.target import TargetModel, crop_cache
@@ -66,7 +66,7 @@ def test_fast_engine_tunes_on_first_use_and_names_its_kernels():
     assert fast.fast.prepared
     assert fast.kernel_path.startswith("fast: float32; layers qkv ") and "head " in fast.kernel_path
     assert all(name in fast.kernel_path for name in (", o ", ", gate_up ", ", down "))  # every projection's choice
-    ops = kernels.module()
+    ops = native.module()
     assert fast.kernel_path.endswith(f"; layer ops ours ({ops.isa})" if ops else "; layer ops torch")
 
 
@@ -109,8 +109,8 @@ def test_a_killed_kernel_build_does_not_block_the_next_one(tmp_path, monkeypatch
         return "built"
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
-    build = kernels.build.__wrapped__
-    isa = kernels.cpu_isas()[0] if kernels.cpu_isas() else pytest.skip("this CPU runs none of our kernels")
+    build = native.build.__wrapped__
+    isa = native.cpu_isas()[0] if native.cpu_isas() else pytest.skip("this CPU runs none of our kernels")
     assert build(isa) == "built"
     ((name, files),) = seen
     (tmp_path / name / "lock").write_text("")  # the stale lock of a killed build

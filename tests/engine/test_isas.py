@@ -1,4 +1,4 @@
-"""Every instruction set of our kernels (dflash.engine.kernels.ISAS, csrc/vec.h) compiles
+"""Every instruction set of our kernels (dflash.engine.native.ISAS, csrc/vec.h) compiles
 wherever a compiler for it is at hand: the sets this CPU runs are built and tested against the
 references (the `kernel_isa` fixture), the others are compiled here: x86-64's with the host's
 compiler on an x86-64 machine, NEON with an aarch64 compiler (Debian's g++-aarch64-linux-gnu
@@ -15,7 +15,7 @@ import sysconfig
 import pytest
 from torch.utils.cpp_extension import include_paths
 
-from dflash.engine import kernels
+from dflash.engine import native
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -27,14 +27,14 @@ def compiler_for(isa: str) -> str | None:
     return host if X86 else None
 
 
-@pytest.mark.parametrize("isa", [isa for isa in kernels.ISAS if isa not in kernels.cpu_isas()])
+@pytest.mark.parametrize("isa", [isa for isa in native.ISAS if isa not in native.cpu_isas()])
 def test_the_instruction_sets_this_cpu_does_not_run_compile(isa):
     compiler = compiler_for(isa)
     if compiler is None:
         pytest.skip(f"no compiler for {isa} here")
     includes = [f"-isystem{path}" for path in [*include_paths(), sysconfig.get_paths()["include"]]]
-    command = [compiler, "-std=c++20", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *kernels.compile_flags(isa)]
-    result = subprocess.run([*command, *includes, os.path.join(kernels.SOURCE_DIR, "module.cpp")], capture_output=True, text=True)
+    command = [compiler, "-std=c++20", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *native.compile_flags(isa)]
+    result = subprocess.run([*command, *includes, os.path.join(native.SOURCE_DIR, "module.cpp")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -46,7 +46,7 @@ def test_the_flags_select_one_block_of_the_vector_layer():
     includes = [f"-isystem{path}" for path in include_paths()]
     source = '#include "vec.h"\nint main() { return dflash_vec::W; }\n'
     result = subprocess.run(
-        [compiler, "-std=c++20", "-fsyntax-only", f"-I{kernels.SOURCE_DIR}", *includes, "-x", "c++", "-"],
+        [compiler, "-std=c++20", "-fsyntax-only", f"-I{native.SOURCE_DIR}", *includes, "-x", "c++", "-"],
         input=source,
         capture_output=True,
         text=True,

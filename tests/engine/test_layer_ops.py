@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.engine import kernels
+from dflash.engine import kernels, native
 from dflash.engine.forward import add_rms_norm, rms_norm, rope
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
@@ -21,7 +21,7 @@ def inference():
 
 @pytest.fixture
 def ops(kernel_isa):
-    return kernels.module()
+    return native.module()
 
 
 def close(ours: torch.Tensor, reference: torch.Tensor):
