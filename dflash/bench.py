@@ -7,7 +7,7 @@ needs to break even.
     python -m dflash.bench --draft-vocab 8192               # a random drafter shaped like the demo's
     python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
     python -m dflash.bench --target DIR --device cuda --dtype bfloat16 --engine graphs
-    python -m dflash.bench --out docs/results/engine-DATE-CPU.md
+    python -m dflash.bench --out bench.md
     python -m dflash.bench --llama-cpp                       # llama.cpp's own t(B) beside ours (built once: minutes)
 
 It prints (and writes with --out, as Markdown):

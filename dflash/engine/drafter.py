@@ -3,9 +3,9 @@ a mask, on the fast engine's kernels (`dflash.engine.kernels`), in bfloat16.
 
 A propose reads the drafter's weights for 3-6 rows, where the module's float32 GEMMs and a
 few dozen small ops per layer dominate. Here the projections are fused (k with v, gate with
-up), run on the kernels tuned for this machine and read in bfloat16, half the bytes
-(docs/results/engine-2026-11-27-xeon/); norms, MLP activation and each head's q/k norm with
-its rotary run as our fused layer ops (`kernels.layer_ops`; docs/results/engine-2026-11-27d-xeon/).
+up), run on the kernels tuned for this machine and read in bfloat16, half the bytes; norms,
+MLP activation and each head's q/k norm with its rotary run as our fused layer ops
+(`kernels.layer_ops`; docs/design.md, "Measured figures").
 
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, op for op

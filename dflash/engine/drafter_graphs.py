@@ -1,7 +1,7 @@
 """The drafter's propose as CUDA graphs, beside the target's (`target.engine: graphs`).
 
 A propose runs the drafter once over c new context positions and a block of B: on a GPU
-mostly host time, as is the target's forward (docs/results/gpu-2026-11-27-h100/).
+mostly host time, as is the target's forward (docs/design.md, "Measured figures").
 
 Invariants:
 - It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, through the

@@ -3,7 +3,7 @@
 It replaces the HF forward with a `DynamicCache`, which on a 2-core CPU spends its time
 outside the weights: per-layer Python and mask building, a `cat` of every layer's cache at
 every step, separate q/k/v and gate/up matmuls, and MKL's float32 GEMM, which falls off at
-a few rows on some CPUs (docs/results/engine-2026-11-26-xeon/).
+a few rows on some CPUs (docs/design.md, "Measured figures").
 
 Invariants:
 - Same model. For the families it accepts (`fast_engine_refusal` is None: Llama, Mistral

@@ -1,7 +1,7 @@
 """CUDA graphs of the fast forward's decode steps (`target.engine: graphs`).
 
 Why: on a GPU a decode forward is host-bound: Python and one launch per kernel take several
-times the kernels' own time (docs/results/decode-profile-2026-11-24-h100.md). A CUDA graph
+times the kernels' own time (docs/design.md, "Measured figures"). A CUDA graph
 replays all of a forward's kernels with one launch.
 
 Invariants:

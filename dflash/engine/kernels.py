@@ -365,8 +365,7 @@ def attention_available(like: torch.Tensor) -> bool:
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)`, equal to it index for index (the first maximum; the first NaN if
     any), through our kernel for contiguous float32 or bfloat16 CPU rows where this process
-    has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once
-    (docs/results/engine-2026-11-27d-xeon/)."""
+    has loaded it: torch's CPU argmax compares one value at a time, ours 16 at once."""
     ops = layer_ops(logits) if native.module.cache_info().currsize else None
     if ops is None or logits.dim() == 0 or logits.shape[-1] == 0 or not logits.is_contiguous():
         return logits.argmax(-1)

@@ -76,7 +76,7 @@ def stdlib_code_prompts(
     `max_chars` characters each, none a near-duplicate of a HumanEval prompt, in a seeded order.
 
     With `doctest_first`, every header whose docstring shows `>>>` examples (HumanEval's shape) is taken
-    first: drafters trained on that mix accept more on HumanEval (docs/results/demo-history.md; docs/demo.md). The rest
+    first: drafters trained on that mix accept more on HumanEval (docs/demo.md). The rest
     is spread over files: at most `per_file` random headers per file, files in a seeded order, leftovers
     only when every file has given its share. Deterministic for a seed and Python stdlib.
     """

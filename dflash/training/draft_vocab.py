@@ -10,7 +10,7 @@ Invariants:
 - Validation scores the whole vocabulary, out-of-vocabulary tokens included: `val/tau_sim`
   is the figure of decoding over the whole vocabulary (`drafter.draft_vocab=false`).
   Decoding over the draft vocabulary differs only where the drafter's argmax falls
-  outside it (docs/results/engine-2026-11-27b-xeon/ measures both).
+  outside it.
 - A slot whose label is outside the vocabulary is not supervised in that step and is not
   counted in the `train/*` metrics. With `training.loss=kl` the target's distribution is
   taken over the same K tokens (renormalised), like the drafter's.
