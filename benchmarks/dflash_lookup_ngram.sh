@@ -1,6 +1,6 @@
 # dflash_lookup at n = 2 (beside prompt lookup alone at the same width) and n = 4, on a demo
 # run's drafter and held-out prompts, per family; results.json under OUT/ngram<n>_<family>/.
-#   bash docs/results/lookup-2026-11-27h-amd/run_ngram.sh ARTIFACTS RUN_DIR HELDOUT_DIR OUT
+#   bash benchmarks/dflash_lookup_ngram.sh ARTIFACTS RUN_DIR HELDOUT_DIR OUT
 # e.g. ARTIFACTS=/tmp/demo_amd6/artifacts RUN_DIR=$ARTIFACTS/runs/demo-smollm2-eea0d224ca
 #      HELDOUT_DIR=$ARTIFACTS/demo/smollm2-data-c4ed81d327-demo (run from the repository root)
 set -e

@@ -2,7 +2,7 @@
 what the GPU runs time when the real weights cannot travel (a forward's cost does not depend
 on its weights).
 
-    python docs/results/gpu-2026-11-27-h100/random_target.py CONFIG_DIR OUT_DIR [DTYPE]
+    python benchmarks/random_weight_target.py CONFIG_DIR OUT_DIR [DTYPE]
 """
 
 import os

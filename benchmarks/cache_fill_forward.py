@@ -1,8 +1,9 @@
-"""The disk cache fill's forward on a right-padded batch of B x S tokens: transformers'
-forward of the float32 target under CPU autocast to bfloat16 (what the fill runs) against
-the fast engine on a bfloat16 copy, alternating, best of 3.
+"""The disk cache fill's forward on a right-padded batch of B x S random tokens: transformers'
+forward of the float32 target under CPU autocast to bfloat16 (what the fill runs) against the
+fast engine on a bfloat16 copy, alternating, best of 3; first the largest difference between
+their tapped features.
 
-    python docs/results/chat-kinds-2026-11-27f-amd/fill_ab.py artifacts/targets/smollm2_135m 8 256
+    python benchmarks/cache_fill_forward.py artifacts/targets/smollm2_135m 8 256
 """
 
 import sys

@@ -1,7 +1,7 @@
 """How many of the target's own answers to the demo's held-out prompts a drafter can draft at
 all: the share of answer tokens inside its draft vocabulary (draft_vocab.json), per family.
 
-    python docs/results/lookup-2026-11-27h-amd/vocab_coverage.py RUN_DIR HELDOUT_DIR
+    python benchmarks/draft_vocab_coverage.py RUN_DIR HELDOUT_DIR
 
 RUN_DIR: a demo run (artifacts/runs/demo-smollm2-*), HELDOUT_DIR: its held-out prompts
 (artifacts/demo/smollm2-data-*-demo). Greedy answers of 128 tokens, float32, HF generate.
