@@ -59,10 +59,10 @@ demo-tiny: install
 bench: install
 	$(PY) -m dflash.bench $(ARGS)
 
-# A drafter served by llama.cpp (built once from a pinned source into artifacts/llama.cpp) beside
-# plain llama.cpp and our loop (DRAFTER: a drafter directory, default the demo's; ARGS='--families chat').
+# A drafter served by llama.cpp (built once from a pinned source into artifacts/llama.cpp) beside plain llama.cpp
+# and our loop, on the target it was trained for (DRAFTER: a drafter directory, default the demo's; ARGS='--families chat').
 serve-check: install
-	$(PY) -m dflash.serve_check --drafter $(or $(DRAFTER),$(lastword $(wildcard artifacts/runs/demo-smollm2-*/drafter))) $(ARGS)
+	$(PY) -m dflash.serve_check --drafter $(or $(DRAFTER),$(lastword $(wildcard $(or $(DFLASH_ARTIFACTS),artifacts)/runs/demo-smollm2-*/drafter))) $(ARGS)
 
 # Checks the GPU paths on random 8B-width targets and writes docs/results/gpu-check-<date>.md
 # (ARGS='--quick', '--out PATH'; without CUDA: a tiny float32 smoke run).

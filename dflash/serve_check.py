@@ -5,6 +5,8 @@ on this CPU, beside plain llama.cpp and our own loop, greedy, on the demo's held
     python -m dflash.serve_check --drafter DIR --families chat --prompts-per-family 4
     python -m dflash.serve_check --drafter DIR --dtype bfloat16 --out check.json
 
+The target is the drafter's, read from the training run whose `drafter/` directory it is
+(`--target` names another), and llama.cpp drafts its block size less one tokens per step.
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
 `llama.cpp/b11434/`, and reused when its output is there (steps 1-3 are `dflash.bench`'s, whose
 llama.cpp row uses them too):
@@ -15,9 +17,9 @@ llama.cpp row uses them too):
 3. convert: llama.cpp's own `convert_hf_to_gguf.py` with its `gguf-py/` (sentencepiece, which it
    imports, goes to `pylib/` by `pip install --target`) writes the target and the drafter, a standalone
    draft that takes the target's vocabulary (`--target-model-dir`), in the target's dtype;
-4. decode each prompt greedily, one process at a time: llama.cpp with our drafter
-   (`--spec-type draft-dflash`, block - 1 drafts per step), plain llama.cpp, then our loop
-   (the autoregressive baseline and DFlash, as `python -m dflash.evaluate` runs them);
+4. decode each prompt greedily, one process at a time: llama.cpp with our drafter (`--spec-type
+   draft-dflash`), plain llama.cpp, then our loop (the autoregressive baseline and DFlash, as
+   `python -m dflash.evaluate` runs them);
 5. report: served tau (tokens per target forward: n_predict / (n_predict - n_accept)) and acceptance
    (accepted / drafted), our tau, decode tokens/s of all four (each engine's own clock, prompt
    processing left out), and whether the outputs are identical token for token (`same_tokens`).
@@ -45,7 +47,10 @@ BINARIES = ("llama-speculative-simple", "llama-completion", LLAMA_BENCH)
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m dflash.serve_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", required=True, help="an exported drafter directory")
-    parser.add_argument("--target", default="smollm2_135m", help="a target config name (dflash/conf/target) or an HF directory")
+    parser.add_argument(
+        "--target",
+        help="a target config name (dflash/conf/target) or an HF directory; default: the drafter's, from its training run",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--families", default="math,chat", help="held-out prompt families of the demo, comma-separated")
     parser.add_argument("--prompts-per-family", type=int, default=8)
@@ -125,6 +130,30 @@ def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args,
     return results[0], results[1]
 
 
+def drafter_target(args):
+    """The TargetSpec to serve the drafter with: --target, else the one of the training run
+    whose `drafter/` directory --drafter is (its `.hydra/config.yaml`), on this CPU in --dtype."""
+    from dataclasses import fields
+
+    from dflash.errors import require
+    from dflash.specs import TargetSpec
+    from dflash.training.model_card import run_files
+
+    if args.target is not None:
+        spec = target_spec(args.target, args.dtype, "auto")
+    else:
+        found = (run_files(os.path.dirname(os.path.abspath(args.drafter)))[0] or {}).get("target")
+        why = "is not the drafter/ of a training run, so it names no target"
+        require(isinstance(found, dict), "--target", f"{args.drafter} {why}: give --target NAME or DIR")
+        known = {field.name for field in fields(TargetSpec)} - {"dtype", "engine", "device"}
+        spec = TargetSpec(**{key: value for key, value in found.items() if key in known}, dtype=args.dtype)
+    # a tokenizer trained here is none of the published ones that llama.cpp's converter recognises
+    require(spec.build is None, "--target", f"{spec.path} is a tiny target built here: llama.cpp cannot read its tokenizer")
+    where = "is no local directory, which llama.cpp's converter needs: give --target DIR"
+    require(spec.gguf_file is not None or os.path.isdir(spec.path), "--target", f"{spec.path} {where}")
+    return spec
+
+
 def check(args) -> dict:
     import torch
 
@@ -139,7 +168,8 @@ def check(args) -> dict:
     require(os.path.isfile(os.path.join(args.drafter, "config.json")), "--drafter", f"{args.drafter} has no config.json")
     # the demo's held-out draw: from the held-out templates, which training prompts never use (design.md invariant 27)
     prompts = [(f, text) for f in args.families.split(",") for text in heldout_prompts(f.strip(), args.prompts_per_family, [])]
-    spec = target_spec(args.target, args.dtype, "auto")
+    spec = drafter_target(args)
+    say(f"target: {spec.path}")
     root = llama_cpp_root()
     os.makedirs(root, exist_ok=True)
     torch.set_num_threads(args.threads)

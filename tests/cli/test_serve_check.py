@@ -1,13 +1,20 @@
-"""`python -m dflash.serve_check`: its pure parts, without llama.cpp: what it reads from
-llama.cpp's output (captured from build 11434 on SmolLM2-135M-Instruct with the demo's
-drafter), the token comparison, the pooled figures. Fetching and building llama.cpp are
+"""`python -m dflash.serve_check` without llama.cpp: what it reads from llama.cpp's output
+(captured from build 11434 on SmolLM2-135M-Instruct with the demo's drafter), the token
+comparison, the pooled figures, the target it takes from the drafter's run, and a whole check
+on a tiny target with llama.cpp's programs stood in for. Fetching and building llama.cpp are
 `dflash.bench`'s (tests/cli/test_bench.py)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import yaml
 
 from dflash import serve_check
+from dflash.drafter import save_drafter
+from dflash.specs import DrafterSpec, build_drafter
 
 PROMPT = "<|im_start|>user\nList 3 colours.<|im_end|>\n<|im_start|>assistant\n"
 SPECULATIVE_STDERR = """\
@@ -98,3 +105,89 @@ def test_a_drafter_without_config_is_one_line_before_anything_loads(tmp_path, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --drafter: ") and "has no config.json" in err and len(err.strip().splitlines()) == 1
+
+
+def write_run(run: Path, target: dict) -> Path:
+    """A training run directory as `python -m dflash.train` leaves it, as far as serve_check reads
+    it: the Hydra config naming `target`, and the `drafter/` directory; returns the latter."""
+    (run / ".hydra").mkdir(parents=True)
+    config = {"paths": {"artifacts": str(run.parent)}, "target": target}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "drafter").mkdir()
+    (run / "drafter" / "config.json").write_text("{}")
+    return run / "drafter"
+
+
+def test_the_target_is_the_one_the_drafter_was_trained_for_unless_given(tmp_path):
+    (tmp_path / "targets" / "t").mkdir(parents=True)
+    trained = {"path": "${paths.artifacts}/targets/t", "dtype": "bfloat16", "engine": "fast", "device": "cuda", "build": None}
+    drafter = write_run(tmp_path / "run", trained)
+    spec = serve_check.drafter_target(serve_check.parse_args(["--drafter", str(drafter)]))
+    # served here: on this CPU, in --dtype, with the engine's own choice
+    assert (spec.path, spec.dtype, spec.device, spec.engine) == (str(tmp_path / "targets" / "t"), "float32", "cpu", "auto")
+    given = serve_check.drafter_target(serve_check.parse_args(["--drafter", str(drafter), "--target", str(tmp_path)]))
+    assert given.path == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        (None, "is not the drafter/ of a training run, so it names no target: give --target"),
+        ({"path": "${paths.artifacts}/targets/tiny", "build": {"arch": "qwen3", "seed": 0}}, "is a tiny target built here"),
+        ({"path": "Qwen/Qwen3-8B"}, "Qwen/Qwen3-8B is no local directory, which llama.cpp's converter needs"),
+    ],
+)
+def test_a_target_llama_cpp_cannot_serve_is_one_line_before_anything_loads(tmp_path, capsys, target, says):
+    drafter = write_run(tmp_path / "run", target) if target else tmp_path / "drafter"
+    drafter.mkdir(exist_ok=True)
+    (drafter / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        serve_check.main(["--drafter", str(drafter)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --target: ") and says in err and len(err.strip().splitlines()) == 1
+
+
+# llama.cpp's two programs, stood in for: each keeps its arguments and prints what build 11434 prints
+STAND_IN = """#!/bin/bash
+echo "$@" > "$0.argv"
+while [ $# -gt 0 ]; do [ "$1" = -p ] && prompt="$2"; shift; done
+{stdout}
+cat "$0.stderr" >&2
+"""
+
+
+def test_a_drafter_is_served_with_its_runs_target_drafting_its_block_less_one(qwen3_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path / "artifacts"))
+    target_dir = tmp_path / "targets" / "tiny"
+    qwen3_target.model.save_pretrained(target_dir)
+    qwen3_target.tokenizer.save_pretrained(target_dir)
+    drafter = write_run(tmp_path / "run", {"path": "${paths.artifacts}/targets/tiny", "build": None})
+    save_drafter(build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target), str(drafter))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    outputs = {
+        "llama-speculative-simple": (r"printf '\n\n%s1. red\n\n\n\n' " + '"$prompt"', SPECULATIVE_STDERR),
+        "llama-completion": (r"printf '1. red\n\n'", COMPLETION_STDERR),
+    }
+    for name, (stdout, stderr) in outputs.items():
+        (bindir / name).write_text(STAND_IN.format(stdout=stdout))
+        (bindir / name).chmod(0o755)
+        (bindir / f"{name}.stderr").write_text(stderr)
+    converted = []
+    monkeypatch.setattr(serve_check, "fetch_source", lambda root: "src")
+    monkeypatch.setattr(serve_check, "build", lambda root, source, binaries: str(bindir))
+    monkeypatch.setattr(
+        serve_check, "convert", lambda *args, **kwargs: converted.append((args, kwargs)) or f"m{len(converted)}.gguf"
+    )
+    out = tmp_path / "check.json"
+    serve_check.main(["--drafter", str(drafter), "--families", "chat", "--prompts-per-family", "1", "--max-new-tokens", "4", "--threads", "1", "--out", str(out)])  # fmt: skip
+    summary = json.loads(out.read_text())
+    assert (summary["target"], summary["block_size"], summary["prompts"]) == (str(target_dir), 4, 1)
+    assert [(args[2], kwargs) for args, kwargs in converted] == [
+        (str(target_dir), {}),
+        (str(drafter), {"target_dir": str(target_dir)}),
+    ]
+    served = (bindir / "llama-speculative-simple.argv").read_text().split()
+    assert served[served.index("--spec-draft-n-max") + 1] == "3"
+    assert served[served.index("-m") + 1] == "m1.gguf" and served[served.index("-md") + 1] == "m2.gguf"
