@@ -47,10 +47,7 @@ BINARIES = ("llama-speculative-simple", "llama-completion", LLAMA_BENCH)
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m dflash.serve_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", required=True, help="an exported drafter directory")
-    parser.add_argument(
-        "--target",
-        help="a target config name (dflash/conf/target) or an HF directory; default: the drafter's, from its training run",
-    )
+    parser.add_argument("--target", help="a target config name (dflash/conf/target) or an HF directory (default: the drafter's)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--families", default="math,chat", help="held-out prompt families of the demo, comma-separated")
     parser.add_argument("--prompts-per-family", type=int, default=8)
@@ -133,8 +130,6 @@ def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args,
 def drafter_target(args):
     """The TargetSpec to serve the drafter with: --target, else the one of the training run
     whose `drafter/` directory --drafter is (its `.hydra/config.yaml`), on this CPU in --dtype."""
-    from dataclasses import fields
-
     from dflash.errors import require
     from dflash.specs import TargetSpec
     from dflash.training.model_card import run_files
@@ -145,8 +140,7 @@ def drafter_target(args):
         found = (run_files(os.path.dirname(os.path.abspath(args.drafter)))[0] or {}).get("target")
         why = "is not the drafter/ of a training run, so it names no target"
         require(isinstance(found, dict), "--target", f"{args.drafter} {why}: give --target NAME or DIR")
-        known = {field.name for field in fields(TargetSpec)} - {"dtype", "engine", "device"}
-        spec = TargetSpec(**{key: value for key, value in found.items() if key in known}, dtype=args.dtype)
+        spec = TargetSpec(**{key: found.get(key) for key in ("path", "build", "gguf_file")}, dtype=args.dtype)
     # a tokenizer trained here is none of the published ones that llama.cpp's converter recognises
     require(spec.build is None, "--target", f"{spec.path} is a tiny target built here: llama.cpp cannot read its tokenizer")
     where = "is no local directory, which llama.cpp's converter needs: give --target DIR"
