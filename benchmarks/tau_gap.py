@@ -12,8 +12,8 @@ drafter: it decodes the held-out training conversations' own prompts with the re
 64 and at 192 new tokens (`python -m dflash.evaluate`, results under --work/<sweep>/<job>/,
 outside the sweeps root, so the tables never read them as runs).
 
-    python scripts/tau_gap.py --root artifacts/sweeps --sweeps depth_smollm2 block_size_smollm2 --out gap.md
-    python scripts/tau_gap.py --root artifacts/sweeps --sweeps block_size_smollm2 \
+    python benchmarks/tau_gap.py --root artifacts/sweeps --sweeps depth_smollm2 block_size_smollm2 --out gap.md
+    python benchmarks/tau_gap.py --root artifacts/sweeps --sweeps block_size_smollm2 \
         --decode-val block_size_smollm2/drafter.block_size=8,seed=0 --out gap.md
 """
 

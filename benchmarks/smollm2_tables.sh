@@ -2,13 +2,13 @@
 # The paper's tables on SmolLM2-135M-Instruct (issue 27): every sweep at scale smollm2, in the
 # order the tables need them, then the tables. Resumable: re-running skips finished jobs (a
 # killed job resumes from its last checkpoint), and a cell two ablations share is trained once.
-#   bash scripts/smollm2_tables.sh                 # all of it (about 7 hours on a 2-core CPU)
-#   SWEEPS="depth loss" bash scripts/smollm2_tables.sh
-#   WAIT_PID=1234 bash scripts/smollm2_tables.sh   # start when process 1234 (a running sweep) has ended
+#   bash benchmarks/smollm2_tables.sh                 # all of it (about 7 hours on a 2-core CPU)
+#   SWEEPS="depth loss" bash benchmarks/smollm2_tables.sh
+#   WAIT_PID=1234 bash benchmarks/smollm2_tables.sh   # start when process 1234 (a running sweep) has ended
 # To keep every cell on one version of the code while you work on the checkout, run it from a
 # worktree of a fixed commit, on this checkout's artifacts:
 #   git worktree add ../sweep-code HEAD --detach && cd ../sweep-code && \
-#     DFLASH_ARTIFACTS=$OLDPWD/artifacts PYTHONPATH=$PWD PY=$OLDPWD/.venv/bin/python bash scripts/smollm2_tables.sh
+#     DFLASH_ARTIFACTS=$OLDPWD/artifacts PYTHONPATH=$PWD PY=$OLDPWD/.venv/bin/python bash benchmarks/smollm2_tables.sh
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -1,6 +1,6 @@
 """Validation tau_sim against wall-clock training minutes, read from training runs' logs.
 
-    python scripts/tau_vs_minutes.py RUN_DIR[=LABEL] ... [--out plot.png] [--markdown]
+    python benchmarks/tau_vs_minutes.py RUN_DIR[=LABEL] ... [--out plot.png] [--markdown]
 
 Each run's `train.log` (written by `python -m dflash.train`) holds progress lines
 (`train: step N/..., elapsed H:MM:SS`) and validation lines (`train: validation at step N:

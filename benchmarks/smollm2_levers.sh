@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sample-efficiency levers on SmolLM2-135M-Instruct, from the disk cache of
 # dflash/conf/experiment/smollm2.yaml (filled once; every lever reads it):
-#   scripts/smollm2_levers.sh [NAME ...]          # default: every lever below, in order
-#   MINUTES=9 scripts/smollm2_levers.sh NAME      # equal CPU minutes (trainer.max_minutes)
-#   STEPS=250 scripts/smollm2_levers.sh NAME      # equal steps (the first two levers ran so)
+#   benchmarks/smollm2_levers.sh [NAME ...]          # default: every lever below, in order
+#   MINUTES=9 benchmarks/smollm2_levers.sh NAME      # equal CPU minutes (trainer.max_minutes)
+#   STEPS=250 benchmarks/smollm2_levers.sh NAME      # equal steps (the first two levers ran so)
 #   EVAL=0 ...                                    # validation tau_sim only, no HumanEval run
 # Each lever trains `python -m dflash.train experiment=smollm2` with its overrides
 # (validation tau_sim every 50 steps) into artifacts/runs/lever-NAME, then evaluates the

@@ -12,10 +12,10 @@
    with a BlockMask (eager; and torch.compile'd with --compile-flex). Mask construction
    is timed separately from the forward. Median of interleaved repeats.
 
-    python scripts/bench_training.py                          # both parts, 1 thread
-    python scripts/bench_training.py --part attention --threads 2 --compile-flex
-    python scripts/bench_training.py --part recipe --data artifacts/data/tiny_cpu
-    python scripts/bench_training.py --part recipe --data artifacts/data/tiny_cpu --precision bf16-mixed
+    python benchmarks/bench_training.py                          # both parts, 1 thread
+    python benchmarks/bench_training.py --part attention --threads 2 --compile-flex
+    python benchmarks/bench_training.py --part recipe --data artifacts/data/tiny_cpu
+    python benchmarks/bench_training.py --part recipe --data artifacts/data/tiny_cpu --precision bf16-mixed
 
 The header prints the load average: on a shared CPU the numbers are noisy.
 """

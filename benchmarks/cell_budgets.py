@@ -6,7 +6,7 @@ and export done), results.json (its time: the evaluation done) and reused_from.j
 and a few seconds here). Times are wall-clock on the machine the sweep ran on, with the
 load it had (two jobs side by side, one thread each).
 
-    python scripts/cell_budgets.py --root artifacts/sweeps --sweeps block_size_smollm2 depth_smollm2 --out budgets.md
+    python benchmarks/cell_budgets.py --root artifacts/sweeps --sweeps block_size_smollm2 depth_smollm2 --out budgets.md
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ tau is pooled over all verify steps (accepted drafts + 1: the target's own token
 counts); verified/step is the tokens one verify forward runs on (anchor + drafts or
 tree nodes); tokens/s is new tokens over prefill + decode time, summed over prompts.
 
-    python scripts/bench_tree.py --target DIR --drafter DIR --prompts 10   # HumanEval prompts
-    python scripts/bench_tree.py                                           # tiny random target and drafter
+    python benchmarks/bench_tree.py --target DIR --drafter DIR --prompts 10   # HumanEval prompts
+    python benchmarks/bench_tree.py                                           # tiny random target and drafter
 """
 
 from __future__ import annotations

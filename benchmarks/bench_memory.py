@@ -8,9 +8,9 @@ reports its peak resident memory (ru_maxrss) before and after the measured work:
 - `step`: one training step of `DrafterTrainingModule` (target forward, drafter forward,
   loss, backward) on a random 6-layer target of that vocabulary and width (2 taps).
 
-    PYTHONPATH=$PWD python scripts/bench_memory.py                      # loss, dense and chunked
-    PYTHONPATH=$PWD python scripts/bench_memory.py --what step --variants dense 256
-    PYTHONPATH=$PWD python scripts/bench_memory.py --loss kl --variants 256 1024
+    PYTHONPATH=$PWD python benchmarks/bench_memory.py                      # loss, dense and chunked
+    PYTHONPATH=$PWD python benchmarks/bench_memory.py --what step --variants dense 256
+    PYTHONPATH=$PWD python benchmarks/bench_memory.py --loss kl --variants 256 1024
 
 Variants: `dense` (`training.loss_chunk_rows=null`) or a number of rows per chunk.
 Numbers from a shared machine are noisy; compare variants of one run.

@@ -20,7 +20,7 @@ both alike, and compare the medians of each side:
     git worktree add /tmp/dflash-old <old commit>          # e.g. main before the rewrite
     for i in 1 2 3; do
       for tree in /tmp/dflash-old "$PWD"; do
-        PYTHONPATH=$tree python scripts/bench_loop.py --repeats 5 --device cuda
+        PYTHONPATH=$tree python benchmarks/bench_loop.py --repeats 5 --device cuda
       done
     done
 """

@@ -8,8 +8,8 @@ counts it over one epoch of the training split, with the same tokenisation, spli
 anchor sampling and block layout as training; use it to pick anchor counts that give two
 block sizes the same supervision (dflash/conf/sweep/block_size_controlled_cpu.yaml).
 
-    python scripts/count_supervision.py 16:64 8:137 8:164       # the CPU sweeps' data
-    python scripts/count_supervision.py 16:512 8:1024 --data artifacts/data/qwen3_8b \\
+    python benchmarks/count_supervision.py 16:64 8:137 8:164       # the CPU sweeps' data
+    python benchmarks/count_supervision.py 16:512 8:1024 --data artifacts/data/qwen3_8b \\
         --tokenizer Qwen/Qwen3-8B --max-length 3072 --val-fraction 0.01
 """
 
