@@ -1,34 +1,60 @@
-"""The files of a run directory: their names, and results.json as a typed record.
+"""The files of the directories dflash writes, and results.json as a typed record.
 
-Every module that writes or reads a run, evaluation, sweep-job or demo directory takes
-the names from here. `Results` is results.json: the evaluator builds it, tables, model
-cards, sweeps and demos read it; `to_json` gives the file's dictionary, keys in the file's
-order (schema: `dflash.eval.results` and docs/results-file.md), so `from_json` then
-`to_json` gives a file back unchanged. Fields a file lacks (files written before the
-field existed) read as None.
+Every module that writes or reads a run, evaluation, sweep-job, demo or drafter directory
+takes the file names from here. `Results` is results.json: the evaluator builds it, tables,
+model cards, sweeps and demos read it, the per-method and per-family figures included
+(`of_method`, `of_family`); `to_json` gives the file's dictionary, keys in the file's order
+(schema: `dflash.eval.results` and docs/results-file.md), so `from_json` then `to_json`
+gives a file back unchanged. Fields a file lacks (files written before the field existed)
+read as None.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from dflash.fileio import write_json
 
+# a run directory (train, evaluate, sweep job, demo)
 RESULTS_FILE = "results.json"  # written last by an evaluation: its presence means finished
 DEMO_SUMMARY = "demo_summary.json"
 DRAFTER_DIR = "drafter"  # the exported drafter directory of a training run
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"  # in CHECKPOINT_DIR: the latest training checkpoint, what a run resumes from
+PREVIOUS_CHECKPOINT = "previous.ckpt"  # in CHECKPOINT_DIR: the last.ckpt before, kept until the next is complete
+BEST_CHECKPOINT = "best.ckpt"  # in CHECKPOINT_DIR: the best validation's, with `checkpoint.select=best`
 DRAFTER_CONFIG_KEY = "dflash_drafter_config"  # the key of a training checkpoint that holds the drafter's config.json dict
 DRAFT_VOCAB_KEY = "dflash_draft_vocab"  # ... and a DFlash drafter's draft vocabulary, once its training counted it
 EVAL_DIR = "eval"  # a demo's evaluation directories inside its run directory
-CSV_DIR = "csv"  # the CSV logger's metrics
+CSV_DIR = "csv"  # the CSV logger's metrics: CSV_DIR/version_*/METRICS_CSV
+METRICS_CSV = "metrics.csv"
 HYDRA_CONFIG = os.path.join(".hydra", "config.yaml")
+HYDRA_RUN_CONFIG = os.path.join(".hydra", "hydra.yaml")
+TAU_CURVES = "tau_curves.png"  # tau against training steps (`eval.tau_real`)
 ERROR_FILE = "error.json"  # a failed sweep job's error record
 LOG_FILE = "job.log"  # a sweep job's stdout and stderr
+CELL_FILE = "cell.json"  # a sweep job's grid cell, what `dflash.training.reuse` matches finished twins by
+REUSED_FILE = "reused_from.json"  # a sweep job that copied a finished twin's results: which one
+# a drafter directory (HF format)
+DRAFTER_CONFIG = "config.json"
+DRAFTER_WEIGHTS = "model.safetensors"
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+DRAFTER_MODULE = "dflash.py"  # the module named by config.json's auto_map
+MODEL_CARD = "README.md"
+EXPORT_INFO_FILE = "checkpoint.json"  # which checkpoint the drafter was exported from
+# a target-state cache directory (and a data directory)
+MANIFEST = "manifest.json"
+
+# The figures a method's record (`Results.methods[name]`) and a family's
+# (`Results.families[name]`) hold under the names of the top level.
+FAMILY_FIELDS = (
+    "tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "speedup_decode_only",
+    "lossless", "first_mismatch", "lossless_up_to_ties",
+)  # fmt: skip
+METHOD_FIELDS = ("block_size", "drafter_block_size", *FAMILY_FIELDS, "divergences")
 
 
 def artifacts_root() -> str:
@@ -89,6 +115,47 @@ class Results:
         """From a file's dictionary; keys it does not know are left out."""
         return cls(**{field.name: data[field.name] for field in fields(cls) if field.name in data})
 
+    def of_method(self, name: str) -> Results:
+        """These results with method `name` as the primary: its figures (`methods`) at the top level."""
+        figures = self.methods[name]
+        return replace(self, method=name, drafter=figures.get("label", self.drafter), **_present(figures, METHOD_FIELDS))
+
+    def of_family(self, name: str) -> Results:
+        """These results over one prompt family of a mixed benchmark (`families`), the family as benchmark."""
+        figures = self.families[name]
+        return replace(
+            self, benchmark=name, families=None, **_present(figures, (*FAMILY_FIELDS, "num_prompts", "num_generations", "methods"))
+        )
+
+    @property
+    def settings(self) -> dict:
+        """The primary method's settings (`methods`); {} in files that predate them."""
+        return ((self.methods or {}).get(self.method) or {}).get("settings") or {}
+
+    @property
+    def speedup_vs_autoregressive(self) -> float | None:
+        """End to end, prefill included."""
+        return (self.speedup or {}).get("vs_autoregressive")
+
+    @property
+    def speedup_decode_only_vs_autoregressive(self) -> float | None:
+        """The paper's: decode time per output token, prefill excluded."""
+        return (self.speedup_decode_only or {}).get("vs_autoregressive")
+
+    @property
+    def source_description(self) -> str | None:
+        """Where the prompts came from, in words: "openai/gsm8k@740312add88f" (a revision
+        shortened to 12 characters), "local file x.jsonl", ...; None in files that predate it."""
+        source = self.benchmark_source
+        if not isinstance(source, dict):
+            return None
+        if source.get("kind") == "local":
+            return f"local file {source.get('dataset')}"
+        if source.get("kind") == "bundled":
+            return f"bundled with {source.get('dataset')}"
+        revision = source.get("revision")
+        return f"{source.get('dataset')}@{revision[:12]}" if revision else f"{source.get('dataset')} (no revision pinned)"
+
     @classmethod
     def read(cls, path: str) -> Results:
         with open(path) as f:
@@ -97,3 +164,7 @@ class Results:
     def write(self, path: str) -> str:
         """Write results.json to `path` atomically (`dflash.fileio`); returns `path`."""
         return write_json(path, self.to_json(), indent=2)
+
+
+def _present(figures: dict, names: tuple) -> dict:
+    return {name: figures[name] for name in names if name in figures}

@@ -32,7 +32,7 @@ class AfterTrainEval:
     def run(self, target, drafter_dir: str, output_dir: str, config: dict) -> str:
         """Evaluate the drafter directory `drafter_dir`; write results.json into `output_dir`; return its path."""
         from dflash.drafter import load_drafter
-        from dflash.eval import benchmark_source, evaluate, format_results, load_benchmark, write_results
+        from dflash.eval import benchmark_source, evaluate, format_results, load_benchmark
         from dflash.methods import METHODS
 
         name, method_settings = self.method.evaluation(drafter_dir, self.train_settings)
@@ -54,6 +54,6 @@ class AfterTrainEval:
             config=config,
             benchmark_source=benchmark_source(self.benchmark),
         )
-        path = write_results(results, os.path.join(output_dir, RESULTS_FILE))
+        path = results.write(os.path.join(output_dir, RESULTS_FILE))
         print(format_results(results))
         return path

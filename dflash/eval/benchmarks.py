@@ -146,6 +146,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in [
         Benchmark("humaneval", _field("prompt"), template=HUMANEVAL_TEMPLATE),
+        Benchmark("smoke", _field("prompt"), template=HUMANEVAL_TEMPLATE),  # HumanEval's, as the smoke preset names them
         Benchmark("gsm8k", _field("question"), "openai/gsm8k", "main", columns=("question",), template=MATH_TEMPLATE),
         Benchmark("math500", _field("problem"), "HuggingFaceH4/MATH-500", columns=("problem",), template=MATH_TEMPLATE),
         Benchmark(

@@ -35,6 +35,7 @@ from dflash.eval.benchmarks import Sample
 from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
+from dflash.layout import Results
 from dflash.methods import METHODS, EvalContext, MethodSetup, build_method, check_method_names
 from dflash.progress import bar_interval
 from dflash.target import TargetModel
@@ -116,8 +117,8 @@ def evaluate(
     config: dict | None = None,
     progress: bool = True,
     benchmark_source: dict | None = None,
-) -> dict:
-    """Run the baselines and every method on every turn of `samples`; return the results dictionary.
+) -> Results:
+    """Run the baselines and every method on every turn of `samples`; return results.json.
 
     Args:
         target: the frozen target, with its tokenizer.
@@ -130,7 +131,7 @@ def evaluate(
         benchmark_source: where the prompts came from (`dflash.eval.benchmarks.benchmark_source`),
             stored under `benchmark_source`.
     Returns:
-        the results.json dictionary (schema: `dflash.eval.results`).
+        results.json (schema: `dflash.eval.results`); `Results.write` writes it.
     """
     if not samples:
         raise ValueError("no prompts to evaluate")  # load_benchmark never returns none

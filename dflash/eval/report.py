@@ -1,4 +1,4 @@
-"""A readable summary of a results dictionary, for the terminal."""
+"""A readable summary of results.json, for the terminal."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from dflash.layout import Results
 from dflash.methods import label
 
 
-def format_results(results: Results | dict) -> str:
+def format_results(results: Results) -> str:
     """A table of speed per method, the primary method's acceptance and losslessness lines,
-    then one line per method when several ran (`results`: results.json, typed or as its dictionary)."""
-    results = results if isinstance(results, Results) else Results.from_json(results)
+    then one line per method when several ran."""
     mode = "greedy"
     if results.temperature > 0:
         mode = f"sampling T={results.temperature} top_p={results.top_p} top_k={results.top_k}"
@@ -38,14 +37,14 @@ def format_results(results: Results | dict) -> str:
         tokens_per_s = results.tokens_per_s[method]
         lines.append(f"{method:<16}{tokens:>10}{seconds:>11.3f}{tokens_per_s:>11.1f}{speedup_text:>24}")
     histogram = "  ".join(f"{k}:{count}" for k, count in enumerate(results.acceptance_histogram, start=1))
-    decode_only = results.speedup_decode_only["vs_autoregressive"]
+    decode_only = results.speedup_decode_only_vs_autoregressive
     lines += [
         "",
         "tau (acceptance length per verify step, bonus token counted):",
         f"  pooled over all verify steps: {results.tau:.3f}",
         f"  mean of per-generation means (the DFlash paper's harness): {results.tau_per_prompt_mean:.3f}",
         "speedup over autoregressive:",
-        f"  end to end (summed time per output token, prefill included): {_times(results.speedup['vs_autoregressive'])}",
+        f"  end to end (summed time per output token, prefill included): {_times(results.speedup_vs_autoregressive)}",
         f"  decode only (mean per-generation time per output token, prefill excluded; the paper's): {_times(decode_only)}",
         f"acceptance histogram (tokens emitted per step: steps): {histogram}",
         f"lossless ({name} == autoregressive, token for token; target dtype {results.target_dtype}): "
@@ -64,14 +63,14 @@ def format_results(results: Results | dict) -> str:
             "every method on the same prompts, seeds and stops (tau counts the bonus token; speedup over autoregressive):",
             f"{'method':<{width}}{'B':>4}{'tau pooled':>12}{'tau per-gen':>13}{'end to end':>12}{'decode only':>13}  lossless",
         ]
-        for method, record in methods.items():
-            lossless = "n/a (sampling)" if record["lossless"] is None else str(record["lossless"]).lower()
-            if record["lossless"] is False and record["lossless_up_to_ties"]:
+        for method in methods:
+            view = results.of_method(method)
+            lossless = "n/a (sampling)" if view.lossless is None else str(view.lossless).lower()
+            if view.lossless is False and view.lossless_up_to_ties:
                 lossless += " (near-ties only)"
             lines.append(
-                f"{method:<{width}}{record['block_size']:>4}{record['tau']:>12.3f}{record['tau_per_prompt_mean']:>13.3f}"
-                f"{_times(record['speedup']['vs_autoregressive']):>12}"
-                f"{_times(record['speedup_decode_only']['vs_autoregressive']):>13}  {lossless}"
+                f"{method:<{width}}{view.block_size:>4}{view.tau:>12.3f}{view.tau_per_prompt_mean:>13.3f}"
+                f"{_times(view.speedup_vs_autoregressive):>12}{_times(view.speedup_decode_only_vs_autoregressive):>13}  {lossless}"
             )
     return "\n".join(lines)
 

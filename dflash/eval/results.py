@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 import torch
 
 from dflash.eval.divergence import BUG, NUMERICAL, diagnose, first_difference
-from dflash.layout import Results
+from dflash.layout import FAMILY_FIELDS, Results
 
 METHOD = "dflash"
 BASELINE = "autoregressive"
@@ -189,13 +189,6 @@ class MethodInfo:
     settings: dict = field(default_factory=dict)
 
 
-# The primary method's figures each family repeats at its top level (as results.json does).
-FAMILY_FIELDS = (
-    "tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "speedup_decode_only",
-    "lossless", "first_mismatch", "lossless_up_to_ties",
-)  # fmt: skip
-
-
 def method_record(records: list[GenerationRecord], method: str, info: MethodInfo, greedy: bool) -> dict:
     """One method's figures over `records` (keys in the module docstring, under `methods`)."""
     mismatch = first_mismatch(records, BASELINE, method) if greedy else None
@@ -236,8 +229,8 @@ def build_results(
     kernel_path: str | None = None,
     methods: dict[str, MethodInfo] | None = None,
     benchmark_source: dict | None = None,
-) -> dict:
-    """The results.json dictionary (schema in the module docstring).
+) -> Results:
+    """results.json (schema in the module docstring).
 
     drafter / block_size / drafter_block_size: the primary method's label and block sizes.
     methods: every method that ran, primary first (None: DFlash alone, described by the
@@ -289,7 +282,7 @@ def build_results(
         versions=versions(),
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         config=config,
-    ).to_json()
+    )
 
 
 def family_records(records: list[GenerationRecord], methods: dict[str, MethodInfo], greedy: bool) -> dict | None:
@@ -354,6 +347,6 @@ def versions() -> dict:
     }
 
 
-def write_results(results: dict, path: str) -> str:
-    """Write the results.json dictionary `results` to `path` atomically; returns `path`."""
-    return Results.from_json(results).write(path)
+def write_results(results: Results, path: str) -> str:
+    """`results.write(path)`, for callers not yet moved to it."""
+    return results.write(path)

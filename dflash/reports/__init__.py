@@ -5,10 +5,9 @@ records (`collect_runs` from result directories, `collect_wandb_runs` from wandb
 PNG figures (`plots`); `write_report` does all of it.
 """
 
-from dflash.reports.collect import collect_runs, read_run
-from dflash.reports.records import RunRecord
-from dflash.reports.report import Report, write_report
-from dflash.reports.tables import Table, build_tables
+from dflash.reports.collect import collect_runs
+from dflash.reports.report import write_report
+from dflash.reports.tables import build_tables
 from dflash.reports.wandb_source import collect_wandb_runs
 
-__all__ = ["Report", "RunRecord", "Table", "build_tables", "collect_runs", "collect_wandb_runs", "read_run", "write_report"]
+__all__ = ["build_tables", "collect_runs", "collect_wandb_runs", "write_report"]

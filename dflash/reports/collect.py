@@ -16,7 +16,7 @@ import os
 import yaml
 
 from dflash.fileio import read_json
-from dflash.layout import CSV_DIR, ERROR_FILE, HYDRA_CONFIG, RESULTS_FILE, Results
+from dflash.layout import CSV_DIR, ERROR_FILE, HYDRA_CONFIG, METRICS_CSV, RESULTS_FILE, Results
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, results_from_config
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ def read_run(run_dir: str) -> RunRecord:
     error_path = os.path.join(run_dir, ERROR_FILE)
     config = _read_hydra_config(run_dir)
     if os.path.isfile(results_path):
-        results = Results.read(results_path).to_json()
-        config = results["config"] or config
+        results = Results.read(results_path)
+        config = results.config or config
         status, error = FINISHED, None
     else:
         results = results_from_config(config)
@@ -69,7 +69,7 @@ def read_accuracies(run_dir: str) -> dict[str, list[float]]:
     Versions are read in order (a resumed run logs into a new version), so the last
     value wins; {} when the run logged no CSV metrics.
     """
-    paths = sorted(glob.glob(os.path.join(glob.escape(run_dir), CSV_DIR, "version_*", "metrics.csv")), key=_version_number)
+    paths = sorted(glob.glob(os.path.join(glob.escape(run_dir), CSV_DIR, "version_*", METRICS_CSV)), key=_version_number)
     latest: dict[str, list[float]] = {}
     for path in paths:
         with open(path, newline="") as f:

@@ -164,7 +164,7 @@ def _numeric_series(table: Table, x_key: int, series_key: int | None, metric: st
 
 
 def _summed_histogram(runs) -> list[int]:
-    histograms = [r.acceptance_histogram for r in runs if r.acceptance_histogram]
+    histograms = [r.results.acceptance_histogram for r in runs if r.results.acceptance_histogram]
     if not histograms:
         return []
     counts = [0] * max(len(h) for h in histograms)

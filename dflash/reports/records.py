@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from dflash.layout import Results
 from dflash.methods import METHODS
 
 # results.json files written before the `method` field existed hold DFlash runs (the
@@ -34,7 +35,7 @@ class RunRecord:
     source: str
     status: str
     config: dict
-    results: dict
+    results: Results
     error: str | None = None
     accuracies: dict[str, list[float]] = field(default_factory=dict)
 
@@ -49,21 +50,20 @@ class RunRecord:
 
     @property
     def benchmark(self) -> str:
-        return str(self.results.get("benchmark") or "?")
+        return str(self.results.benchmark or "?")
 
     @property
     def temperature(self) -> float | None:
-        value = self.results.get("temperature")
-        return float(value) if isinstance(value, (int, float)) else None
+        return None if self.results.temperature is None else float(self.results.temperature)
 
     @property
     def method(self) -> str:
-        return str(self.results.get("method") or UNNAMED_METHOD)
+        return str(self.results.method or UNNAMED_METHOD)
 
     @property
     def target(self) -> str:
         """A short target name: the last component of its path or hub id."""
-        path = str(self.results.get("target") or "?")
+        path = str(self.results.target or "?")
         return os.path.basename(path.rstrip("/")) or path
 
     @property
@@ -74,34 +74,6 @@ class RunRecord:
                 return self.config[key]
         return None
 
-    @property
-    def timestamp(self) -> str:
-        return str(self.results.get("timestamp") or "")
-
-    @property
-    def tau(self) -> float | None:
-        return _number(self.results.get("tau"))
-
-    @property
-    def speedup(self) -> float | None:
-        """DFlash's speedup over autoregressive decoding measured in the same run."""
-        return _number((self.results.get("speedup") or {}).get("vs_autoregressive"))
-
-    @property
-    def tau_per_prompt_mean(self) -> float | None:
-        """tau averaged per generation, then over generations (the DFlash paper's harness)."""
-        return _number(self.results.get("tau_per_prompt_mean"))
-
-    @property
-    def speedup_decode_only(self) -> float | None:
-        """Decode-only speedup over autoregressive decoding (time per output token without prefill)."""
-        return _number((self.results.get("speedup_decode_only") or {}).get("vs_autoregressive"))
-
-    @property
-    def acceptance_histogram(self) -> list[int] | None:
-        histogram = self.results.get("acceptance_histogram")
-        return list(histogram) if histogram else None
-
     def method_views(self) -> list[RunRecord]:
         """One record per drafting method the run compared (results.json `methods`), each
         reading that method's figures as its own; [self] for a run of one method.
@@ -109,38 +81,28 @@ class RunRecord:
         A run without results yet is split by the `methods` of its config, each with the
         verify width its config sets: dflash's block size, or `<method>.num_draft_tokens` + 1.
         """
-        methods = self.results.get("methods")
-        if self.status == FINISHED and isinstance(methods, dict) and methods:
-            return [replace(self, results={**self.results, **figures, "method": name}) for name, figures in methods.items()]
+        if self.status == FINISHED and self.results.methods:
+            return [replace(self, results=self.results.of_method(name)) for name in self.results.methods]
         names = lookup(self.config, "methods")
         if self.status != FINISHED and isinstance(names, list) and names:
-            return [replace(self, results={**self.results, "method": str(name), "block_size": self._configured_width(str(name))})
-                    for name in names]  # fmt: skip
+            width = self._configured_width
+            return [replace(self, results=replace(self.results, method=str(n), block_size=width(str(n)))) for n in names]
         return [self]
 
     def family_views(self) -> list[RunRecord]:
         """[self], then one record per prompt family of a mixed benchmark (results.json
         `families`), each reading that family's figures as its own under the family's name
         as benchmark; [self] for a run without families."""
-        families = self.results.get("families")
-        if self.status != FINISHED or not isinstance(families, dict):
+        if self.status != FINISHED or not self.results.families:
             return [self]
-        views = [self]
-        for family, figures in families.items():
-            if isinstance(figures, dict):
-                views.append(replace(self, results={**self.results, **figures, "benchmark": family, "families": None}))
-        return views
+        return [self, *(replace(self, results=self.results.of_family(name)) for name in self.results.families)]
 
     def _configured_width(self, method: str) -> int | None:
         known = METHODS.get(method)
         if known is not None and known.uses_dflash_drafter:
-            return self.results.get("block_size")
+            return self.results.block_size
         drafts = lookup(self.config, f"{method}.num_draft_tokens")
         return drafts + 1 if isinstance(drafts, int) else None
-
-    def axis_values(self) -> tuple[str, ...]:
-        """The record's value of each axis of its sweep, as display strings."""
-        return tuple(axis_value(self, axis) for axis in self.sweep.get("axes") or [])
 
 
 def axis_value(record: RunRecord, axis: dict) -> str:
@@ -152,7 +114,7 @@ def axis_value(record: RunRecord, axis: dict) -> str:
     keys = axis.get("key")
     for key in keys if isinstance(keys, list) else [keys]:
         source, _, path = str(key).partition(".")
-        value = lookup(record.results if source == "results" else record.config, path)
+        value = lookup(vars(record.results) if source == "results" else record.config, path)
         if value is not None or (source == "config" and _has(record.config, path)):
             text = str(value)
             return str((axis.get("names") or {}).get(text, text))
@@ -179,7 +141,7 @@ def _has(data: dict, dotted: str) -> bool:
     return head in data and isinstance(data[head], dict) and bool(rest) and _has(data[head], rest)
 
 
-def results_from_config(config: dict) -> dict:
+def results_from_config(config: dict) -> Results:
     """The results fields a run's config determines (benchmark, block sizes, temperature, ...).
 
     Handles both apps: the train app keeps them under `eval.`, the evaluate app at the top.
@@ -188,15 +150,11 @@ def results_from_config(config: dict) -> dict:
     decoding = evaluation.get("decoding") or {}
     drafter = config.get("drafter") or {}
     trained_block = drafter.get("block_size") if not drafter.get("path") else None
-    return {
-        "benchmark": lookup(evaluation, "benchmark.name"),
-        "method": UNNAMED_METHOD,
-        "target": lookup(config, "target.path"),
-        "block_size": decoding.get("block_size") or trained_block,
-        "drafter_block_size": trained_block,
-        "temperature": decoding.get("temperature"),
-    }
-
-
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return Results(
+        benchmark=lookup(evaluation, "benchmark.name"),
+        method=UNNAMED_METHOD,
+        target=lookup(config, "target.path"),
+        block_size=decoding.get("block_size") or trained_block,
+        drafter_block_size=trained_block,
+        temperature=decoding.get("temperature"),
+    )

@@ -38,8 +38,8 @@ def write_report(
 
     ablations: only these tables (e.g. ["main", "depth"]); empty: every table.
     metric: the aggregation of tau and speedup, "pooled" or "paper" (`build_tables`).
-    The Markdown file links each table's figures below it and ends with the trends table
-    (`dflash.reports.trends`: the paper's ablation trends against ours, with verdicts).
+    The Markdown file links each table's figures below it and, for tables of sweep runs, ends
+    with the trends table (`dflash.reports.trends`: the paper's ablation trends against ours).
     """
     unknown = sorted(set(formats) - set(FORMATS))
     require(not unknown, "formats", f"unknown format {unknown[0]!r}; choose from {list(FORMATS)}" if unknown else "")

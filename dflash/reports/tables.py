@@ -35,14 +35,18 @@ from dflash.methods import width_label as method_width_label
 from dflash.reports.records import FAILED, FINISHED, PENDING, RunRecord, axis_value
 
 METRICS = (("speedup", "Speedup"), ("tau", "τ"))
-# metric -> column -> (the RunRecord property it shows, the results.json field that holds it, axis label)
+# metric -> column -> (the `Results` property it shows, the results.json field that holds it, axis label)
 METRIC_SOURCES = {
     "pooled": {
-        "speedup": ("speedup", "speedup.vs_autoregressive", "speedup over autoregressive, end to end (×)"),
+        "speedup": ("speedup_vs_autoregressive", "speedup.vs_autoregressive", "speedup over autoregressive, end to end (×)"),
         "tau": ("tau", "tau", "τ pooled (tokens per step, bonus incl.)"),
     },
     "paper": {
-        "speedup": ("speedup_decode_only", "speedup_decode_only.vs_autoregressive", "decode-only speedup over autoregressive (×)"),
+        "speedup": (
+            "speedup_decode_only_vs_autoregressive",
+            "speedup_decode_only.vs_autoregressive",
+            "decode-only speedup over autoregressive (×)",
+        ),
         "tau": ("tau_per_prompt_mean", "tau_per_prompt_mean", "τ per-generation mean (tokens per step, bonus incl.)"),
     },
 }
@@ -120,6 +124,8 @@ class Table:
     runs: the finished runs of each (row, benchmark) the values come from (one per seed);
     trained: every finished run there (a drafter evaluated twice appears twice), whose
     training metrics the accuracy plot reads. metric: the aggregation shown, "pooled" or "paper".
+    swept: it holds runs of a sweep (dflash/conf/sweep: the paper's ablations), which the paper's
+    trends judge (`dflash.reports.trends`); a table of a user's own evaluations alone is not judged.
     """
 
     name: str
@@ -135,6 +141,7 @@ class Table:
     runs: dict[tuple[Row, str], list[RunRecord]]
     trained: dict[tuple[Row, str], list[RunRecord]]
     metric: str
+    swept: bool
 
     def cell(self, row: Row, benchmark: str, metric: str) -> Cell:
         return self.cells[(row, benchmark, metric)]
@@ -204,7 +211,7 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
                 failed = [r for r in group if r.status == FAILED and str(r.seed) not in done]
                 for column, _ in METRICS:
                     prop, results_field, _ = METRIC_SOURCES[metric][column]
-                    values = [getattr(r, prop) for r in finished if getattr(r, prop) is not None]
+                    values = [getattr(r.results, prop) for r in finished if getattr(r.results, prop) is not None]
                     if not values:
                         note = _note(footnotes, f"not measured: the results have no {results_field}")
                     else:
@@ -225,45 +232,35 @@ def _build(records, ablation, target, headers, row_of, name, metric) -> Table:
     temperatures = sorted({t for t in (r.temperature for r in records) if t is not None})
     if ablation != "main" and len(temperatures) == 1:
         title += f", T = {temperatures[0]:g}"
-    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric)
+    swept = any(r.ablation for r in records)
+    return Table(name, title, ablation, target, headers, rows, benchmarks, cells, footnotes, notes, runs, trained, metric, swept)
 
 
 def source_note(records: list[RunRecord], benchmarks: list[str]) -> str | None:
     """ "Data: GSM8K: openai/gsm8k@740312add88f; ..." from the runs' results.json `benchmark_source`
-    (a revision shortened to 12 characters); None when no run recorded one."""
-    if not any(isinstance(r.results.get("benchmark_source"), dict) for r in records):
+    (`Results.source_description`); None when no run recorded one."""
+    if all(r.results.source_description is None for r in records):
         return None
     parts = []
     for benchmark in benchmarks:
-        found = dict.fromkeys(_describe_source(r.results.get("benchmark_source")) for r in records if r.benchmark == benchmark)
+        found = dict.fromkeys(r.results.source_description or "source not recorded" for r in records if r.benchmark == benchmark)
         if found:
             parts.append(f"{benchmark_label(benchmark)}: {' and '.join(found)}")
     return "Data: " + "; ".join(parts) + "."
 
 
-def _describe_source(source) -> str:
-    if not isinstance(source, dict):
-        return "source not recorded"
-    if source.get("kind") == "local":
-        return f"local file {source.get('dataset')}"
-    if source.get("kind") == "bundled":
-        return f"bundled with {source.get('dataset')}"
-    revision = source.get("revision")
-    return f"{source.get('dataset')}@{revision[:12]}" if revision else f"{source.get('dataset')} (no revision pinned)"
-
-
 def _in_main_table(record: RunRecord) -> bool:
-    unswept_comparison = record.ablation is None and record.status == FINISHED and bool(record.results.get("methods"))
+    unswept_comparison = record.ablation is None and record.status == FINISHED and bool(record.results.methods)
     return record.ablation == "main" or unswept_comparison
 
 
 def _main_row(record: RunRecord) -> Row:
     """(target, method label): DFlash with its block size B (and tree budget N), chain and
     lookup methods with their drafts per step k (= verify width - 1)."""
-    block = record.results.get("block_size")
+    block = record.results.block_size
     name = method_label(record.method)
     if isinstance(block, int) and block > 0:
-        name += " " + method_width_label(record.method, block, record.results.get("settings") or {})
+        name += " " + method_width_label(record.method, block, record.results.settings)
     return Row(f"T = {_temperature(record)}", (record.target, name))
 
 
@@ -281,7 +278,7 @@ def _temperature(record: RunRecord) -> str:
 def _one_per_seed(records: list[RunRecord]) -> list[RunRecord]:
     """The latest finished run of each training seed."""
     latest: dict = {}
-    for record in sorted(records, key=lambda r: r.timestamp):
+    for record in sorted(records, key=lambda r: r.results.timestamp or ""):
         latest[str(record.seed)] = record
     return list(latest.values())
 

@@ -1,7 +1,8 @@
 """The paper's ablation trends against ours, with a verdict decided by the seed spread.
 
 A `Trend` names an ablation table, a metric (tau or speedup) and the rows the paper
-orders from worst to best. Ours is read from the table's cells (one value per training
+orders from worst to best. Only tables of sweep runs are judged (`Table.swept`): a user's
+own evaluations are none of the paper's ablations. Ours is read from the table's cells (one value per training
 seed). Each neighbouring pair (a, b) of the order is decided on its own:
 
     d = mean(b) - mean(a),  se = sqrt(std(a)^2 / n(a) + std(b)^2 / n(b))
@@ -142,12 +143,13 @@ def _verdict(trend: Trend, table: Table, benchmark: str, all_cells: list) -> Tre
 
 
 def judge_all(tables: list[Table], trends=PAPER_TRENDS) -> list[TrendResult]:
-    """Every trend on every benchmark of every table of its ablation."""
+    """Every trend on every benchmark of every table of its ablation that holds sweep runs
+    (`Table.swept`: the paper's trends say nothing of a user's own evaluations)."""
     return [
         judge(trend, table, b, rows)
         for trend in trends
         for table in tables
-        if table.ablation == trend.ablation
+        if table.ablation == trend.ablation and table.swept
         for rows in row_choices(trend, table)
         for b in table.benchmarks
     ]

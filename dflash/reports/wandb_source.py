@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 
 from dflash.layout import RESULTS_FILE, Results
 from dflash.reports.collect import ACCURACY_PREFIXES, accuracies_from_metrics
@@ -40,7 +41,7 @@ def record_from_wandb_run(run) -> RunRecord:
     summary = _plain(dict(getattr(run.summary, "_json_dict", run.summary).items()))
     results = _uploaded_results(run) or _results_from_summary(config, summary, run)
     source = "/".join(str(part) for part in run.path) if isinstance(run.path, (list, tuple)) else str(run.path)
-    if results.get("tau") is not None:
+    if results.tau is not None:
         status, error = FINISHED, None
     elif run.state in FAILED_STATES:
         status, error = FAILED, f"wandb run {run.state}"
@@ -50,27 +51,27 @@ def record_from_wandb_run(run) -> RunRecord:
     return RunRecord(f"wandb:{source}", status, config, results, error, {p: v for p, v in accuracies.items() if v})
 
 
-def _results_from_summary(config: dict, summary: dict, run) -> dict:
-    results = results_from_config(config)
-    results["tau"] = summary.get("eval/tau")
-    results["tau_per_prompt_mean"] = summary.get("eval/tau_per_prompt_mean")
-    results["speedup"] = {
-        "vs_autoregressive": summary.get("eval/speedup_vs_autoregressive"),
-        "vs_hf_generate": summary.get("eval/speedup_vs_hf_generate"),
-    }
-    results["speedup_decode_only"] = {"vs_autoregressive": summary.get("eval/speedup_decode_only_vs_autoregressive")}
-    results["acceptance_histogram"] = None  # only in the uploaded results.json
-    results["timestamp"] = str(getattr(run, "created_at", "") or "")
-    return results
+def _results_from_summary(config: dict, summary: dict, run) -> Results:
+    return replace(
+        results_from_config(config),
+        tau=summary.get("eval/tau"),
+        tau_per_prompt_mean=summary.get("eval/tau_per_prompt_mean"),
+        speedup={
+            "vs_autoregressive": summary.get("eval/speedup_vs_autoregressive"),
+            "vs_hf_generate": summary.get("eval/speedup_vs_hf_generate"),
+        },
+        speedup_decode_only={"vs_autoregressive": summary.get("eval/speedup_decode_only_vs_autoregressive")},
+        timestamp=str(getattr(run, "created_at", "") or ""),
+    )
 
 
-def _uploaded_results(run) -> dict | None:
+def _uploaded_results(run) -> Results | None:
     """results.json saved to the run (wandb.save), or None when the run has no such file."""
     if RESULTS_FILE not in {f.name for f in run.files()}:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         run.file(RESULTS_FILE).download(root=tmp, replace=True)
-        return Results.read(os.path.join(tmp, RESULTS_FILE)).to_json()
+        return Results.read(os.path.join(tmp, RESULTS_FILE))
 
 
 def _plain(value):

@@ -27,8 +27,8 @@ from dflash.data.datamodule import DFlashDataModule
 from dflash.data.generators import Generated
 from dflash.drafter import save_drafter
 from dflash.errors import ConfigError
-from dflash.eval import write_results
 from dflash.fileio import atomic_write, write_text
+from dflash.layout import Results
 from dflash.locks import LOCK_FILE, DirectoryLock
 from dflash.methods import METHODS
 from dflash.specs import DrafterSpec, TargetSpec, build_drafter
@@ -176,7 +176,7 @@ def test_second_evaluation_into_a_run_directory_exits_2_naming_the_first(tmp_pat
 def test_output_files_get_the_users_umask_permissions(umask, mode, tmp_path, qwen3_target):
     saved = os.umask(umask)
     try:
-        write_results({"tau": 1.0}, str(tmp_path / "results.json"))
+        Results(tau=1.0).write(str(tmp_path / "results.json"))
         save_drafter(build_drafter(DrafterSpec(num_layers=1, block_size=4), qwen3_target), str(tmp_path / "drafter"))
         KeepPreviousCheckpointIO().save_checkpoint({"global_step": 1}, str(tmp_path / "checkpoints" / "last.ckpt"))
         regenerate(

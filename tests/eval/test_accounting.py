@@ -15,6 +15,7 @@ import pytest
 from dflash.decoding import SamplingConfig, chain
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
 from dflash.eval.results import GenerationRecord, build_results
+from dflash.layout import Results
 from dflash.specs import DrafterSpec, build_drafter
 from helpers.decoding import PartialOracleProposer, lossy_verify
 
@@ -36,7 +37,7 @@ class RecordingPartialOracle(PartialOracleProposer):
         self.requests.append(self.planned_accepts)
 
 
-def evaluate_with(target, proposer, monkeypatch, hf_generate=False) -> dict:
+def evaluate_with(target, proposer, monkeypatch, hf_generate=False) -> Results:
     """A greedy `evaluate()` of SAMPLES at block size BLOCK_SIZE with `proposer` as the drafter."""
     monkeypatch.setattr("dflash.dflash.proposer.DFlashProposer.for_target", lambda *args: proposer)  # the dflash method builds it
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=BLOCK_SIZE), target)
@@ -61,38 +62,36 @@ def expected_lengths(planned: list[int], num_output_tokens: int) -> list[int]:
 def test_tau_histogram_and_per_prompt_tau_follow_the_accepted_drafts(tiny_target, monkeypatch):
     proposer = RecordingPartialOracle(tiny_target, seed=1)
     results = evaluate_with(tiny_target, proposer, monkeypatch)
-    assert results["lossless"] is True
+    assert results.lossless is True
     warmup, *requests = proposer.requests  # the untimed warm-up must not be counted
-    assert len(warmup) > 0 and len(requests) == results["num_generations"] == 3
+    assert len(warmup) > 0 and len(requests) == results.num_generations == 3
 
-    per_request = [
-        expected_lengths(planned, entry["num_tokens"]["dflash"]) for planned, entry in zip(requests, results["per_prompt"])
-    ]
+    per_request = [expected_lengths(planned, entry["num_tokens"]["dflash"]) for planned, entry in zip(requests, results.per_prompt)]
     pooled = [length for lengths in per_request for length in lengths]
     counts = Counter(pooled)
-    assert results["acceptance_histogram"] == [counts[length] for length in range(1, BLOCK_SIZE + 1)]
+    assert results.acceptance_histogram == [counts[length] for length in range(1, BLOCK_SIZE + 1)]
     # every accept length 0..B-1 occurred, so each histogram entry is exercised
     assert all(counts[length] > 0 for length in range(1, BLOCK_SIZE + 1))
-    assert results["tau"] == pytest.approx(sum(pooled) / len(pooled))
-    for entry, lengths in zip(results["per_prompt"], per_request):
+    assert results.tau == pytest.approx(sum(pooled) / len(pooled))
+    for entry, lengths in zip(results.per_prompt, per_request):
         assert entry["tau"] == pytest.approx(sum(lengths) / len(lengths))
     # pooled and per-prompt averages differ here, so confusing them would show
     per_prompt_mean = sum(sum(lengths) / len(lengths) for lengths in per_request) / len(per_request)
-    assert per_prompt_mean != pytest.approx(results["tau"])
+    assert per_prompt_mean != pytest.approx(results.tau)
 
 
 def test_lossy_engine_is_reported_with_its_first_mismatch(qwen3_target, monkeypatch):
     monkeypatch.setattr(chain, "verify", lossy_verify)
     proposer = RecordingPartialOracle(qwen3_target, seed=1)
     results = evaluate_with(qwen3_target, proposer, monkeypatch, hf_generate=True)
-    assert results["lossless"] is False
-    assert results["hf_generate_matches"] is True  # the baselines are untouched
+    assert results.lossless is False
+    assert results.hf_generate_matches is True  # the baselines are untouched
     # The first generation's first rejected draft is kept: its output position is the
     # prefill token plus every token emitted before that step, plus the drafts accepted in it.
     planned = proposer.requests[1]
     step = next(i for i, accepted in enumerate(planned) if accepted < BLOCK_SIZE - 1)
     position = 1 + sum(accepted + 1 for accepted in planned[:step]) + planned[step]
-    mismatch = results["first_mismatch"]
+    mismatch = results.first_mismatch
     assert (mismatch["prompt_index"], mismatch["turn"], mismatch["position"]) == (SAMPLES[0].index, 0, position)
     # the double's wrong draft is the target's token + 1 (mod vocab)
     vocab_size = qwen3_target.model.config.vocab_size
@@ -111,13 +110,13 @@ def test_speedup_counts_tokens_when_methods_emit_different_lengths():
         sampling=SamplingConfig(temperature=1.0), max_new_tokens=32, stop_token_ids=[0], device="cpu",
     )  # fmt: skip
     # tokens per second: summed tokens over summed seconds
-    assert results["tokens_per_s"] == pytest.approx({"autoregressive": 40 / 4.0, "dflash": 20 / 1.0, "hf_generate": 30 / 2.0})
-    assert results["speedup"]["vs_autoregressive"] == pytest.approx((20 / 1.0) / (40 / 4.0))
-    assert results["speedup"]["vs_hf_generate"] == pytest.approx((20 / 1.0) / (30 / 2.0))
+    assert results.tokens_per_s == pytest.approx({"autoregressive": 40 / 4.0, "dflash": 20 / 1.0, "hf_generate": 30 / 2.0})
+    assert results.speedup["vs_autoregressive"] == pytest.approx((20 / 1.0) / (40 / 4.0))
+    assert results.speedup["vs_hf_generate"] == pytest.approx((20 / 1.0) / (30 / 2.0))
     # a speedup from time alone (4x and 2x here) would be far off
-    assert results["speedup"]["vs_autoregressive"] != pytest.approx(4.0)
-    assert [p["num_tokens"] for p in results["per_prompt"]] == [
+    assert results.speedup["vs_autoregressive"] != pytest.approx(4.0)
+    assert [p["num_tokens"] for p in results.per_prompt] == [
         {"autoregressive": 10, "dflash": 4, "hf_generate": 20}, {"autoregressive": 30, "dflash": 16, "hf_generate": 10},
     ]  # fmt: skip
-    assert results["tau"] == pytest.approx((2 + 1 + 4 * 4) / 6)
-    assert results["lossless"] is None  # sampling: no greedy equality to check
+    assert results.tau == pytest.approx((2 + 1 + 4 * 4) / 6)
+    assert results.lossless is None  # sampling: no greedy equality to check

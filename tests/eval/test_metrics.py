@@ -9,7 +9,7 @@ import pytest
 
 from dflash.decoding import SamplingConfig
 from dflash.errors import ConfigError
-from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results, write_results
+from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate, format_results
 from dflash.eval.results import GenerationRecord, build_results
 from dflash.reports import build_tables, collect_runs, collect_wandb_runs
 from dflash.reports.render import to_markdown
@@ -39,14 +39,15 @@ RECORDS = [
 ]
 
 
-def built(records=RECORDS, tmp_path=None) -> dict:
+def built(records=RECORDS, tmp_path=None):
+    """`build_results` of `records`; given `tmp_path`, the dictionary of the file it writes there."""
     results = build_results(
         records, benchmark="b", target="t", drafter="d", block_size=8, drafter_block_size=8,
         sampling=SamplingConfig(), max_new_tokens=20, stop_token_ids=[0], device="cpu",
     )  # fmt: skip
     if tmp_path is None:
         return results
-    return json.load(open(write_results(results, str(tmp_path / "results.json"))))
+    return json.load(open(results.write(str(tmp_path / "results.json"))))
 
 
 def test_pooled_tau_weighs_steps_the_per_prompt_mean_weighs_generations(tmp_path):
@@ -82,7 +83,7 @@ def test_an_evaluation_records_both_and_they_follow_from_per_prompt(qwen3_target
     samples = [Sample(turns=["def add(a, b):"], index=0), Sample(turns=["Hello"], index=1)]
     settings = EvalSettings(decoding=DecodingSettings(max_new_tokens=10), hf_generate=False, warmup_tokens=0)
     results = evaluate(qwen3_target, drafter, samples, settings, progress=False)
-    results = json.load(open(write_results(results, str(tmp_path / "results.json"))))
+    results = json.load(open(results.write(str(tmp_path / "results.json"))))
     assert results["target_dtype"] == "float32"
     assert results["lossless"] is True and results["lossless_up_to_ties"] is True
     assert results["divergences"] == {"numerical": 0, "bug": 0, "details": []}
@@ -172,7 +173,7 @@ def test_results_file_round_trips_through_the_typed_record_unchanged(tmp_path):
     from dflash.layout import Results
 
     path = tmp_path / "results.json"
-    text = open(write_results(built(), str(path))).read()
+    text = open(built().write(str(path))).read()
     assert list(json.loads(text)) == FILE_KEYS  # the file's keys, in the file's order (docs/results-file.md)
     results = Results.read(str(path))
     assert results.tau == pytest.approx((9 + 19) / (2 + 19)) and results.speedup["vs_autoregressive"] > 1

@@ -29,7 +29,7 @@ def test_baseline_once_lossless_check_and_the_evaluators_tau(qwen3_target, tmp_p
     settings = EvalSettings(decoding=DecodingSettings(max_new_tokens=12), hf_generate=False, warmup_tokens=0)
     drafter = build_drafter(DrafterSpec(path=str(tmp_path / "drafter")), target)
     results = evaluate(target, drafter, [Sample(turns=[t], index=i) for i, t in enumerate(TEXTS)], settings, progress=False)
-    assert results["tau"] == first["tau"] and results["lossless"]
+    assert results.tau == first["tau"] and results.lossless
 
     # A kept greedy output that the loop does not reproduce is reported, with where.
     key = next(k for k in probe._baseline if list(k[0]) == prompts[1][0].tolist())

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dflash.reports import build_tables, collect_runs, collect_wandb_runs, write_report
+from dflash.reports.records import axis_value
 from dflash.reports.render import to_latex, to_markdown
 from helpers import REPO
 from helpers.tables import (
@@ -157,8 +158,8 @@ def _fake_wandb_project(root: str) -> FakeApi:
             continue
         summary = {f"val/acc_{k:02d}": a for k, a in enumerate(record.accuracies.get("val", []), start=1)}
         if record.status == "finished":
-            summary |= {"eval/tau": record.tau, "eval/speedup_vs_autoregressive": record.speedup}
-        files = [FakeFile("results.json", record.results)] if record.status == "finished" else []
+            summary |= {"eval/tau": record.results.tau, "eval/speedup_vs_autoregressive": record.results.speedup_vs_autoregressive}
+        files = [FakeFile("results.json", record.results.to_json())] if record.status == "finished" else []
         state = {"finished": "finished", "failed": "crashed"}[record.status]
         runs.append(
             FakeRun(
@@ -196,9 +197,9 @@ def test_wandb_runs_without_uploaded_results_use_the_summary():
     config = train_config("depth", "depth", DEPTH_AXES, drafter={"num_layers": 5, "block_size": 16})
     run = FakeRun("r1", wandb_config(config), {"eval/tau": 6.1, "eval/speedup_vs_autoregressive": 4.2}, group="depth")
     (record,) = collect_wandb_runs(FakeApi([run]), "dflash")
-    assert record.status == "finished" and record.tau == 6.1 and record.speedup == 4.2
-    assert record.results["block_size"] == 16 and record.benchmark == "humaneval" and record.temperature == 0.0
-    assert record.axis_values() == ("5",) and record.acceptance_histogram is None
+    assert record.status == "finished" and record.results.tau == 6.1 and record.results.speedup_vs_autoregressive == 4.2
+    assert record.results.block_size == 16 and record.benchmark == "humaneval" and record.temperature == 0.0
+    assert axis_value(record, DEPTH_AXES[0]) == "5" and record.results.acceptance_histogram is None
 
 
 @pytest.mark.slow
@@ -229,7 +230,7 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
     import wandb
 
     from dflash.decoding import SamplingConfig
-    from dflash.eval.results import GenerationRecord, build_results, write_results
+    from dflash.eval.results import GenerationRecord, build_results
     from dflash.training.after_train import log_evaluation
     from dflash.training.settings import LoggerSettings
     from dflash.training.trainer import build_loggers, finish_loggers
@@ -249,13 +250,13 @@ def test_wandb_tables_read_what_a_training_run_logs_and_uploads(tmp_path, monkey
         records, benchmark="humaneval", target="/art/targets/tiny_code", drafter=str(run_dir / "drafter"), block_size=4,
         drafter_block_size=4, sampling=SamplingConfig(), max_new_tokens=9, stop_token_ids=[0], device="cpu", config=config,
     )  # fmt: skip
-    log_evaluation(loggers, write_results(results, str(run_dir / "results.json")), step=10)
+    log_evaluation(loggers, results.write(str(run_dir / "results.json")), step=10)
     finish_loggers(loggers)
 
     (record,) = collect_wandb_runs(FakeApi([experiment.as_api_run()]), "dflash", groups=["depth_cpu"])
     assert record.status == "finished" and record.config == config
     assert record.results == results  # the uploaded results.json, in full
-    assert record.acceptance_histogram == [1, 0, 1, 1] and record.tau == pytest.approx(8 / 3)
+    assert record.results.acceptance_histogram == [1, 0, 1, 1] and record.results.tau == pytest.approx(8 / 3)
     assert record.accuracies == {"val": [0.7, 0.4, 0.2]}
     (table,) = build_tables([record])
     assert table.cell(table.rows[0], "humaneval", "tau").mean == pytest.approx(8 / 3)

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from dflash.decoding import SamplingConfig
-from dflash.eval.results import GenerationRecord, MethodInfo, build_results, write_results
+from dflash.eval.results import GenerationRecord, MethodInfo, build_results
+from dflash.layout import Results
 from dflash.reports import build_tables, collect_runs, write_report
 from dflash.reports.render import to_latex, to_markdown
 from helpers.tables import write_run
@@ -18,7 +19,7 @@ METHODS = {"dflash": (8, [5, 6, 1], 3.0), "eagle3": (8, [3, 2, 4, 2, 1], 4.0), "
 AR_SECONDS = 12.0
 
 
-def comparison_results(benchmark: str, temperature: float, config: dict) -> dict:
+def comparison_results(benchmark: str, temperature: float, config: dict) -> Results:
     """results.json of one evaluation of every method in METHODS (13 tokens each)."""
     record = GenerationRecord(0, 0, 5)
     record.outputs["autoregressive"], record.times_s["autoregressive"] = [7] * 13, AR_SECONDS
@@ -51,7 +52,9 @@ def runs(tmp_path) -> str:
     root = tmp_path / "runs"
     for benchmark, temperature in [("humaneval", 0.0), ("humaneval", 1.0), ("gsm8k", 0.0), ("gsm8k", 1.0)]:
         config = evaluate_config(benchmark, temperature, sweep=True)
-        results = None if (benchmark, temperature) == ("gsm8k", 1.0) else comparison_results(benchmark, temperature, config)
+        results = (
+            None if (benchmark, temperature) == ("gsm8k", 1.0) else comparison_results(benchmark, temperature, config).to_json()
+        )
         write_run(str(root / f"{benchmark}-{temperature}"), config, results)
     return str(root)
 
@@ -83,12 +86,23 @@ def test_paper_metric_reads_each_methods_per_prompt_tau_and_decode_only_speedup(
 
 def test_an_evaluation_outside_any_sweep_makes_the_main_table_and_its_figures(tmp_path):
     config = evaluate_config("humaneval", 0.0, sweep=False)
-    path = write_results(comparison_results("humaneval", 0.0, config), str(tmp_path / "eval" / "results.json"))
+    path = comparison_results("humaneval", 0.0, config).write(str(tmp_path / "eval" / "results.json"))
     assert os.path.isfile(path)
     report = write_report(collect_runs(str(tmp_path / "eval")), str(tmp_path / "out"))
     (table,) = report.tables
     assert [row.keys[1] for row in table.rows] == ["DFlash (B=8)", "EAGLE-3 (k=7)", "Prompt lookup (k=10)"]
     assert "acceptance_main.png" in [os.path.basename(p) for p in report.files]
+
+
+def test_the_papers_trends_judge_sweep_runs_only(runs, tmp_path):
+    """The main sweep (the paper's) gets the trends table; an evaluation outside any sweep (a user's own) does not."""
+    swept = write_report(collect_runs(runs), str(tmp_path / "swept"), plots=False)
+    assert "### Trends: the paper's against ours" in swept.markdown and "DFlash is faster than EAGLE-3" in swept.markdown
+    comparison_results("humaneval", 0.0, evaluate_config("humaneval", 0.0, sweep=False)).write(
+        str(tmp_path / "mine" / "results.json")
+    )
+    mine = write_report(collect_runs(str(tmp_path / "mine")), str(tmp_path / "out"), plots=False)
+    assert [t.name for t in mine.tables] == ["main"] and "Trends" not in mine.markdown
 
 
 def test_the_table_names_the_data_each_benchmark_was_read_from(tmp_path):
@@ -100,8 +114,8 @@ def test_the_table_names_the_data_each_benchmark_was_read_from(tmp_path):
     for benchmark, revision in sources.items():
         config = evaluate_config(benchmark, 0.0, sweep=True)
         results = comparison_results(benchmark, 0.0, config)
-        results["benchmark_source"] = benchmark_source(BenchmarkSpec(benchmark, revision=revision))
-        write_run(str(root / benchmark), config, results)
+        results.benchmark_source = benchmark_source(BenchmarkSpec(benchmark, revision=revision))
+        write_run(str(root / benchmark), config, results.to_json())
     (table,) = build_tables(collect_runs(str(root)))
     note = table.notes[-1]
     assert note == (

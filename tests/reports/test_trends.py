@@ -13,7 +13,7 @@ DEPTH = Trend("depth", "deeper accepts more", "tau", (("1",), ("3",), ("5",)))
 def table(ablation: str, rows: dict, metric_values: str = "tau") -> Table:
     """A table of `rows` {Row: [values per seed]} on one benchmark."""
     cells = {(row, "humaneval", metric_values): Cell(list(values)) for row, values in rows.items()}
-    return Table("t", "t", ablation, "tiny_code", ["k"], list(rows), ["humaneval"], cells, [], [], {}, {}, "pooled")
+    return Table("t", "t", ablation, "tiny_code", ["k"], list(rows), ["humaneval"], cells, [], [], {}, {}, "pooled", True)
 
 
 def depth_table(one, three, five) -> Table:
