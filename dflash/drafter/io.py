@@ -30,12 +30,9 @@ from dflash.drafter.config import DrafterConfig
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError, reading, require
 from dflash.fileio import atomic_write, write_json
+from dflash.layout import DRAFT_VOCAB_FILE, DRAFTER_CONFIG, DRAFTER_MODULE, DRAFTER_WEIGHTS
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 _FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
-VOCAB_NAME = "draft_vocab.json"
-MODELING_NAME = "dflash.py"  # the module named by config.json's auto_map
 _MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_modeling.py")
 
 # Fields a directory must share with the configured drafter for `init_drafter_from`, and
@@ -66,21 +63,21 @@ def save_drafter(drafter: DFlashDrafter, directory: str, dtype: torch.dtype | No
     state = {name: tensor.detach().to(dtype or tensor.dtype).contiguous().cpu() for name, tensor in drafter.state_dict().items()}
     config = drafter.config.to_hf_dict()
     config["dtype"] = str(dtype or next(drafter.parameters()).dtype).removeprefix("torch.")
-    atomic_write(os.path.join(directory, WEIGHTS_NAME), lambda path: save_file(state, path, metadata={"format": "pt"}))
-    atomic_write(os.path.join(directory, MODELING_NAME), lambda path: shutil.copyfile(_MODELING_SOURCE, path))
-    vocab_path = os.path.join(directory, VOCAB_NAME)
+    atomic_write(os.path.join(directory, DRAFTER_WEIGHTS), lambda path: save_file(state, path, metadata={"format": "pt"}))
+    atomic_write(os.path.join(directory, DRAFTER_MODULE), lambda path: shutil.copyfile(_MODELING_SOURCE, path))
+    vocab_path = os.path.join(directory, DRAFT_VOCAB_FILE)
     if drafter.draft_vocab is not None:
         write_json(vocab_path, {"token_ids": drafter.draft_vocab.tolist()})
     elif os.path.exists(vocab_path):  # an earlier drafter's, in the same directory
         os.remove(vocab_path)
-    write_json(os.path.join(directory, CONFIG_NAME), config, indent=2, sort_keys=True)
+    write_json(os.path.join(directory, DRAFTER_CONFIG), config, indent=2, sort_keys=True)
 
 
 def load_drafter_config(directory: str, attn_implementation: str = "sdpa") -> DrafterConfig:
     """Read a drafter directory's config.json; ConfigError (drafter.path) when it is missing or damaged."""
     require(os.path.isdir(directory), "path", f"directory {directory!r} does not exist")
-    path = os.path.join(directory, CONFIG_NAME)
-    require(os.path.isfile(path), "path", f"{directory!r} has no {CONFIG_NAME}; is it a drafter directory?")
+    path = os.path.join(directory, DRAFTER_CONFIG)
+    require(os.path.isfile(path), "path", f"{directory!r} has no {DRAFTER_CONFIG}; is it a drafter directory?")
     with reading("path", path, _FIX):
         with open(path) as f:
             data = json.load(f)
@@ -93,8 +90,8 @@ def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> Draf
     and holds exactly the tensors, of the shapes, that the config needs. Reads only the
     weights' header (cheap: meant for checking inputs before any model loads)."""
     config = load_drafter_config(directory, attn_implementation)
-    path = os.path.join(directory, WEIGHTS_NAME)
-    require(os.path.isfile(path), "path", f"{directory!r} has no {WEIGHTS_NAME}")
+    path = os.path.join(directory, DRAFTER_WEIGHTS)
+    require(os.path.isfile(path), "path", f"{directory!r} has no {DRAFTER_WEIGHTS}")
     with reading("path", path, _FIX, errors=(OSError, SafetensorError)):
         with safe_open(path, "pt") as f:
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
@@ -106,7 +103,7 @@ def check_drafter_dir(directory: str, attn_implementation: str = "sdpa") -> Draf
         problems.append(f"missing {sorted(needed.keys() - shapes.keys())[:3]}")
     if shapes.keys() - needed.keys():
         problems.append(f"unexpected {sorted(shapes.keys() - needed.keys())[:3]}")
-    mismatch = f"{WEIGHTS_NAME} does not match {CONFIG_NAME} in {directory!r}: {'; '.join(problems)}; {_FIX}"
+    mismatch = f"{DRAFTER_WEIGHTS} does not match {DRAFTER_CONFIG} in {directory!r}: {'; '.join(problems)}; {_FIX}"
     require(not problems, "path", mismatch)
     return config
 
@@ -119,7 +116,7 @@ def load_drafter(
 ) -> DFlashDrafter:
     """Load a drafter directory written by `save_drafter` (or a public DFlash drafter)."""
     drafter = DFlashDrafter(check_drafter_dir(directory, attn_implementation))
-    path = os.path.join(directory, WEIGHTS_NAME)
+    path = os.path.join(directory, DRAFTER_WEIGHTS)
     with reading("path", path, _FIX, errors=(OSError, SafetensorError)):
         state = load_file(path)
     drafter.load_state_dict(state, strict=True)
@@ -130,7 +127,7 @@ def load_drafter(
 def load_draft_vocab(directory: str, vocab_size: int) -> torch.Tensor | None:
     """The directory's draft vocabulary (`draft_vocab.json`) as (K,) long ids, or None without
     one; ConfigError (drafter.path) unless it holds distinct ascending ids below `vocab_size`."""
-    path = os.path.join(directory, VOCAB_NAME)
+    path = os.path.join(directory, DRAFT_VOCAB_FILE)
     if not os.path.isfile(path):
         return None
     with reading("path", path, _FIX):

@@ -29,13 +29,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, write_json
-from dflash.layout import DRAFTER_CONFIG_KEY, LAST_CHECKPOINT
+from dflash.layout import BEST_CHECKPOINT, DRAFTER_CONFIG_KEY, EXPORT_INFO_FILE, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT
 
 log = logging.getLogger(__name__)
 
-BEST_CHECKPOINT = "best.ckpt"
-EXPORT_INFO_FILE = "checkpoint.json"  # in the drafter directory: which checkpoint it was exported from
-PREVIOUS_CHECKPOINT = "previous.ckpt"
 CORRUPT_SUFFIX = ".corrupt"
 
 

@@ -48,12 +48,12 @@ from tqdm.auto import tqdm
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import atomic_write, json_digest, write_json
+from dflash.layout import MANIFEST
 from dflash.progress import PROGRESS_INTERVAL_S, format_duration, is_interactive
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-MANIFEST = "manifest.json"
 STORAGE_DTYPES = {"bfloat16": (torch.bfloat16, np.int16), "float32": (torch.float32, np.float32)}
 _SAMPLE = 1024  # values per parameter end hashed by `weights_fingerprint`
 

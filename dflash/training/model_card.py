@@ -20,9 +20,8 @@ import yaml
 
 from dflash.drafter.io import load_draft_vocab
 from dflash.fileio import write_text
-from dflash.layout import HYDRA_CONFIG, RESULTS_FILE, Results
+from dflash.layout import DRAFTER_CONFIG, HYDRA_CONFIG, HYDRA_RUN_CONFIG, MODEL_CARD, RESULTS_FILE, Results
 
-CARD_NAME = "README.md"
 LIBRARY_NAME = "transformers"  # AutoModel.from_pretrained(dir, trust_remote_code=True) builds the drafter
 TAGS = {
     "dflash": ["dflash", "speculative-decoding", "block-diffusion", "draft-model"],
@@ -40,11 +39,11 @@ def hub_id(value) -> str | None:
 
 def write_model_card(drafter_dir: str, run_config: dict | None = None, results: Results | None = None) -> str:
     """Write `drafter_dir`/README.md for the drafter directory; returns its path."""
-    with open(os.path.join(drafter_dir, "config.json")) as f:
+    with open(os.path.join(drafter_dir, DRAFTER_CONFIG)) as f:
         drafter = json.load(f)
     vocab = load_draft_vocab(drafter_dir, drafter.get("vocab_size") or 0)
     card = model_card(drafter, run_config or {}, results, drafter_dir, None if vocab is None else vocab.numel())
-    return write_text(os.path.join(drafter_dir, CARD_NAME), card)
+    return write_text(os.path.join(drafter_dir, MODEL_CARD), card)
 
 
 def read_results(path: str | None) -> Results | None:
@@ -66,7 +65,7 @@ def run_files(run_dir: str) -> tuple[dict | None, Results | None]:
     with open(path) as f:
         node = OmegaConf.create(f.read().replace("${hydra:", "${hydra."))
     keys = list(node.keys())
-    hydra_path = os.path.join(run_dir, ".hydra", "hydra.yaml")
+    hydra_path = os.path.join(run_dir, HYDRA_RUN_CONFIG)
     if os.path.isfile(hydra_path):
         node = OmegaConf.merge(node, {"hydra": OmegaConf.load(hydra_path).get("hydra", {})})
     config = OmegaConf.to_container(node, resolve=False)
@@ -153,15 +152,14 @@ def _measured(results: Results | None) -> list[str]:
             "Not measured yet: `python -m dflash.evaluate drafter.path=THIS_DIRECTORY` measures tau and the speed-up.",
             "",
         ]
-    speedup = results.speedup or {}
     rows = [
         ("benchmark", results.benchmark),
         ("prompts", results.num_prompts),
         ("tau (tokens per target forward, pooled)", _number(results.tau)),
         ("tau (mean over prompts)", _number(results.tau_per_prompt_mean)),
-        ("speed-up vs autoregressive (end to end)", _times(speedup.get("vs_autoregressive"))),
-        ("speed-up vs autoregressive (decode only)", _times((results.speedup_decode_only or {}).get("vs_autoregressive"))),
-        ("speed-up vs HF generate", _times(speedup.get("vs_hf_generate"))),
+        ("speed-up vs autoregressive (end to end)", _times(results.speedup_vs_autoregressive)),
+        ("speed-up vs autoregressive (decode only)", _times(results.speedup_decode_only_vs_autoregressive)),
+        ("speed-up vs HF generate", _times((results.speedup or {}).get("vs_hf_generate"))),
         ("lossless", results.lossless),
         ("device", results.device),
     ]

@@ -27,12 +27,10 @@ import os
 import shutil
 
 from dflash.fileio import json_digest, read_json, write_json
-from dflash.layout import CSV_DIR, DRAFTER_DIR, RESULTS_FILE, Results
+from dflash.layout import CELL_FILE, CSV_DIR, DRAFTER_DIR, RESULTS_FILE, REUSED_FILE, Results
 
 log = logging.getLogger(__name__)
 
-CELL_FILE = "cell.json"
-REUSED_FILE = "reused_from.json"
 # Top-level or dotted keys that name, place or log a job without changing what it trains
 # or how it is evaluated.
 IGNORED_KEYS = ("sweep", "logger", "run_name", "paths", "cpu_threads", "checkpoint.resume", "trainer.enable_progress_bar")

@@ -47,12 +47,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from dflash.errors import require
-from dflash.layout import DRAFTER_DIR
+from dflash.layout import DRAFTER_DIR, TAU_CURVES
 from dflash.training.settings import KEY, TauRealSettings, check_tau_real  # noqa: F401 - read from here too
 
 log = logging.getLogger(__name__)
-
-PLOT_FILE = "tau_curves.png"
 
 METRICS = ("tau_real", "tau_real_lossless", "tau_real_seconds")  # logged under val/
 
@@ -132,7 +130,7 @@ class TauRealCallback(Callback):
                 for logger in trainer.loggers:
                     logger.log_metrics({f"val/{name}": float(values[name]) for name in METRICS}, step=step)
         if trainer.is_global_zero:
-            path = plot_tau_curves(self.history, os.path.join(self.output_dir, PLOT_FILE))
+            path = plot_tau_curves(self.history, os.path.join(self.output_dir, TAU_CURVES))
             if path is not None:
                 log.info("tau_sim and tau_real against the step: %s", path)
 

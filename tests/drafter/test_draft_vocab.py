@@ -10,8 +10,8 @@ import torch
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter, DrafterConfig, load_drafter, resolve_mask_token_id, save_drafter
-from dflash.drafter.io import VOCAB_NAME
 from dflash.errors import ConfigError
+from dflash.layout import DRAFT_VOCAB_FILE
 from dflash.specs import DrafterSpec, build_drafter
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
@@ -90,7 +90,7 @@ def test_a_damaged_vocabulary_is_one_line_and_false_drafts_over_everything(targe
     assert torch.equal(build_drafter(DrafterSpec(path=str(tmp_path)), target).draft_vocab, drafter.draft_vocab)
     assert build_drafter(DrafterSpec(path=str(tmp_path), draft_vocab=False), target).draft_vocab is None
     for text in ('{"token_ids": [5, 2]}', '{"token_ids": [1, 99999999]}', '{"token_ids": []}', "[1, 2]", "{not json"):
-        (tmp_path / VOCAB_NAME).write_text(text)
-        with pytest.raises(ConfigError, match=VOCAB_NAME) as err:
+        (tmp_path / DRAFT_VOCAB_FILE).write_text(text)
+        with pytest.raises(ConfigError, match=DRAFT_VOCAB_FILE) as err:
             load_drafter(str(tmp_path))
         assert err.value.key == "path" and "\n" not in str(err.value)

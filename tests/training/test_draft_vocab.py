@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash.drafter import load_drafter, save_drafter
-from dflash.drafter.io import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
+from dflash.layout import DRAFT_VOCAB_FILE, DRAFTER_CONFIG, DRAFTER_WEIGHTS
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.export import export_state
 from dflash.training.loss import LossSettings, block_loss
@@ -92,13 +92,13 @@ def test_the_export_keeps_it_beside_unchanged_weights_and_config(tmp_path):
     directory = export_state(checkpoint, str(tmp_path / "drafter"))
     counted = module.objective.draft_vocab.ids.cpu()
     assert torch.equal(load_drafter(directory).draft_vocab, counted)
-    with open(os.path.join(directory, VOCAB_NAME)) as f:
+    with open(os.path.join(directory, DRAFT_VOCAB_FILE)) as f:
         assert json.load(f) == {"token_ids": counted.tolist()}
     # what other readers open is byte for byte what a drafter without a vocabulary writes
     plain = load_drafter(directory)
     plain.draft_vocab = None
     save_drafter(plain, str(tmp_path / "plain"))
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
+    for name in (DRAFTER_CONFIG, DRAFTER_WEIGHTS):
         with open(os.path.join(directory, name), "rb") as ours, open(tmp_path / "plain" / name, "rb") as theirs:
             assert ours.read() == theirs.read()
     save_drafter(plain, directory)  # a drafter without one, saved over it, leaves none behind

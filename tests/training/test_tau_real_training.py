@@ -22,10 +22,11 @@ from dflash.data.tokenize import TokenizedRows
 from dflash.drafter import load_drafter
 from dflash.errors import ConfigError
 from dflash.eval import DecodingSettings, EvalSettings, Sample, evaluate
+from dflash.layout import TAU_CURVES
 from dflash.specs import TargetSpec, load_target
 from dflash.toy.tiny import save_tiny_target
 from dflash.training.run import run_training
-from dflash.training.tau_real import PLOT_FILE, TauRealSettings, check_tau_real, held_out_prompts
+from dflash.training.tau_real import TauRealSettings, check_tau_real, held_out_prompts
 from helpers.training import checkpoint, training_job
 
 MAX_NEW_TOKENS = 24
@@ -82,7 +83,7 @@ def test_logged_at_every_kth_validation_and_at_the_end(workspace, tmp_path):
     assert [value for _, value in _series(rows, "val/tau_real_lossless")] == [1.0, 1.0]
     assert all(value > 0 for _, value in _series(rows, "val/tau_real_seconds"))
     assert real[-1][1] > 1.2, "the drafter should have learnt the target's loops by now"
-    assert Path(job.output_dir, PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Path(job.output_dir, TAU_CURVES).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     history = next(state for key, state in checkpoint(job)["callbacks"].items() if key == "RealTauCallback")["history"]
     assert [(h["step"], h["tau_real"] is not None) for h in history] == [(4, False), (8, True), (12, False), (14, True)]
     assert [h["tau_real"] for h in history if h["tau_real"] is not None] == [value for _, value in real]
@@ -107,8 +108,8 @@ def test_equals_the_evaluator_on_the_exported_drafter(workspace, tmp_path):
     drafter = load_drafter(outcome.drafter_dir, device=target.device, dtype=target.dtype)
     settings = EvalSettings(decoding=DecodingSettings(max_new_tokens=MAX_NEW_TOKENS), hf_generate=False, warmup_tokens=0)
     results = evaluate(target, drafter, [Sample(turns=[t], index=i) for i, t in enumerate(texts)], settings, progress=False)
-    assert results["lossless"] and results["tau"] > 1.2
-    assert results["tau"] == final[1]
+    assert results.lossless and results.tau > 1.2
+    assert results.tau == final[1]
 
 
 def test_monitor_tau_real_picks_the_best_checkpoint_by_it(workspace, tmp_path):
