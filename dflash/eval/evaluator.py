@@ -167,14 +167,10 @@ def evaluate(
         )
         for name, setup in setups.items()
     }
-    first = infos[primary]
     return build_results(
         records,
         benchmark=benchmark,
         target=target_label or getattr(target.model, "name_or_path", "") or type(target.model).__name__,
-        drafter=first.label,
-        block_size=first.block_size,
-        drafter_block_size=first.drafter_block_size,
         sampling=decoding.sampling,
         max_new_tokens=decoding.max_new_tokens,
         stop_token_ids=stops,

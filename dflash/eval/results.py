@@ -217,9 +217,6 @@ def build_results(
     *,
     benchmark: str,
     target: str,
-    drafter: str,
-    block_size: int,
-    drafter_block_size: int | None,
     sampling,
     max_new_tokens: int,
     stop_token_ids: list[int],
@@ -229,12 +226,14 @@ def build_results(
     kernel_path: str | None = None,
     methods: dict[str, MethodInfo] | None = None,
     benchmark_source: dict | None = None,
+    drafter: str = "unspecified",
+    block_size: int | None = None,
+    drafter_block_size: int | None = None,
 ) -> Results:
-    """results.json (schema in the module docstring).
+    """results.json (schema in the module docstring); its top level is the primary method's.
 
-    drafter / block_size / drafter_block_size: the primary method's label and block sizes.
-    methods: every method that ran, primary first (None: DFlash alone, described by the
-        three arguments above).
+    methods: every method that ran, primary first (None: DFlash alone, its label and block
+        sizes `drafter`, `block_size`, `drafter_block_size`).
     benchmark_source: where the prompts came from (`dflash.eval.benchmarks.benchmark_source`).
     """
     greedy = sampling.temperature == 0
@@ -242,18 +241,13 @@ def build_results(
     methods = methods or {METHOD: MethodInfo(drafter, block_size, drafter_block_size)}
     primary = next(iter(methods))
     per_method = {name: method_record(records, name, info, greedy) for name, info in methods.items()}
-    top = per_method[primary]
     hf_mismatch = first_mismatch(records, BASELINE, "hf_generate") if greedy and ran_hf else None
     return Results(
         benchmark=benchmark,
         benchmark_source=benchmark_source,
-        method=primary,
         target=target,
         target_dtype=str(target_dtype).removeprefix("torch.") if target_dtype is not None else None,
         kernel_path=kernel_path,
-        drafter=drafter,
-        block_size=block_size,
-        drafter_block_size=drafter_block_size,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
@@ -261,16 +255,7 @@ def build_results(
         max_new_tokens=max_new_tokens,
         num_prompts=len({r.prompt_index for r in records}),
         num_generations=len(records),
-        tau=top["tau"],
-        tau_per_prompt_mean=top["tau_per_prompt_mean"],
-        acceptance_histogram=top["acceptance_histogram"],
         tokens_per_s={method: tokens_per_second(records, method) for method in (*methods, *BASELINES)},
-        speedup=top["speedup"],
-        speedup_decode_only=top["speedup_decode_only"],
-        lossless=top["lossless"],
-        first_mismatch=top["first_mismatch"],
-        lossless_up_to_ties=top["lossless_up_to_ties"],
-        divergences=top["divergences"],
         hf_generate_matches=(hf_mismatch is None) if greedy and ran_hf else None,
         hf_generate_first_mismatch=hf_mismatch,
         hf_generate_divergences=divergences(records, "hf_generate") if greedy and ran_hf else None,
@@ -282,7 +267,7 @@ def build_results(
         versions=versions(),
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         config=config,
-    )
+    ).of_method(primary)
 
 
 def family_records(records: list[GenerationRecord], methods: dict[str, MethodInfo], greedy: bool) -> dict | None:
