@@ -54,7 +54,8 @@ class RunRecord:
 
     @property
     def temperature(self) -> float | None:
-        return None if self.results.temperature is None else float(self.results.temperature)
+        value = self.results.temperature  # a pending run's may be an unresolved interpolation
+        return float(value) if isinstance(value, (int, float)) else None
 
     @property
     def method(self) -> str:
