@@ -37,7 +37,7 @@ import subprocess
 import time
 
 from dflash.bench import cpu_model, target_spec
-from dflash.layout import artifacts_root
+from dflash.layout import DRAFTER_CONFIG, artifacts_root
 from dflash.llamacpp import LLAMA_BENCH, SDIST, build, convert, fetch_source, llama_cpp_root
 
 # llama-bench is not used here: built with the others, it gives `python -m dflash.bench` its llama.cpp row
@@ -159,7 +159,7 @@ def check(args) -> dict:
     from dflash.methods import EvalContext, build_method
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
-    require(os.path.isfile(os.path.join(args.drafter, "config.json")), "--drafter", f"{args.drafter} has no config.json")
+    require(os.path.isfile(os.path.join(args.drafter, DRAFTER_CONFIG)), "--drafter", f"{args.drafter} has no {DRAFTER_CONFIG}")
     # the demo's held-out draw: from the held-out templates, which training prompts never use (design.md invariant 27)
     prompts = [(f, text) for f in args.families.split(",") for text in heldout_prompts(f.strip(), args.prompts_per_family, [])]
     spec = drafter_target(args)

@@ -35,12 +35,12 @@ from dflash.data.sources import split_prompt
 from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifest
 from dflash.errors import ConfigError, require
 from dflash.fileio import remove_partial_writes, write_json, write_jsonl
+from dflash.layout import MANIFEST
 from dflash.locks import DirectoryLock
 from dflash.progress import bar_interval
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 LOCK_REMEDY = "wait for it to finish, or write elsewhere (regenerate.output_dir=DIR)"
 
 

