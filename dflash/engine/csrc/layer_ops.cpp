@@ -17,8 +17,8 @@
 //   each through HF's RMSNorm over D when weight is given (Qwen3's q_norm and k_norm, the
 //   drafter's), then rotated as rope_into_cache does; returns (B, H, S, D).
 // - argmax_rows(x): x.argmax(-1) of contiguous (..., V) rows as (rows,) int64, any V: the
-//   first index of the row's maximum, or of its first NaN (PyTorch's rule); torch's CPU
-//   argmax compares one value at a time (docs/results/engine-2026-11-27d-xeon/).
+//   first index of the row's maximum, or of its first NaN (PyTorch's rule), vectorised where
+//   torch's CPU argmax compares one value at a time.
 // All other tensors float32 or all bfloat16, rows contiguous, widths multiples of 16 (D of 32);
 // kernels.py checks it all.
 #include <ATen/Parallel.h>
