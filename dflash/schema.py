@@ -43,10 +43,13 @@ from dflash.eval.evaluator import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, check_method_names, trained_methods
 from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec
+from dflash.structured import typed
 from dflash.training.config import TrainingSettings
 from dflash.training.settings import CheckpointSettings, LoggerSettings, TauRealSettings, TrainerSettings, weight_dtype
 
 TABLE_SOURCES = ("dirs", "wandb")
+DEMO_ANSWER_DTYPES = ("float32", "bfloat16")  # the demo's plan measures both where data_dtype is auto
+DEMO_PRECISIONS = ("32-true", "bf16-mixed")  # likewise trainer.precision
 
 
 def _default(cls, name: str):
@@ -111,6 +114,13 @@ class TrainAppConfig:
     sweep: Any = None
     """`+sweep=NAME` (dflash/conf/sweep/): the sweep's own keys, read by dflash.sweep."""
 
+    def __post_init__(self):
+        check_cpu_threads(self.cpu_threads)
+
+
+def check_cpu_threads(threads: int | None) -> None:
+    require(threads is None or threads >= 1, "cpu_threads", f"must be a positive integer or null, got {threads!r}")
+
 
 @dataclass
 class _EvaluateAppKeys:
@@ -141,6 +151,10 @@ class _EvaluateAppKeys:
     *_infer*.yaml): part of its directory name, and read by the tables from results.json."""
     train_block_size: int | None = None
     """A label of the evaluated drafter, as train_seed."""
+
+    def __post_init__(self):
+        check_method_names(list(self.methods))
+        check_cpu_threads(self.cpu_threads)
 
 
 EvaluateAppConfig = dataclasses.make_dataclass(
@@ -247,19 +261,46 @@ class DemoAppConfig:
     cpu_threads: int = 2
     data: str = MISSING
     data_dtype: str = "auto"
-    """"auto" (the faster here of float32 and bfloat16) | a dtype."""
+    """"auto" (the faster here of `DEMO_ANSWER_DTYPES`) | a dtype."""
     prompts: Any = "auto"
     """"auto" (what the budget allows) | how many prompts stage 2 answers."""
     min_prompts: int = 256
     data_share: float = 0.6
     train_precision: str = "auto"
-    """"auto" (the faster here of 32-true and bf16-mixed) | a trainer precision."""
+    """"auto" (the faster here of `DEMO_PRECISIONS`) | a trainer precision."""
     data_overrides: list[str] = field(default_factory=list)
     regenerate: dict = field(default_factory=dict)
     """Settings of the regenerate app, passed to it as its overrides (it checks them)."""
     train_overrides: list[str] = field(default_factory=list)
     evaluation: DemoEvaluationSettings = field(default_factory=DemoEvaluationSettings)
     eval_overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
+            require(getattr(self, key) > 0, key, f"must be a number > 0, got {getattr(self, key)!r}")
+        require(
+            self.train_minutes == "auto" or (_is_number(self.train_minutes) and self.train_minutes > 0),
+            "train_minutes",
+            f"must be 'auto' (what the budget leaves) or minutes > 0, got {self.train_minutes!r}",
+        )
+        dtypes, precisions = ("auto", *DEMO_ANSWER_DTYPES, "float16"), ("auto", *DEMO_PRECISIONS)
+        require(self.data_dtype in dtypes, "data_dtype", f"must be one of {', '.join(dtypes)}, got {self.data_dtype!r}")
+        require(
+            self.train_precision in precisions,
+            "train_precision",
+            f"must be one of {', '.join(precisions)}, got {self.train_precision!r}",
+        )
+        require(
+            self.prompts == "auto" or (_is_number(self.prompts) and isinstance(self.prompts, int) and self.prompts >= 1),
+            "prompts",
+            f"must be 'auto' (what the budget allows) or a number of prompts >= 1, got {self.prompts!r}",
+        )
+        require(self.min_prompts >= 1, "min_prompts", f"must be an integer >= 1, got {self.min_prompts!r}")
+        require(0 < self.data_share <= 1, "data_share", f"must be a fraction in (0, 1], got {self.data_share!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -280,10 +321,12 @@ class DemoTinyAppConfig:
     target: TargetSpec = MISSING
     prompts: StdlibPromptsSettings = field(default_factory=StdlibPromptsSettings)
     regenerate: dict = field(default_factory=dict)
-    """`RegenerateSettings` of stage 2, checked by `dflash.cli.demo_tiny` (kept a plain
-    mapping: its keys as written name the data directory)."""
+    """`RegenerateSettings` of stage 2 (kept a plain mapping: its keys as written name the data directory)."""
     train_overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        typed(RegenerateSettings, self.regenerate, "regenerate")
 
 
 # group -> its schema; `method` has one per option (each trained method's `train_settings`).

@@ -86,7 +86,7 @@ def check_known_keys(node: DictConfig, key: str = "", skip: tuple[str, ...] = ()
             continue
         child_key = f"{key}.{name}" if key else str(name)
         if fields is not None and name not in fields:
-            raise ConfigError(child_key, f"unknown key: no setting reads it; valid keys here: {sorted(fields)}")
+            raise ConfigError(child_key, unknown_key(fields))
         check_known_keys(node._get_node(name), child_key)
 
 
@@ -108,7 +108,7 @@ def omegaconf_error(err: OmegaConfBaseException, prefix: str = "") -> ConfigErro
     """The one translation of an OmegaConf error: a ConfigError naming the full key (under
     `prefix` when the node was made outside the app's config), with the reason in the
     project's words, read from the error's nodes, not from OmegaConf's English:
-    `expected int, got 'abc'`, `unknown key; valid keys: [...]`, `missing mandatory value ...`."""
+    `expected int, got 'abc'`, `unknown key: ...; valid keys here: [...]`, `missing mandatory value ...`."""
     key = getattr(err, "full_key", None) or ""
     return ConfigError(full_key(prefix, key) if prefix and key else key or prefix or "config", _reason(err))
 
@@ -117,8 +117,10 @@ def _reason(err: OmegaConfBaseException) -> str:
     if isinstance(err, MissingMandatoryValue):
         return "missing mandatory value; set it on the command line"
     owner = getattr(err, "object_type", None)
-    if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(owner):
-        return f"unknown key; valid keys: {sorted(f.name for f in dataclasses.fields(owner))}"
+    if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
+        if dataclasses.is_dataclass(owner):
+            return unknown_key(f.name for f in dataclasses.fields(owner))
+        return "unknown key; to add one, prefix the override with +"
     if isinstance(err, (ValidationError, ConfigTypeError)):
         child, parent = getattr(err, "child_node", None), getattr(err, "parent_node", None)
         hint = child._metadata.ref_type if child is not None else getattr(getattr(parent, "_metadata", None), "element_type", None)
@@ -127,6 +129,10 @@ def _reason(err: OmegaConfBaseException) -> str:
             value = getattr(err, "value", None)
             return f"expected {expected}, got {value!r}" if value is not None else f"expected {expected}"
     return first_line(err)
+
+
+def unknown_key(fields) -> str:
+    return f"unknown key: no setting reads it; valid keys here: {sorted(fields)}"
 
 
 _EXPECTED = {int: "int", float: "float", bool: "bool", str: "str", list: "a list", tuple: "a list", dict: "a mapping"}

@@ -1,12 +1,15 @@
-"""Shared plumbing of the Hydra entry points.
+"""Shared plumbing of the Hydra entry points: the command line checked in one pass before Hydra runs.
 
 Every app reports a bad config or input as one line `error: <key>: <message>` on stderr, exit status 2,
-no traceback: a `ConfigError` from library code (a run directory Hydra made for a refused start is
-removed again when it holds only Hydra's files), a missing mandatory value, an override Hydra rejects
-(an unknown key, or an unknown option of a config group) or would silently skip (an unknown option of
-an optional group such as `experiment`), an output directory that cannot be written. The command line
-is checked by composing the config once before Hydra runs (`run_app`). A damaged user file becomes a
-ConfigError at its loader (`dflash.errors.reading`).
+no traceback. `run_app` checks, before Hydra starts (and makes a run directory): the flags, read by
+Hydra's own parser; the overrides, composed once (a composition Hydra refuses names the override, key
+or group option its error names; a key no schema reads is refused after); the directories the app
+writes; every group built into its schema's dataclass (`dflash.schema`, whose `__post_init__` range
+checks run); then the app's own checks of what needs no model (a missing `data.path`). A ConfigError
+raised later, inside the Hydra task, removes the run directory Hydra made when it holds only Hydra's files.
+
+Invariant: nothing here imports torch, Lightning or the engine, and the apps import them inside their
+Hydra task, so a bad value is answered before they load.
 """
 
 from __future__ import annotations
@@ -14,57 +17,44 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from dflash import CONF_DIR
 from dflash.errors import ConfigError, check_writable_dir, first_line, require
-from dflash.structured import _locate, check_known_keys, omegaconf_error
+from dflash.structured import _locate, build, check_known_keys, omegaconf_error
 
-EXIT_CONFIG_ERROR = 2
-LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
+HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
 
 
 def fail(err: ConfigError) -> NoReturn:
     """Print `error: <key>: <message>` as one line on stderr and exit with status 2."""
-    message = " ".join(str(err).split())
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_CONFIG_ERROR)
+    print(f"error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def exits_on_config_error(task: Callable) -> Callable:
-    """Make a ConfigError end a Hydra task via `fail` (Hydra prints a traceback for any other
-    exception escaping the task; `SystemExit` passes through it untouched)."""
+    """Make a ConfigError end a Hydra task via `fail`, removing the run directory Hydra made for it
+    when it holds only Hydra's files (Hydra prints a traceback for any other exception)."""
 
     @functools.wraps(task)
     def wrapper(*args, **kwargs):
         try:
             return task(*args, **kwargs)
         except ConfigError as err:
-            remove_refused_run_dir()
+            from hydra.core.hydra_config import HydraConfig
+
+            if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:  # not when a test calls the task
+                remove_hydra_only_dir(HydraConfig.get().runtime.output_dir)
             fail(err)
 
     return wrapper
-
-
-HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
-
-
-def remove_refused_run_dir() -> None:
-    """After a ConfigError inside a Hydra task: remove the run directory Hydra made for it when it holds
-    only Hydra's own files, so a refused start leaves nothing `python -m dflash.tables` counts as a run."""
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        directory = HydraConfig.get().runtime.output_dir
-    except (ValueError, OmegaConfBaseException):  # not inside a Hydra app (tests calling the task)
-        return
-    remove_hydra_only_dir(directory)
 
 
 def remove_hydra_only_dir(directory: str) -> bool:
@@ -89,31 +79,29 @@ def run_app(
     config_name: str,
     argv: list[str] | None = None,
     output_dirs: tuple[str, ...] = (),
-    check: Callable[[DictConfig], None] | None = None,
+    check: Callable | None = None,
 ) -> None:
-    """Check the command line, then run `hydra_main` (a `@hydra.main` function).
+    """Check the command line (module docstring), then run `hydra_main` (a `@hydra.main` function).
+    `--help` prints the app's own help (`dflash.usage`) and exits.
 
-    `--help` prints the app's own help (`dflash.usage`) and exits. Checked before Hydra starts (and
-    creates its run directory): the flags and overrides (`check_overrides`), that the directories the
-    app writes are writable, then `check`.
-    output_dirs: config keys of the directories the app writes, checked in this order
-        before Hydra's own (so `paths.artifacts` is named when it is the culprit, not the
-        `hydra.run.dir` made from it); null values are skipped.
-    check: the app's own check of the composed config, for what needs Hydra's compose API
-        (which cannot run inside a Hydra app), e.g. the demo's overrides for the train app.
+    output_dirs: config keys of the directories the app writes, checked in this order before
+        Hydra's own (so `paths.artifacts` is named when it is the culprit, not the `hydra.run.dir`
+        made from it); null values are skipped.
+    check: the app's own check of its config object (its schema's dataclass) for what needs no
+        model, or what needs Hydra's compose API, which cannot run inside a Hydra app.
     """
-    args = sys.argv[1:] if argv is None else argv
     try:
-        line = parse_command_line(config_name, args)
+        line = parse_command_line(config_name, sys.argv[1:] if argv is None else argv)
         if line.help:
             from dflash.usage import exit_on_help
 
             exit_on_help(config_name, ["--help"])
-        cfg = check_overrides(config_name, args)
+        cfg = None if line.left_to_hydra else composed(line)
         if cfg is not None:
-            check_output_dirs(cfg, output_dirs, multirun=line.multirun)
+            check_output_dirs(cfg, output_dirs, line.multirun)
+            app = app_config(cfg)
             if check is not None:
-                check(cfg)
+                check(app)
     except ConfigError as err:
         fail(err)
     hydra_main()
@@ -121,81 +109,50 @@ def run_app(
 
 @dataclasses.dataclass
 class CommandLine:
-    """A Hydra app's command line, read as Hydra reads it (`hydra._internal.utils.get_args_parser`).
+    """A Hydra app's command line, as Hydra's parser reads it (`hydra._internal.utils.get_args_parser`).
 
-    overrides: the `key=value` arguments. config_name: `--config-name` or the app's own.
-    searchpath: the `hydra.searchpath=[...]` override that composing needs for `--config-dir`
-        (None: no extra search path from flags).
-    config_dirs: every directory whose groups the config is composed from: dflash/conf,
-        `--config-dir`, then the `file://` and `pkg://` entries of `hydra.searchpath`.
-    help: `--help` / `-h`. left_to_hydra: a flag only Hydra acts on (`_HYDRA_ONLY`).
+    searchpath: the `hydra.searchpath=[...]` override that stands for `--config-dir` when composing.
+    left_to_hydra: a flag only Hydra acts on (`--hydra-help`, `--config-path`, ...).
     """
 
     overrides: list[str]
     config_name: str
     searchpath: str | None = None
-    config_dirs: list[Path] = dataclasses.field(default_factory=list)
     multirun: bool = False
     help: bool = False
     left_to_hydra: bool = False
 
 
-# Hydra's flags: those that take a value, those that do not, and those only Hydra acts on.
-_VALUE_FLAGS = {"--config-dir": "-cd", "--config-name": "-cn", "--config-path": "-cp", "--cfg": "-c", "--package": "-p"}
-_SWITCHES = {"--multirun": "-m", "--run": "-r", "--resolve": None, "--help": "-h"}
-_HYDRA_ONLY = {"--hydra-help", "--version", "--shell-completion", "-sc", "--config-path", "-cp", "--experimental-rerun"}
-_INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
-
-
 def parse_command_line(config_name: str, args: list[str]) -> CommandLine:
-    """The flags and overrides of `args`; ConfigError naming an unknown flag, a flag without
-    its value or a `--config-dir` that is no directory."""
-    short = {alias: flag for flags in (_VALUE_FLAGS, _SWITCHES) for flag, alias in flags.items() if alias}
-    line, values, i = CommandLine(overrides=[], config_name=config_name), {}, 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("-"):
-            line.overrides.append(arg)
-            continue
-        flag, has_value, value = arg.partition("=")
-        flag = short.get(flag, flag)
-        if flag in ("--info", "-i"):  # its value is optional
-            i += 1 if not has_value and i < len(args) and args[i] in _INFO_CHOICES else 0
-            continue
-        if flag in _HYDRA_ONLY:
-            line.left_to_hydra = True
-            continue
-        if flag in _VALUE_FLAGS:
-            if not has_value:
-                if i >= len(args):
-                    raise ConfigError(flag, "needs a value")
-                value, i = args[i], i + 1
-            values[flag] = value
-            continue
-        if flag not in _SWITCHES or has_value:
-            known = sorted({*_VALUE_FLAGS, *_SWITCHES, *_HYDRA_ONLY, "--info"} - {"-sc", "-cp"})
-            raise ConfigError(arg, f"unknown flag; flags: {known} (config values are key=value, without dashes)")
-        line.multirun = line.multirun or flag == "--multirun"
-        line.help = line.help or flag == "--help"
-    line.config_name = values.get("--config-name", config_name)
-    line.config_dirs = [CONF_DIR]
-    entries = []
-    if "--config-dir" in values:
-        directory = Path(values["--config-dir"]).expanduser().resolve()
-        if not directory.is_dir():
-            raise ConfigError("--config-dir", f"{str(directory)!r} is not a directory")
-        line.config_dirs.append(directory)
-        entries.append(f"file://{directory}")
-    for arg in line.overrides:
-        if arg.partition("=")[0].lstrip("+~") == "hydra.searchpath":
-            listed = _parse_override(arg).value()
-            entries += [str(entry) for entry in listed] if isinstance(listed, list) else []
-    line.config_dirs += [d for d in map(_search_dir, entries[1:] if "--config-dir" in values else entries) if d is not None]
-    if "--config-dir" in values:
-        line.overrides = [arg for arg in line.overrides if arg.partition("=")[0].lstrip("+~") != "hydra.searchpath"]
+    """The flags and overrides of `args`; ConfigError naming a flag Hydra's parser refuses or a
+    `--config-dir` that is no directory."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    known = sorted(option for action in parser._actions for option in action.option_strings if option.startswith("--"))
+    parser.error = functools.partial(_flag_error, known)  # one line, instead of argparse's usage and exit
+    flags = parser.parse_args(args)
+    line = CommandLine(flags.overrides, flags.config_name or config_name, multirun=flags.multirun, help=flags.help)
+    line.left_to_hydra = bool(flags.hydra_help or flags.shell_completion or flags.config_path or flags.experimental_rerun)
+    if flags.config_dir:  # Hydra adds it to the search path; composing here, an override does
+        directory = Path(flags.config_dir).expanduser().resolve()
+        require(directory.is_dir(), "--config-dir", f"{str(directory)!r} is not a directory")
+        entries = [f"file://{directory}"]
+        for arg in [arg for arg in line.overrides if arg.partition("=")[0].lstrip("+~") == "hydra.searchpath"]:
+            line.overrides.remove(arg)
+            entries += [str(entry) for entry in _parse_override(arg).value() or []]
         line.searchpath = "hydra.searchpath=[" + ",".join(repr(entry) for entry in entries) + "]"
     return line
+
+
+def _flag_error(known: list[str], message: str) -> NoReturn:
+    flag = re.match(r"argument (\S+?)[/:]", message)
+    if flag:
+        raise ConfigError(flag.group(1), "needs a value" if "expected one argument" in message else message.partition(": ")[2])
+    unknown = message.removeprefix("unrecognized arguments: ").split() or ["command line"]
+    if unknown[0].startswith("-"):
+        raise ConfigError(unknown[0], f"unknown flag; flags: {known} (config values are key=value, without dashes)")
+    raise ConfigError(unknown[0], "give the key=value overrides together, before or after the flags")
 
 
 def _parse_override(arg: str):
@@ -208,72 +165,113 @@ def _parse_override(arg: str):
         raise ConfigError(arg.split("=", 1)[0], f"cannot parse override {arg!r}: {first_line(err)}") from None
 
 
-def _search_dir(entry: str) -> Path | None:
-    """The directory of a search path entry (`file://DIR`, `pkg://PACKAGE`); None for others."""
-    if entry.startswith("file://"):
-        return Path(entry.removeprefix("file://")).expanduser().resolve()
-    if entry.startswith("pkg://"):
-        import importlib.util
+def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
+    """The config `config_name` composed with the command line `args` (flags and overrides), or a
+    ConfigError naming the bad flag or override; None for command lines left to Hydra (`composed`)."""
+    line = parse_command_line(config_name, args)
+    return None if line.left_to_hydra else composed(line)
 
-        spec = importlib.util.find_spec(entry.removeprefix("pkg://").replace("/", "."))
-        if spec is not None and spec.submodule_search_locations:
-            return Path(next(iter(spec.submodule_search_locations)))
-    return None
+
+def composed(line: CommandLine) -> DictConfig | None:
+    """The config composed once with `line`'s overrides (hydra node included; a sweep at its first
+    value, and every option of a sweep over a group checked), or a ConfigError naming the bad
+    override; also for a key no schema reads (`+training.lr=1`, which would go unused). None for
+    glob or interval sweeps, which only Hydra can expand."""
+    from hydra.errors import HydraException
+
+    first, swept = [], {}
+    for arg in line.overrides:
+        override = _parse_override(arg)
+        if override.is_sweep_override():
+            require(line.multirun, override.get_key_element(), "sweeps over values with -m (--multirun); a list is key=[a,b]")
+            try:
+                values = list(override.sweep_string_iterator())
+            except HydraException:
+                return None
+            arg, swept[override.key_or_group] = f"{override.get_key_element()}={values[0]}", values[1:]
+        first.append(arg)
+    try:
+        cfg = _compose(line.config_name, first, line.searchpath, swept)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a composition Hydra refuses: one line naming the override
+        raise _refusal(err, first) from None
+    check_known_keys(cfg, skip=("hydra",))
+    return cfg
+
+
+def _compose(config_name: str, overrides: list[str], searchpath: str | None = None, swept: dict | None = None) -> DictConfig:
+    """`config_name` composed as the app composes it; searchpath: the override that stands for
+    `--config-dir` (`parse_command_line`); swept: group -> more options a sweep takes, checked."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import dflash.schema  # noqa: F401 - registers the apps' schemas in Hydra's ConfigStore
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=config_name):
+        cfg = compose(config_name, overrides=[searchpath, *overrides] if searchpath else overrides, return_hydra_config=True)
+        for group, values in (swept or {}).items():
+            options = [o for o in GlobalHydra.instance().config_loader().get_group_options(group) if not o.startswith("_")]
+            for value in values:
+                require(not options or value in options, group, f"unknown option {value!r}; choose one of {options}")
+    return cfg
+
+
+def _refusal(err: Exception, overrides: list[str]) -> ConfigError:
+    """The ConfigError of a composition Hydra refused: a missing group option, or the override its
+    error names (`Error merging override KEY=VALUE`, `Could not override 'KEY'`), and OmegaConf's error
+    under it for the full key and the reason; a group option's file at fault (`In 'experiment/mine'`)."""
+    from hydra.errors import MissingConfigException
+
+    message, cause = str(err), err.__cause__ or err.__context__
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        options = sorted(o for o in err.options if not o.startswith("_"))
+        return ConfigError(group or option, f"unknown option {option!r}; choose one of {options}")
+    override = next(
+        (o for o in map(_parse_override, overrides) if o.input_line in message or f"'{o.key_or_group}'" in message), None
+    )
+    key = override.key_or_group if override is not None else "command line"
+    if not isinstance(cause, OmegaConfBaseException):
+        return ConfigError(key, first_line(err))
+    refusal = omegaconf_error(cause)
+    bad_key = refusal.key if refusal.key != "config" else key
+    if override is not None and not bad_key.startswith(key):  # a list or dict assigned at once: OmegaConf names its leaf
+        bad_key = key + _locate(override.value(), bad_key.rpartition(".")[2], getattr(cause, "value", None))
+    in_file = re.match(r"In '([^']+)'", message)
+    return ConfigError(bad_key, refusal.reason + (f" (in {in_file.group(1)}.yaml)" if in_file else ""))
 
 
 def check_output_dirs(cfg: DictConfig, keys: tuple[str, ...], multirun: bool) -> None:
     """ConfigError naming the first of `keys` (then Hydra's run or sweep dir) that cannot be
-    written. Values that cannot be resolved before Hydra runs are left to the app.
+    written (values that cannot be resolved before Hydra runs are left to the app). Sets Hydra's
+    config, with its run directory as the job's output directory, so `${hydra:...}` resolves.
 
-    cfg: composed with `return_hydra_config=True`. Hydra's directory is checked only when
-    Hydra writes into it (`hydra.output_subdir` set; export and tables write nothing there).
+    cfg: composed with the hydra node. Hydra's directory is checked only when Hydra writes into
+    it (`hydra.output_subdir` set; export and tables write nothing there).
     """
     from hydra.core.hydra_config import HydraConfig
 
-    HydraConfig.instance().set_config(cfg)  # resolves ${hydra:...} in paths and run names
-    if cfg.hydra.output_subdir is not None:
-        keys = (*keys, "hydra.sweep.dir" if multirun else "hydra.run.dir")
-    for key in keys:
-        try:
-            path = OmegaConf.select(cfg, key, throw_on_missing=True)
-        except OmegaConfBaseException:
-            continue
-        if path is not None:
+    run_dir = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    HydraConfig.instance().set_config(cfg)
+    OmegaConf.set_readonly(cfg.hydra, False)
+    with open_dict(cfg.hydra):
+        cfg.hydra.runtime.output_dir = OmegaConf.select(cfg, run_dir, default=None, throw_on_resolution_failure=False)
+    HydraConfig.instance().set_config(cfg)
+    for key in (*keys, run_dir) if cfg.hydra.output_subdir is not None else keys:
+        path = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if path is not None:  # also None where missing or not resolvable before Hydra runs
             check_writable_dir(key, str(path))
 
 
-def quiet_third_party_logs() -> None:
-    """Print each Lightning log line once, and without its advertisements.
-
-    On import, `lightning` attaches its own console handler to the `lightning` logger, which also
-    propagates to the root logger Hydra's job_logging set up: every line would print twice. Inside a
-    Hydra app that handler goes, so lines come only through Hydra's handlers (console and the run's
-    .log file). Dropped: Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines; the
-    deprecation warning Lightning's own code triggers in torch's pytree (nothing a user can fix);
-    under DDP or FSDP, its advice to log `val/...` (and the `val_...` copies checkpoint file names
-    use) with `sync_dist=True`: the validation metrics are summed over ranks before dividing
-    (`dflash.training.metrics`) and `val/tau_real` is rank 0's value broadcast, so every rank logs
-    the global value already.
-    """
-    import logging
-    import warnings
-
-    import lightning  # noqa: F401 - attaches the handler that is removed below
-
-    if logging.getLogger().hasHandlers():
-        lightning_logger = logging.getLogger("lightning")
-        for handler in list(lightning_logger.handlers):
-            if type(handler) is logging.StreamHandler:
-                lightning_logger.removeHandler(handler)
-    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _drop_lightning_tips not in tips.filters:
-        tips.addFilter(_drop_lightning_tips)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val[/_].*sync_dist=True")
-
-
-def _drop_lightning_tips(record) -> bool:
-    return not str(record.msg).startswith(LIGHTNING_TIP_PREFIX)
+def app_config(cfg: DictConfig):
+    """The app's config object (its schema's dataclass, `dflash.schema`), every group built under
+    its key by `dflash.structured.build`, so every range check of the schemas runs."""
+    if "hydra" in cfg:
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return build(cfg, "")
 
 
 def resolved_config(cfg: DictConfig) -> dict:
@@ -284,134 +282,9 @@ def resolved_config(cfg: DictConfig) -> dict:
         raise omegaconf_error(err) from None
 
 
-def set_cpu_threads(threads) -> None:
-    """Apply config key `cpu_threads` (torch intra-op threads, an int or None; None keeps torch's default)."""
+def set_cpu_threads(threads: int | None) -> None:
+    """Apply config key `cpu_threads` (torch intra-op threads, >= 1 by the app's schema; None keeps torch's default)."""
     if threads is not None:
-        require(threads >= 1, "cpu_threads", f"must be a positive integer or null, got {threads!r}")
         import torch
 
         torch.set_num_threads(threads)
-
-
-def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
-    """Compose `config_name` with the command line; ConfigError naming the bad override.
-
-    args: the whole command line, Hydra's flags and the overrides (`parse_command_line`). Returns the
-    composed config (hydra node included; sweeps at their first value), or None for command lines left
-    to Hydra: a flag only Hydra acts on (`--hydra-help`, `--config-path`, ...), glob or interval sweeps.
-    A sweep over a config group's options is checked option by option (a bad key fails for any value, a
-    bad option only for itself). Also errors: an unknown option of an optional group (`experiment=nope`,
-    which Hydra would silently skip) and a key no schema reads (`+training.lr=1`, which would go unused).
-    """
-    import dflash.schema  # noqa: F401 - registers the apps' schemas, which their configs start from
-
-    line = parse_command_line(config_name, args)
-    if line.left_to_hydra:
-        return None
-    compose = functools.partial(_compose, line.config_name, searchpath=line.searchpath)
-    choices = [_override_values(arg, line.config_dirs) for arg in line.overrides]
-    if None in choices:  # a glob or interval sweep: only Hydra can expand it
-        return None
-    base = [values[0] for values in choices]
-    try:
-        cfg = compose(base)
-    except Exception as failed:  # noqa: BLE001 - the first override that breaks composition is named below
-        if len(base) == 1:  # that one override (composing it again would fail the same way)
-            raise _override_error(compose, [], base[0], failed, line.config_dirs) from None
-        for count in range(1, len(base) + 1):
-            err = _compose_error(compose, base[:count])
-            if err is not None:
-                raise _override_error(compose, base[: count - 1], base[count - 1], err, line.config_dirs) from None
-        raise  # no overrides: the shipped config itself does not compose, a bug
-    check_known_keys(cfg, skip=("hydra",))
-    for i, values in enumerate(choices):
-        others = base[:i] + base[i + 1 :]
-        for value in values[1:]:
-            err = _compose_error(compose, [*others, value])
-            if err is not None:
-                raise _override_error(compose, others, value, err, line.config_dirs)
-    return cfg
-
-
-def _override_values(arg: str, config_dirs: list[Path]) -> list[str] | None:
-    """`arg` itself, or for a sweep its first value, plus every other value when it sweeps a
-    config group; None for sweeps that cannot be enumerated here (glob, interval)."""
-    from hydra.errors import HydraException
-
-    override = _parse_override(arg)
-    if override.is_sweep_override():
-        try:
-            options = list(override.sweep_string_iterator())
-        except HydraException:
-            return None
-        values = [f"{override.get_key_element()}={option}" for option in options]
-    else:
-        options, values = [override.value()], [arg]
-    group = override.key_or_group
-    if group.startswith("hydra") or not any((directory / group).is_dir() for directory in config_dirs):
-        return values[:1]  # a value, or one of Hydra's own groups (their options live outside these dirs)
-    for option in options:
-        _check_group_option(group, config_dirs, option)
-    return values
-
-
-def _check_group_option(group: str, config_dirs: list[Path], option) -> None:
-    """ConfigError listing the options of `group` unless `option` is one of them (or null)."""
-    if option in (None, "null") or not isinstance(option, str):
-        return
-    if any((directory / group / f"{option}.yaml").is_file() for directory in config_dirs):
-        return
-    options = sorted({p.stem for d in config_dirs for p in (d / group).glob("*.yaml") if not p.name.startswith("_")})
-    raise ConfigError(group, f"unknown option {option!r}; choose one of {options}")
-
-
-def _compose(config_name: str, overrides: list[str], searchpath: str | None = None) -> DictConfig:
-    """`config_name` composed as the app composes it; searchpath: the `hydra.searchpath`
-    override that stands for `--config-dir` (`parse_command_line`)."""
-    from hydra import compose, initialize_config_dir
-
-    import dflash.schema  # noqa: F401 - registers the apps' schemas in Hydra's ConfigStore
-
-    overrides = [searchpath, *overrides] if searchpath else overrides
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=config_name):
-        return compose(config_name, overrides=overrides, return_hydra_config=True)
-
-
-def _compose_error(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> Exception | None:
-    try:
-        compose(overrides)
-    except Exception as err:  # noqa: BLE001 - any composition failure is reported, with its override
-        return err
-    return None
-
-
-def _override_error(
-    compose: Callable[[list[str]], DictConfig], good: list[str], bad: str, err: Exception, config_dirs: list[Path]
-) -> ConfigError:
-    from hydra.errors import MissingConfigException
-
-    override = _parse_override(bad)
-    key = override.key_or_group
-    if isinstance(err, MissingConfigException) and err.options:
-        options = sorted(o for o in err.options if not o.startswith("_"))
-        return ConfigError(key, f"unknown option {override.value()!r}; choose one of {options}")
-    cause = err.__cause__ or err.__context__
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and (getattr(cause, "full_key", None) or key) == key:
-        parent_key, _, _ = key.rpartition(".")
-        parent = OmegaConf.select(compose(good), parent_key) if parent_key else None
-        valid = f"; valid keys here: {sorted(parent.keys())}" if isinstance(parent, DictConfig) else ""
-        if isinstance(parent, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(parent)):
-            return ConfigError(key, f"unknown config key{valid}")  # no schema reads a key added with +
-        return ConfigError(key, f"unknown config key{valid} (to add a new key, use +{bad})")
-    if isinstance(cause, OmegaConfBaseException):  # a wrong type or an unknown key, here or in a group option's file
-        bad_key, reason = getattr(cause, "full_key", None) or "", omegaconf_error(cause).reason
-        if not bad_key.startswith(key) and not any((d / key.split("@")[0]).is_dir() for d in config_dirs):
-            # a list or dict assigned at once: OmegaConf names only the leaf inside it
-            path = _locate(override.value(), bad_key.rpartition(".")[2], getattr(cause, "value", None))
-            bad_key = key + path
-        if reason.startswith("expected") and ", got " not in reason:
-            reason = f"{reason}, got {override.value()!r}"
-        if bad_key and not bad_key.startswith(key) and isinstance(override.value(), str):
-            reason = f"{reason} (in {key.split('@')[0]}/{override.value()}.yaml)"  # a group option's file is wrong
-        return ConfigError(bad_key or key, reason)
-    return ConfigError(key, first_line(err))

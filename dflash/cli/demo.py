@@ -46,8 +46,8 @@ import hydra
 from omegaconf import DictConfig
 
 from dflash.cli import demo_plan
-from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
-from dflash.cli.demo_plan import FAMILIES, Plan, check_plan_settings
+from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
+from dflash.cli.demo_plan import FAMILIES, Plan
 from dflash.cli.pipeline import (
     StageClock,
     app_command,
@@ -62,10 +62,9 @@ from dflash.cli.pipeline import (
     stage,
     train_stage,
 )
-from dflash.errors import ConfigError, require
+from dflash.errors import ConfigError
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
-from dflash.schema import DemoEvaluationSettings
 from dflash.structured import config_key
 from dflash.timing import timed
 
@@ -304,34 +303,19 @@ def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budge
     return summary
 
 
-def check_app_overrides(cfg: DictConfig) -> None:
-    """ConfigError unless `train_overrides` compose with the recipe and `eval_overrides`
-    with the evaluate app; their values are checked by those apps at stages 3 and 4."""
+def check_app(app) -> None:
+    """ConfigError for a bad start time, or unless `data_overrides`, `train_overrides` and
+    `eval_overrides` compose with their stage's app (which checks their values when the stage
+    runs); the demo's own settings are checked by its schema (`dflash.schema.DemoAppConfig`)."""
+    demo_started()
     check_stage_overrides(
-        cfg,
+        app,
         (
-            ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={cfg.data}"], "data.sources.0.limit=64"),
-            ("train_overrides", "train", ["experiment=smollm2"], "drafter.num_layers=2"),
-            ("eval_overrides", "evaluate", ["target=smollm2_135m"], "decoding.block_size=4"),
+            ("data_overrides", "regenerate", ["target=smollm2_135m", f"data={app.data}"]),
+            ("train_overrides", "train", ["experiment=smollm2"]),
+            ("eval_overrides", "evaluate", ["target=smollm2_135m"]),
         ),
     )
-    check_settings(cfg)
-
-
-def check_settings(cfg: DictConfig) -> None:
-    """ConfigError for a bad budget or evaluation setting, before anything runs."""
-    demo_started()
-    for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
-        require(cfg[key] > 0, key, f"must be a number > 0, got {cfg[key]!r}")  # a number: dflash.schema.DemoAppConfig
-    minutes = cfg.train_minutes
-    require(
-        minutes == "auto" or (isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0),
-        "train_minutes",
-        f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
-    )
-    check_plan_settings(cfg)
-    with config_key("evaluation"):
-        DemoEvaluationSettings(**cfg.evaluation)  # its range checks
 
 
 def target_option() -> str:
@@ -345,7 +329,6 @@ def target_option() -> str:
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
-    quiet_third_party_logs()
     clock = StageClock()
     started = demo_started()
     if started < _STARTED - 1:
@@ -377,4 +360,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     quiet_progress_bars()
-    run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_app_overrides)
+    run_app(_hydra_main, "demo", output_dirs=("paths.artifacts",), check=check_app)

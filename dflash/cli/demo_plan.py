@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflash.errors import require
+from dflash.schema import DEMO_ANSWER_DTYPES, DEMO_PRECISIONS
 
 FAMILIES = ("humaneval", "math", "chat")  # stage 4's prompt families
-ANSWER_DTYPES = ("float32", "bfloat16")  # measured where data_dtype is auto
-PRECISIONS = ("32-true", "bf16-mixed")  # trainer.precision, both measured
 PROBE_NEW_TOKENS = 6  # tokens per timed greedy call: the first comes from the prefill, the rest are steps
 FILL_ROWS, FILL_WIDTH = 8, 64  # the cache fill's batch (training.target_cache_batch_size) x tokens
 
@@ -83,8 +82,8 @@ def plan(measured: Measured, cfg, started: float, now: float) -> Plan:
     describes, the budget counted from `started`, `now` the plan's time (epoch seconds)."""
     from dflash.data.regenerate import RegenerateSettings
 
-    data_dtype = chosen(cfg.data_dtype, measured.answer_tokens_per_s, *ANSWER_DTYPES)
-    precision = chosen(cfg.train_precision, measured.fill_tokens_per_s, *PRECISIONS)
+    data_dtype = chosen(cfg.data_dtype, measured.answer_tokens_per_s, *DEMO_ANSWER_DTYPES)
+    precision = chosen(cfg.train_precision, measured.fill_tokens_per_s, *DEMO_PRECISIONS)
     # a prompt costs its answer (stage 2) and its training row's forward (the cache fill, stage 3)
     row_tokens = measured.prompt_tokens + RegenerateSettings(**cfg.regenerate).max_new_tokens
     per_row = {
@@ -209,12 +208,12 @@ def measure(target, target_cfg: dict, cfg, prompts: list[list[dict]], sources: d
 
     began = time.perf_counter()
     ids = torch.randint(target.embedding_rows, (FILL_ROWS, FILL_WIDTH), generator=torch.Generator().manual_seed(0))
-    fill_s = fastest_in_turns({precision: fill_forward(target, ids, precision == "bf16-mixed") for precision in PRECISIONS})
+    fill_s = fastest_in_turns({precision: fill_forward(target, ids, precision == "bf16-mixed") for precision in DEMO_PRECISIONS})
     fills = {precision: ids.numel() / seconds for precision, seconds in fill_s.items()}
     settings = RegenerateSettings(**cfg.regenerate)
     lengths = [len(prompt_token_ids(target.tokenizer, prompt, settings.enable_thinking)) for prompt in prompts]
     median = prompts[sorted(range(len(prompts)), key=lengths.__getitem__)[len(prompts) // 2]]
-    dtypes = ANSWER_DTYPES if cfg.data_dtype == "auto" else (cfg.data_dtype,)
+    dtypes = DEMO_ANSWER_DTYPES if cfg.data_dtype == "auto" else (cfg.data_dtype,)
     if cfg.data_dtype == "auto" and fills["bf16-mixed"] < fills["32-true"] / 2:
         dtypes = ("float32",)
     runs = {}
@@ -271,23 +270,3 @@ def fastest_in_turns(runs: dict, rounds: int = 3, within_s: float = 4.0) -> dict
         if sum(map(sum, times.values())) >= within_s:
             break
     return {name: min(seconds) for name, seconds in times.items()}
-
-
-def check_plan_settings(cfg) -> None:
-    """ConfigError for a bad value of a key the plan reads (its types: dflash.schema.DemoAppConfig)."""
-    dtypes = ("auto", *ANSWER_DTYPES, "float16")
-    require(cfg.data_dtype in dtypes, "data_dtype", f"must be one of {', '.join(dtypes)}, got {cfg.data_dtype!r}")
-    precisions = ("auto", *PRECISIONS)
-    require(
-        cfg.train_precision in precisions,
-        "train_precision",
-        f"must be one of {', '.join(precisions)}, got {cfg.train_precision!r}",
-    )
-    prompts = cfg.prompts
-    require(
-        prompts == "auto" or (isinstance(prompts, int) and not isinstance(prompts, bool) and prompts >= 1),
-        "prompts",
-        f"must be 'auto' (what the budget allows) or a number of prompts >= 1, got {prompts!r}",
-    )
-    require(cfg.min_prompts >= 1, "min_prompts", f"must be an integer >= 1, got {cfg.min_prompts!r}")
-    require(0 < cfg.data_share <= 1, "data_share", f"must be a fraction in (0, 1], got {cfg.data_share!r}")

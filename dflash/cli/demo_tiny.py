@@ -29,7 +29,7 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app
+from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app
 from dflash.cli.pipeline import (
     StageClock,
     app_command,
@@ -42,9 +42,10 @@ from dflash.cli.pipeline import (
     stage,
     train_stage,
 )
+from dflash.cli.train import quiet_third_party_logs
 from dflash.errors import require
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
-from dflash.structured import config_key, typed
+from dflash.structured import config_key
 
 
 def build_target(target_cfg: dict):
@@ -118,27 +119,19 @@ def report(run_dir: str, results_path: str, clock: StageClock) -> None:
     finish(run_dir, summary, clock, "wall time per stage (the install before it not counted)", EVAL_DIR, "logs")
 
 
-def check_app_overrides(cfg: DictConfig) -> None:
-    """ConfigError unless `train_overrides` compose with `experiment=demo` and `eval_overrides` with the
-    evaluate app (unknown keys, options, syntax); those apps check the values at stages 3 and 4."""
-    check_stage_overrides(
-        cfg,
-        (
-            ("train_overrides", "train", ["experiment=demo"], "trainer.max_steps=100"),
-            ("eval_overrides", "evaluate", ["target=tiny_code"], "benchmark.max_samples=20"),
-        ),
-    )
-
-
-def check_settings(target_cfg: dict, regen_cfg: dict) -> None:
-    """ConfigError for a bad setting of stages 1-2, before stage 1 (which may pre-train the target for minutes)."""
-    from dflash.data.regenerate import RegenerateSettings
+def check_app(app) -> None:
+    """ConfigError for a bad target build block (checked before stage 1, which may pre-train the
+    target for minutes), or unless `train_overrides` with `experiment=demo` and `eval_overrides`
+    with the evaluate app compose (unknown keys, options, syntax; those apps check the values at
+    stages 3 and 4). The other settings are checked by the schema (`dflash.schema.DemoTinyAppConfig`)."""
     from dflash.toy.tiny_code import TinyCodeConfig
 
-    require(isinstance(target_cfg.get("build"), dict), "target.build", "the demo builds its target: give a build block")
+    require(isinstance(app.target.build, dict), "target.build", "the demo builds its target: give a build block")
     with config_key("target.build"):
-        TinyCodeConfig.from_dict(target_cfg["build"])
-    typed(RegenerateSettings, regen_cfg, "regenerate")  # prompts: typed by dflash.schema.DemoTinyAppConfig
+        TinyCodeConfig.from_dict(app.target.build)
+    check_stage_overrides(
+        app, (("train_overrides", "train", ["experiment=demo"]), ("eval_overrides", "evaluate", ["target=tiny_code"]))
+    )
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="demo_tiny")
@@ -146,8 +139,7 @@ def check_settings(target_cfg: dict, regen_cfg: dict) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     artifacts = os.path.abspath(cfg.paths.artifacts)
     target_cfg, prompts_cfg, regen_cfg = (resolved_config(cfg[group]) for group in ("target", "prompts", "regenerate"))
-    check_settings(target_cfg, regen_cfg)
-    quiet_third_party_logs()
+    quiet_third_party_logs()  # stage 1 may pre-train the target with Lightning
     clock = StageClock()
     with clock.time("target"):
         target, target_hash = build_target(target_cfg)
@@ -163,4 +155,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     quiet_progress_bars()
-    run_app(_hydra_main, "demo_tiny", output_dirs=("paths.artifacts",), check=check_app_overrides)
+    run_app(_hydra_main, "demo_tiny", output_dirs=("paths.artifacts",), check=check_app)

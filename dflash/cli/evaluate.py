@@ -4,9 +4,10 @@
 DFlash drafter read `drafter.*` and `decoding.block_size`, and every method with settings
 has its own group named after it (`ngram.*`, `eagle3.*`, `dflash_tree.*`).
 
-Checks every setting and loads the prompts before loading any model, so a bad value fails in seconds,
-not after an 8B model has loaded. The run directory is locked (`dflash.locks.DirectoryLock`) from then
-until results.json is written: a second evaluation into it exits at once, naming the first.
+Every setting is checked before Hydra runs (`dflash.cli.common.run_app`, then `check_app`) and the
+prompts are loaded before any model, so a bad value fails in seconds, not after an 8B model has loaded.
+The run directory is locked (`dflash.locks.DirectoryLock`) from then until results.json is written: a
+second evaluation into it exits at once, naming the first.
 """
 
 from __future__ import annotations
@@ -16,64 +17,64 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, resolved_config, run_app, set_cpu_threads
+from dflash.cli.common import CONF_DIR, app_config, exits_on_config_error, resolved_config, run_app, set_cpu_threads
 from dflash.layout import RESULTS_FILE
 from dflash.locks import DirectoryLock
-from dflash.structured import build, config_key
+from dflash.structured import config_key
 
 LOCK_REMEDY = "wait for it to finish, or evaluate into another directory (hydra.run.dir=DIR)"
+
+
+def check_app(app) -> None:
+    """What needs no model, before Hydra runs and again in each job: the drafter directory is
+    read (a wrong or damaged one fails before the target loads), and every listed method's own
+    files (e.g. eagle3.path)."""
+    from dflash.methods import METHODS
+
+    if app.drafter.path is not None and any(METHODS[name].uses_dflash_drafter for name in app.methods):
+        from dflash.drafter.io import check_drafter_dir
+
+        with config_key("drafter"):
+            check_drafter_dir(app.drafter.path)
+    for name in app.methods:
+        METHODS[name].check(getattr(app, name, None) or METHODS[name].default_settings())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    # imported here, not at the top, so that override errors are reported before torch loads
-    from dflash.drafter.io import check_drafter_dir
     from dflash.eval import EvalSettings, benchmark_source, evaluate, format_results, load_benchmark, write_results
-    from dflash.methods import METHODS, check_method_names
+    from dflash.methods import METHODS
     from dflash.specs import build_drafter, load_target
 
-    config = resolved_config(cfg)
-    benchmark = build(cfg.benchmark, "benchmark")
-    methods = list(cfg.methods)
-    check_method_names(methods)
-    set_cpu_threads(cfg.cpu_threads)
+    app = app_config(cfg)  # dflash.schema.EvaluateAppConfig
+    check_app(app)
+    set_cpu_threads(app.cpu_threads)
     settings = EvalSettings(
-        decoding=build(cfg.decoding, "decoding"),
-        chat_template=benchmark.chat_template,
-        enable_thinking=benchmark.enable_thinking,
-        methods=methods,
-        # every method's group is checked, listed or not: a typo fails now, not in a later run
-        method_settings={
-            name: build(cfg[name], name) for name, method in METHODS.items() if method.settings is not None and name in cfg
-        },
-        hf_generate=cfg.hf_generate,
-        warmup_tokens=cfg.warmup_tokens,
+        decoding=app.decoding,
+        chat_template=app.benchmark.chat_template,
+        enable_thinking=app.benchmark.enable_thinking,
+        methods=list(app.methods),
+        method_settings={name: getattr(app, name) for name, method in METHODS.items() if method.settings is not None},
+        hf_generate=app.hf_generate,
+        warmup_tokens=app.warmup_tokens,
     )
-    target_spec = build(cfg.target, "target")
-    drafter_spec = build(cfg.drafter, "drafter")
     with config_key("benchmark"):
-        samples = load_benchmark(benchmark)
-    uses_drafter = any(METHODS[name].uses_dflash_drafter for name in methods)
-    if uses_drafter and drafter_spec.path is not None:
-        with config_key("drafter"):  # a wrong or damaged drafter fails before the target loads
-            check_drafter_dir(drafter_spec.path)
-    for name in methods:  # likewise every method's own files (e.g. eagle3.path)
-        METHODS[name].check(settings.method_settings.get(name) or METHODS[name].default_settings())
-
+        samples = load_benchmark(app.benchmark)
+    uses_drafter = any(METHODS[name].uses_dflash_drafter for name in app.methods)
     with DirectoryLock(cfg.paths.output_dir, "hydra.run.dir", LOCK_REMEDY):
-        target = load_target(target_spec)
-        drafter = build_drafter(drafter_spec, target) if uses_drafter else None
+        target = load_target(app.target)
+        drafter = build_drafter(app.drafter, target) if uses_drafter else None
         results = evaluate(
             target,
             drafter,
             samples,
             settings,
-            benchmark=benchmark.name,
-            target_label=target_spec.path,
-            drafter_label=drafter_spec.path or "random",
-            config=config,
-            benchmark_source=benchmark_source(benchmark),
+            benchmark=app.benchmark.name,
+            target_label=app.target.path,
+            drafter_label=app.drafter.path or "random",
+            config=resolved_config(cfg),
+            benchmark_source=benchmark_source(app.benchmark),
         )
         path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
     print(format_results(results))
@@ -81,4 +82,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "evaluate")
+    run_app(_hydra_main, "evaluate", check=check_app)

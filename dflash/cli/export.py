@@ -11,9 +11,8 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, run_app
+from dflash.cli.common import CONF_DIR, app_config, exits_on_config_error, run_app
 from dflash.errors import require
-from dflash.structured import build
 
 
 def checkpoint_path(ckpt: str) -> str:
@@ -36,7 +35,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from dflash.training.model_card import run_files, write_model_card
     from dflash.training.settings import weight_dtype
 
-    options = build(cfg, "")  # dflash.schema.ExportAppConfig
+    options = app_config(cfg)  # dflash.schema.ExportAppConfig
     path = checkpoint_path(options.ckpt)
     dtype = weight_dtype(options.dtype, "dtype")  # checked already: a torch dtype now
     checkpoint = read_checkpoint(path)  # read once: a large drafter's checkpoint takes a while
@@ -55,4 +54,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(_hydra_main, "export", output_dirs=("out",))
+    run_app(_hydra_main, "export", output_dirs=("out",), check=lambda options: checkpoint_path(options.ckpt))

@@ -122,26 +122,16 @@ def finish(run_dir: str, summary: dict, clock: StageClock, heading: str, evaluat
     print(f"\nrun directory: {run_dir}\n  {DRAFTER_DIR}/ (load with drafter.path=...), {files}")
 
 
-def check_stage_overrides(cfg, stages) -> None:
-    """ConfigError unless each list of overrides composes with the app of its stage.
-
-    stages: (config key, app config name, base overrides, example override) per list; the
-        values are the app's own to check when the stage runs.
-    """
-    from omegaconf import ListConfig
-
+def check_stage_overrides(app, stages) -> None:
+    """ConfigError unless each list of overrides of the demo's config object `app` composes with
+    the app of its stage. stages: (config key, app config name, base overrides) per list; the
+    values are the stage app's own to check when the stage runs."""
     from dflash.cli.common import check_overrides
-    from dflash.errors import ConfigError, require
+    from dflash.errors import ConfigError
 
-    for key, app, base, example in stages:
-        overrides = cfg[key]
-        require(
-            isinstance(overrides, ListConfig) and all(isinstance(o, str) for o in overrides),
-            key,
-            f"must be a list of quoted {app} overrides like '[\"{example}\"]', got {overrides!r}",
-        )
+    for key, stage_app, base in stages:
         try:
-            check_overrides(app, [*base, *overrides])
+            check_overrides(stage_app, [*base, *getattr(app, key)])
         except ConfigError as err:
             raise ConfigError(key, str(err)) from None
 

@@ -6,8 +6,9 @@ command line (experiment name + a short hash of the other overrides), not from t
 command again finds `checkpoints/last.ckpt` there and resumes (`checkpoint.resume=auto`). Set
 `run_name=NAME` to pin the directory (e.g. to continue a run with a larger `trainer.max_steps`).
 
-Every group is built as its dataclass of the config schema (dflash/schema.py) before any model
-loads; then `dflash.training.run.run_training` does the work.
+Before Hydra runs, every group is built as its dataclass of the config schema (dflash/schema.py) and
+`check_job` checks what needs no model (`dflash.cli.common.run_app`); then, in the Hydra task,
+`dflash.training.run.run_training` does the work (Lightning and torch load there, not before).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dflash.cli.common import CONF_DIR, exits_on_config_error, quiet_third_party_logs, resolved_config, run_app, set_cpu_threads
+from dflash.cli.common import CONF_DIR, app_config, exits_on_config_error, resolved_config, run_app, set_cpu_threads
 from dflash.errors import require
-from dflash.structured import build, config_key
+from dflash.layout import RESULTS_FILE
+from dflash.structured import config_key
 
 log = logging.getLogger(__name__)
 
 RUN_NAME_RESOLVER = "dflash_run_name"
+LIGHTNING_TIP_PREFIX = "💡 Tip:"  # Lightning's advertisements for its cloud services
 
 
 def run_name_for(experiment: str | None, overrides: str) -> str:
@@ -47,33 +50,41 @@ OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_name_for, replace=True)
 
 
 def job_from_config(cfg: DictConfig):
-    """The `TrainJob` of a composed `train` config (each group built by `dflash.structured.build`)."""
+    """The `TrainJob` of a composed `train` config (hydra node removed; `dflash.schema.TrainAppConfig`)."""
     from dflash.training.run import TrainJob
 
-    method, settings = _method(cfg)
-    # The drafter's initialisation follows the run's seed unless set on its own: building the
-    # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order.
-    drafter = _seeded(build(cfg.drafter, "drafter"), cfg.seed)
-    settings = _seeded(settings, cfg.seed)
-    training = build(cfg.training, "training")
-    data = build(cfg.data, "data")
-    method.check_training(settings, drafter, data, training)  # e.g. a drafter directory is read now, before the target loads
+    app = app_config(cfg)
+    method, settings = _method(app)
+    settings = _seeded(settings, app.seed)
     return TrainJob(
-        target=build(cfg.target, "target"),
-        drafter=drafter,
-        data=data,
-        training=training,
-        trainer=build(cfg.trainer, "trainer"),
-        output_dir=cfg.paths.output_dir,
-        checkpoint=build(cfg.checkpoint, "checkpoint"),
-        logger=build(cfg.logger, "logger"),
-        evaluation=_evaluation(cfg.eval, method, settings),
-        tau_real=_tau_real(cfg.eval, method, settings),
-        seed=cfg.seed,
+        target=app.target,
+        # the drafter's initialisation follows the run's seed unless set on its own: building the
+        # drafter re-seeds torch, so a fixed drafter seed would also fix the anchors and data order
+        drafter=_seeded(app.drafter, app.seed),
+        data=app.data,
+        training=app.training,
+        trainer=app.trainer,
+        output_dir=app.paths.output_dir,
+        checkpoint=app.checkpoint,
+        logger=app.logger,
+        evaluation=_evaluation(app.eval, method, settings),
+        tau_real=_tau_real(app.eval, method, settings),
+        seed=app.seed,
         config=resolved_config(cfg),
         method=method,
         method_settings=settings,
     )
+
+
+def check_job(app) -> None:
+    """What needs no model, before Hydra runs and again in each job: the training data is there
+    (a wrong data.path fails at once), and the trained method's own checks (a drafter directory
+    is read now, before the target loads)."""
+    from dflash.data.sources import check_local_source
+
+    check_local_source(app.data.source())
+    method, settings = _method(app)
+    method.check_training(_seeded(settings, app.seed), _seeded(app.drafter, app.seed), app.data, app.training)
 
 
 def _seeded(settings, seed: int):
@@ -83,16 +94,15 @@ def _seeded(settings, seed: int):
     return settings
 
 
-def _method(cfg: DictConfig):
-    """The trained method of the `method` group (`dflash.methods`) and its `train_settings`."""
+def _method(app):
+    """The trained method the `method` group configures (`dflash.methods`) and its `train_settings`."""
     from dflash.methods import METHODS, trained_methods
 
-    node = cfg.get("method")
-    name = "dflash" if node is None else node.get("name")
+    name = "dflash" if app.method is None else app.method.name
     choices = sorted(trained_methods())
     require(name in choices, "method", f"unknown method {name!r}; choose one of {choices}")
     method = METHODS[name]
-    settings = method.train_settings() if node is None else build(node, "method")
+    settings = method.train_settings() if app.method is None else app.method
     require(
         isinstance(settings, method.train_settings),
         "method.name",
@@ -101,33 +111,31 @@ def _method(cfg: DictConfig):
     return method, settings
 
 
-def _evaluation(node: DictConfig, method, train_settings):
+def _evaluation(group, method, train_settings):
     """The `eval` group as an `AfterTrainEval` of the trained method, or None when `eval.after_train` is false."""
     from dflash.eval import EvalSettings
     from dflash.eval.after_train import AfterTrainEval
 
-    if not node.after_train:
+    if not group.after_train:
         return None
-    benchmark = build(node.benchmark, "eval.benchmark")
     with config_key("eval"):
         settings = EvalSettings(
-            decoding=build(node.decoding, "eval.decoding"),
-            chat_template=benchmark.chat_template,
-            enable_thinking=benchmark.enable_thinking,
-            hf_generate=node.hf_generate,
-            warmup_tokens=node.warmup_tokens,
+            decoding=group.decoding,
+            chat_template=group.benchmark.chat_template,
+            enable_thinking=group.benchmark.enable_thinking,
+            hf_generate=group.hf_generate,
+            warmup_tokens=group.warmup_tokens,
         )
-    return AfterTrainEval(benchmark=benchmark, settings=settings, method=method, train_settings=train_settings)
+    return AfterTrainEval(benchmark=group.benchmark, settings=settings, method=method, train_settings=train_settings)
 
 
-def _tau_real(node: DictConfig, method, train_settings):
+def _tau_real(group, method, train_settings):
     """The `eval.tau_real` block as a `TauRealProbe` of the trained method, or None when it is off."""
     from dflash.eval.tau_real import TauRealProbe
 
-    settings = build(node.tau_real, "eval.tau_real")
-    if not settings.enabled:
+    if not group.tau_real.enabled:
         return None
-    return TauRealProbe(settings=settings, method=method, train_settings=train_settings)
+    return TauRealProbe(settings=group.tau_real, method=method, train_settings=train_settings)
 
 
 # What Lightning's DDP launcher writes into the parent's environment (and leaves there).
@@ -186,14 +194,13 @@ def _reused_cell(cfg: DictConfig, job) -> str | None:
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    from dflash.data.sources import check_local_source
     from dflash.eval import load_benchmark
     from dflash.training.run import run_training
 
+    check_job(app_config(cfg))  # again: each job of a sweep (run_app checked its first)
     job = job_from_config(cfg)
     set_cpu_threads(cfg.cpu_threads)
     quiet_third_party_logs()
-    check_local_source(job.data.source())  # a wrong data.path fails before the target loads
     if job.evaluation is not None:
         with config_key("eval.benchmark"):  # a bad benchmark fails now, not after training
             load_benchmark(job.evaluation.benchmark)
@@ -201,7 +208,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     twin = _reused_cell(cfg, job)
     if twin is not None:
         print(f"reused the finished job {twin} (the same training and evaluation config)")
-        print(f"results: {os.path.join(job.output_dir, 'results.json')}")
+        print(f"results: {os.path.join(job.output_dir, RESULTS_FILE)}")
         return
     with single_job_for_ddp_ranks():
         outcome = run_training(job)
@@ -215,5 +222,39 @@ def _hydra_main(cfg: DictConfig) -> None:
             print(f"results: {outcome.results_path}")
 
 
+def quiet_third_party_logs() -> None:
+    """Print each Lightning log line once, and without its advertisements (also for `dflash.cli.demo_tiny`,
+    whose target pre-trains with Lightning).
+
+    On import, `lightning` attaches its own console handler to the `lightning` logger, which also
+    propagates to the root logger Hydra's job_logging set up: every line would print twice. Inside a
+    Hydra app that handler goes, so lines come only through Hydra's handlers (console and the run's
+    .log file). Dropped: Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines; the
+    deprecation warning Lightning's own code triggers in torch's pytree (nothing a user can fix);
+    under DDP or FSDP, its advice to log `val/...` (and the `val_...` copies checkpoint file names
+    use) with `sync_dist=True`: the validation metrics are summed over ranks before dividing
+    (`dflash.training.metrics`) and `val/tau_real` is rank 0's value broadcast, so every rank logs
+    the global value already.
+    """
+    import warnings
+
+    import lightning  # noqa: F401 - attaches the handler that is removed below
+
+    if logging.getLogger().hasHandlers():
+        lightning_logger = logging.getLogger("lightning")
+        for handler in list(lightning_logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                lightning_logger.removeHandler(handler)
+    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in tips.filters:
+        tips.addFilter(_drop_lightning_tips)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val[/_].*sync_dist=True")
+
+
+def _drop_lightning_tips(record) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_TIP_PREFIX)
+
+
 def main() -> None:
-    run_app(_hydra_main, "train", output_dirs=("paths.artifacts", "data.cache_dir", "training.target_cache_dir"))
+    run_app(_hydra_main, "train", output_dirs=("paths.artifacts", "data.cache_dir", "training.target_cache_dir"), check=check_job)

@@ -117,7 +117,7 @@ def test_wrong_type_on_the_command_line_names_the_full_key(app, select, key, hin
         ("train", ["eval.decoding.max_new_tokens=abc"], "error: eval.decoding.max_new_tokens: expected int, got 'abc'"),
         ("evaluate", ["ngram.num_draft_tokens=many"], "error: ngram.num_draft_tokens: expected int, got 'many'"),
         ("regenerate", ["regenerate.top_p=high"], "error: regenerate.top_p: expected float, got 'high'"),
-        ("train", ["method=eagle3", "method.ttt_lenght=3"], "error: method.ttt_lenght: unknown config key"),
+        ("train", ["method=eagle3", "method.ttt_lenght=3"], "error: method.ttt_lenght: unknown key"),
     ],
 )
 def test_the_apps_print_one_line_and_exit_2(app, args, line, tmp_path):

@@ -15,11 +15,12 @@ import time
 import pytest
 
 from dflash.cli import demo, demo_plan, pipeline
+from dflash.cli.common import run_app
 from dflash.data.builtin_prompts import FAMILIES, heldout_prompts
 from dflash.errors import ConfigError
 from dflash.fileio import read_json, write_json, write_jsonl
 from dflash.layout import DRAFTER_DIR, EVAL_DIR, RESULTS_FILE
-from helpers.apps import demo_config
+from helpers.apps import assert_one_error_line, demo_config
 
 # a made-up machine where bfloat16 answers faster and bf16-mixed fills slower
 MEASURED = demo_plan.Measured(
@@ -55,24 +56,33 @@ def test_auto_training_minutes_are_what_the_budget_leaves_and_kept_on_resume(tmp
     assert demo.train_minutes(demo_config(train_minutes=7), plan, str(tmp_path / "fixed")) == 7
 
 
-def test_a_bad_start_time_or_setting_is_one_config_error(monkeypatch):
+def test_a_bad_start_time_is_one_config_error(monkeypatch):
     monkeypatch.setenv(demo.STARTED_ENV, "yesterday")
-    with pytest.raises(ConfigError, match=demo.STARTED_ENV):
-        demo.check_settings(demo_config())
-    monkeypatch.delenv(demo.STARTED_ENV)
-    with pytest.raises(ConfigError, match="train_minutes"):
-        demo.check_settings(demo_config(train_minutes="soon"))
-    with pytest.raises(ConfigError, match="evaluation.math"):
-        demo.check_settings(demo_config(**{"evaluation.math": 0}))
-    with pytest.raises(ConfigError, match="^evaluation.methods: unknown method 'lookup'"):
-        demo.check_settings(demo_config(**{"evaluation.methods": ["dflash", "lookup"]}))
-    with pytest.raises(ConfigError, match="^data_dtype: must be one of"):
-        demo.check_settings(demo_config(data_dtype="bf16"))
-    for key, value in {"train_precision": "bf16", "prompts": "many", "min_prompts": 0, "data_share": 1.5}.items():
-        with pytest.raises(ConfigError, match=f"^{key}: must be"):
-            demo.check_settings(demo_config(**{key: value}))
-    with pytest.raises(ConfigError, match="^evaluation.min_prompts: must be an integer >= 1"):
-        demo.check_settings(demo_config(**{"evaluation.min_prompts": 0}))
+    with pytest.raises(ConfigError, match=f"^{demo.STARTED_ENV}: must be epoch seconds"):
+        demo.demo_started()
+
+
+# the demo's settings are checked by its schema (dflash.schema.DemoAppConfig), before Hydra runs
+REFUSED = {
+    "train_minutes=soon": ("train_minutes", "must be 'auto' (what the budget leaves) or minutes > 0"),
+    "budget_minutes=0": ("budget_minutes", "must be a number > 0"),
+    "evaluation.math=0": ("evaluation.math", "must be an integer >= 1"),
+    "evaluation.min_prompts=0": ("evaluation.min_prompts", "must be an integer >= 1"),
+    "evaluation.methods=[dflash,lookup]": ("evaluation.methods", "unknown method 'lookup'"),
+    "data_dtype=bf16": ("data_dtype", "must be one of auto, float32, bfloat16, float16"),
+    "train_precision=bf16": ("train_precision", "must be one of auto, 32-true, bf16-mixed"),
+    "prompts=many": ("prompts", "must be 'auto'"),
+    "min_prompts=0": ("min_prompts", "must be an integer >= 1"),
+    "data_share=1.5": ("data_share", "must be a fraction in (0, 1]"),
+}
+
+
+@pytest.mark.parametrize("override", sorted(REFUSED))
+def test_a_bad_setting_is_one_line_before_hydra_runs(override, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(lambda: pytest.fail("Hydra ran"), "demo", argv=[override])
+    assert_one_error_line(exit_info.value.code, capsys.readouterr().err.strip().splitlines(), *REFUSED[override])
 
 
 def test_the_plan_is_kept_for_a_resumed_demo_and_made_anew_for_other_settings(tmp_path, monkeypatch, capsys):

@@ -180,7 +180,7 @@ def test_measure_times_the_regeneration_and_the_cache_fill_on_a_real_target(qwen
     cfg = demo_config(data_dtype="float32", **{"regenerate.batch_size": 8})
     measured = demo_plan.measure(qwen3_target, {"path": "unused"}, cfg, PROMPTS, {"data": 5}, 0.01)
     rates = [*measured.answer_tokens_per_s.values(), *measured.fill_tokens_per_s.values()]
-    assert list(measured.answer_tokens_per_s) == ["float32"] and list(measured.fill_tokens_per_s) == list(demo_plan.PRECISIONS)
+    assert list(measured.answer_tokens_per_s) == ["float32"] and list(measured.fill_tokens_per_s) == list(demo_plan.DEMO_PRECISIONS)
     assert all(0 < rate < math.inf for rate in rates) and measured.probe_s > 0
     lengths = [len(prompt_token_ids(qwen3_target.tokenizer, prompt, False)) for prompt in PROMPTS]
     assert measured.prompt_tokens == pytest.approx(sum(lengths) / len(lengths)) and lengths[0] < measured.prompt_tokens

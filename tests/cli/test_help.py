@@ -48,14 +48,31 @@ def test_help_exits_0_without_importing_torch(app):
     assert "dflash.usage" in imported and not imported & {"torch", "lightning", "transformers", "dflash.schema"}
 
 
-def test_a_bad_value_is_reported_without_importing_lightning():
+PROMPTS = CONF_DIR / "experiment" / "data" / "tiny_prompts.jsonl"  # shipped: the data check passes
+REFUSED_BEFORE_LIGHTNING = {
+    "a wrong type": ("train", ["training.learning_rate=abc"], "training.learning_rate: expected float, got 'abc'"),
+    "a schema's range": (
+        "train",
+        [f"data.path={PROMPTS}", "trainer.max_steps=0", "trainer.max_epochs=null"],
+        "trainer.max_steps: set",
+    ),
+    "a missing data.path": ("train", ["data.path=/nonexistent/chats.jsonl"], "data.path: '/nonexistent/chats.jsonl' does"),
+    "a method's own check": ("train", [f"data.path={PROMPTS}", "drafter.block_size=1"], "drafter.block_size: must be >= 2"),
+    "an evaluation setting": ("evaluate", ["decoding.block_size=0"], "decoding.block_size: must be >= 1, got 0"),
+    "a demo setting": ("demo", ["evaluation.math=0"], "evaluation.math: must be an integer >= 1, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BEFORE_LIGHTNING))
+def test_a_bad_value_is_refused_before_lightning_is_imported(case, tmp_path):
+    app, args, line = REFUSED_BEFORE_LIGHTNING[case]
     result = _python(
-        "import sys; sys.argv = ['dflash.train', 'training.learning_rate=abc']\n"
-        "from dflash.cli.train import main\n"
+        f"import os, sys; os.environ['DFLASH_ARTIFACTS'] = {str(tmp_path)!r}; sys.argv = ['dflash.{app}', *{args}]\n"
+        f"from dflash.cli.{app} import main\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'lightning' in sys.modules)\n"
     )
     assert result.stdout.strip() == "exit 2 False", result.stderr[-2000:]
-    assert result.stderr.strip() == "error: training.learning_rate: expected float, got 'abc'"
+    assert result.stderr.strip().startswith(f"error: {line}"), result.stderr[-2000:]
 
 
 def test_apps_that_never_train_import_no_lightning():

@@ -1,5 +1,5 @@
 """Training progress in logs that are not a terminal (dflash.progress) and the
-Lightning log plumbing of the apps (dflash.cli.common.quiet_third_party_logs)."""
+Lightning log plumbing of the apps (dflash.cli.train.quiet_third_party_logs)."""
 
 import io
 import logging
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch.trainer.states import TrainerFn
 
-from dflash.cli.common import quiet_third_party_logs
+from dflash.cli.train import quiet_third_party_logs
 from dflash.fit_progress import LineProgress, training_progress
 from dflash.progress import PROGRESS_INTERVAL_S, bar_interval, format_duration
 
