@@ -14,7 +14,7 @@ Hydra task, so a bad value is answered before they load.
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import functools
 import os
 import re
@@ -90,13 +90,14 @@ def run_app(
     check: the app's own check of its config object (its schema's dataclass) for what needs no
         model, or what needs Hydra's compose API, which cannot run inside a Hydra app.
     """
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        line = parse_command_line(config_name, sys.argv[1:] if argv is None else argv)
+        line = parse_command_line(config_name, argv)
         if line.help:
             from dflash.usage import exit_on_help
 
             exit_on_help(config_name, ["--help"])
-        cfg = None if line.left_to_hydra else composed(line)
+        cfg = check_overrides(config_name, argv)
         if cfg is not None:
             check_output_dirs(cfg, output_dirs, line.multirun)
             app = app_config(cfg)
@@ -107,35 +108,22 @@ def run_app(
     hydra_main()
 
 
-@dataclasses.dataclass
-class CommandLine:
-    """A Hydra app's command line, as Hydra's parser reads it (`hydra._internal.utils.get_args_parser`).
-
-    searchpath: the `hydra.searchpath=[...]` override that stands for `--config-dir` when composing.
-    left_to_hydra: a flag only Hydra acts on (`--hydra-help`, `--config-path`, ...).
-    """
-
-    overrides: list[str]
-    config_name: str
-    searchpath: str | None = None
-    multirun: bool = False
-    help: bool = False
-    left_to_hydra: bool = False
-
-
-def parse_command_line(config_name: str, args: list[str]) -> CommandLine:
-    """The flags and overrides of `args`; ConfigError naming a flag Hydra's parser refuses or a
-    `--config-dir` that is no directory."""
+def parse_command_line(config_name: str, args: list[str]) -> argparse.Namespace:
+    """`args` as Hydra's parser reads them (`hydra._internal.utils.get_args_parser`): `overrides`,
+    `config_name` (this app's unless `--config-name`), `multirun`, `help`, ...; and `searchpath`, the
+    `hydra.searchpath` override that stands for `--config-dir` when composing, and `left_to_hydra`, a
+    flag only Hydra acts on. ConfigError naming a flag the parser refuses or a `--config-dir` that is
+    no directory."""
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()
     known = sorted(option for action in parser._actions for option in action.option_strings if option.startswith("--"))
     parser.error = functools.partial(_flag_error, known)  # one line, instead of argparse's usage and exit
-    flags = parser.parse_args(args)
-    line = CommandLine(flags.overrides, flags.config_name or config_name, multirun=flags.multirun, help=flags.help)
-    line.left_to_hydra = bool(flags.hydra_help or flags.shell_completion or flags.config_path or flags.experimental_rerun)
-    if flags.config_dir:  # Hydra adds it to the search path; composing here, an override does
-        directory = Path(flags.config_dir).expanduser().resolve()
+    line = parser.parse_args(args)
+    line.config_name, line.searchpath = line.config_name or config_name, None
+    line.left_to_hydra = bool(line.hydra_help or line.shell_completion or line.config_path or line.experimental_rerun)
+    if line.config_dir:  # Hydra adds it to the search path; composing here, an override does
+        directory = Path(line.config_dir).expanduser().resolve()
         require(directory.is_dir(), "--config-dir", f"{str(directory)!r} is not a directory")
         entries = [f"file://{directory}"]
         for arg in [arg for arg in line.overrides if arg.partition("=")[0].lstrip("+~") == "hydra.searchpath"]:
@@ -166,20 +154,13 @@ def _parse_override(arg: str):
 
 
 def check_overrides(config_name: str, args: list[str]) -> DictConfig | None:
-    """The config `config_name` composed with the command line `args` (flags and overrides), or a
-    ConfigError naming the bad flag or override; None for command lines left to Hydra (`composed`)."""
-    line = parse_command_line(config_name, args)
-    return None if line.left_to_hydra else composed(line)
-
-
-def composed(line: CommandLine) -> DictConfig | None:
-    """The config composed once with `line`'s overrides (hydra node included; a sweep at its first
-    value, and every option of a sweep over a group checked), or a ConfigError naming the bad
-    override; also for a key no schema reads (`+training.lr=1`, which would go unused). None for
-    glob or interval sweeps, which only Hydra can expand."""
+    """The config `config_name` composed once with the command line `args` (hydra node included; a
+    sweep at its first value, every option of a sweep over a group checked), or a ConfigError naming
+    the bad flag or override, also a key no schema reads (`+training.lr=1`, which would go unused).
+    None for command lines left to Hydra: a flag only Hydra acts on, glob or interval sweeps."""
     from hydra.errors import HydraException
 
-    first, swept = [], {}
+    line, first, swept = parse_command_line(config_name, args), [], {}
     for arg in line.overrides:
         override = _parse_override(arg)
         if override.is_sweep_override():
@@ -190,6 +171,8 @@ def composed(line: CommandLine) -> DictConfig | None:
                 return None
             arg, swept[override.key_or_group] = f"{override.get_key_element()}={values[0]}", values[1:]
         first.append(arg)
+    if line.left_to_hydra:
+        return None
     try:
         cfg = _compose(line.config_name, first, line.searchpath, swept)
     except ConfigError:

@@ -19,8 +19,8 @@ class LookupSettings:
     """The `dflash_lookup` config group."""
 
     ngram: int = 3
-    """The context's last n tokens a lookup matches: shorter ones match more often and guess
-    worse (the default's evidence: docs/results/lookup-2026-11-27h-amd)."""
+    """The context's last n tokens a lookup matches (>= 1): shorter ones match more often and
+    guess worse; a step that finds no match drafts with the drafter."""
 
     def __post_init__(self):
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
