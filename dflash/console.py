@@ -23,7 +23,6 @@ COMMANDS = {
     "demo": "the offline end-to-end demo on SmolLM2-135M (CPU)",
     "bench": "speed benchmarks of the decoding engine",
 }
-MODULES = {"sweep": "dflash.sweep", **{name: f"dflash.{name}" for name in COMMANDS if name != "sweep"}}
 
 
 def usage() -> str:
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"error: command: unknown {command!r}; choose one of {list(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
-    module = MODULES[command]
+    module = f"dflash.{command}"
     if importlib.util.find_spec(module) is None:
         print(f"error: command: {command!r} needs the module {module}, which this install does not have", file=sys.stderr)
         sys.exit(2)

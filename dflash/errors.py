@@ -1,19 +1,16 @@
-"""User-facing errors, and the one place that turns expected user-caused failures into them.
+"""User-facing errors: `ConfigError` for anything a user can fix by changing a config key or an input.
 
-`ConfigError` is raised for anything a user can fix by changing a config key or an
-input: entry points print it as one line (naming the key) and exit with status 2,
-without a traceback. Library code raises it as early as the bad value is known.
+Entry points print it as one line naming the key (`error: <key>: <message>`) and exit with status 2,
+without a traceback (`dflash.cli.common`). Library code raises it as early as the bad value is known.
 
 Invariants:
-- A ConfigError means "the user can fix this by changing `key`"; its message says how.
-  Anything else (a bug) keeps its traceback: nothing here catches broad exception types
-  except around the one call that reads a user's file (`reading`).
-- Config dataclasses are the apps' schemas (dflash/schema.py): composition rejects
-  unknown keys and wrong types, so a wrong type never reaches library code as a TypeError.
-  Their `__post_init__` range checks name the field only; whoever holds the object under
-  its group's name adds the group (`dflash.structured.config_key`, docs/design.md invariant 23).
-- Checks that need no model (types, paths to read, directories to write) run before any
-  model loads: entry points call them while turning the config into specs.
+- A ConfigError means "the user can fix this by changing `key`"; its message says how. Anything
+  else (a bug) keeps its traceback: nothing here catches broad exception types except around the
+  one call that reads a user's file (`reading`).
+- Range checks in config dataclasses name the field only; whoever holds the object under its
+  group's name adds the group (`dflash.structured.config_key`, docs/design.md invariant 23).
+- Checks that need no model (types, ranges, paths to read, directories to write) run before Hydra
+  starts and before any model loads (`dflash.cli.common.run_app`).
 """
 
 from __future__ import annotations

@@ -1,28 +1,23 @@
 """The apps' config schemas, registered in Hydra's ConfigStore.
 
 Every config group is described by one dataclass of the library (`TargetSpec`, `DataSpec`,
-`TrainingSettings`, `DecodingSettings`, ...): its field defaults are the defaults, and the group's YAML
-options hold only what differs from them. Each app's primary config (dflash/conf/<app>.yaml) starts
-from its schema below (`- _train_schema` etc. first in its defaults list), so composition itself
-rejects an unknown key or a value of the wrong type, naming the full key
-(`dflash.cli.common.check_overrides` reports it before Hydra runs). Range checks live in each
-dataclass's `__post_init__` and name the field only; `dflash.structured.build` adds the group.
+`TrainingSettings`, `DecodingSettings`, ...): its field defaults are the defaults, and the group's
+YAML options hold only what differs from them. Each app's primary config (dflash/conf/<app>.yaml)
+starts from its schema below (`- _train_schema` first in its defaults list), so composition itself
+rejects an unknown key or a value of the wrong type. Range checks live in each dataclass's
+`__post_init__` and name the field only; `dflash.structured.build` adds the group. Both run before
+Hydra does (`dflash.cli.common.run_app`).
 
-Names: an app's schema is `<App>AppConfig` (`TrainAppConfig`); a group's is named for
-what it holds: `<Thing>Spec` for what is loaded or built (`TargetSpec`, `DrafterSpec`,
-`DataSpec`, `BenchmarkSpec`), `<Thing>Settings` for knobs (`TrainingSettings`,
-`DecodingSettings`). A bare `Config` is a model's own configuration, what its config.json
-holds (`DrafterConfig`, `Eagle3Config`, `TinyCodeConfig`), never a schema of ours.
-
-Field docs: each field's description is a string literal right under it (an attribute
-docstring, as in litgpt's args.py); a class docstring describes only the class.
+Names: an app's schema is `<App>AppConfig`; a group's `<Thing>Spec` for what is loaded or built
+(`TargetSpec`, `DataSpec`), `<Thing>Settings` for knobs (`TrainingSettings`). A bare `Config` is
+a model's own configuration (its config.json: `DrafterConfig`), never a schema of ours. A field's
+description is the string literal right under it.
 
 Invariants:
-- The Python API and the command line get the same defaults: a composed app with no
-  overrides, turned into objects, equals the dataclasses built with their defaults
-  (tests/cli/test_config_schema.py).
-- OmegaConf structured configs accept unions of primitive types and Optional, not unions
-  with containers: such fields are `Any` and their `__post_init__` checks the type.
+- The Python API and the command line get the same defaults: a composed app with no overrides,
+  turned into objects, equals the dataclasses built with their defaults (tests/cli/test_config_schema.py).
+- OmegaConf structured configs accept unions of primitive types and Optional, not unions with
+  containers: such fields are `Any` and their `__post_init__` checks the type.
 """
 
 from __future__ import annotations
@@ -278,29 +273,29 @@ class DemoAppConfig:
     def __post_init__(self):
         for key in ("budget_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads"):
             require(getattr(self, key) > 0, key, f"must be a number > 0, got {getattr(self, key)!r}")
+        minutes, prompts = self.train_minutes, self.prompts
         require(
-            self.train_minutes == "auto" or (_is_number(self.train_minutes) and self.train_minutes > 0),
+            minutes == "auto" or _number(minutes) > 0,
             "train_minutes",
-            f"must be 'auto' (what the budget leaves) or minutes > 0, got {self.train_minutes!r}",
-        )
-        dtypes, precisions = ("auto", *DEMO_ANSWER_DTYPES, "float16"), ("auto", *DEMO_PRECISIONS)
-        require(self.data_dtype in dtypes, "data_dtype", f"must be one of {', '.join(dtypes)}, got {self.data_dtype!r}")
-        require(
-            self.train_precision in precisions,
-            "train_precision",
-            f"must be one of {', '.join(precisions)}, got {self.train_precision!r}",
+            f"must be 'auto' (what the budget leaves) or minutes > 0, got {minutes!r}",
         )
         require(
-            self.prompts == "auto" or (_is_number(self.prompts) and isinstance(self.prompts, int) and self.prompts >= 1),
+            prompts == "auto" or (isinstance(prompts, int) and _number(prompts) >= 1),
             "prompts",
-            f"must be 'auto' (what the budget allows) or a number of prompts >= 1, got {self.prompts!r}",
+            f"must be 'auto' (what the budget allows) or a number of prompts >= 1, got {prompts!r}",
         )
+        for key, choices in (
+            ("data_dtype", ("auto", *DEMO_ANSWER_DTYPES, "float16")),
+            ("train_precision", ("auto", *DEMO_PRECISIONS)),
+        ):
+            require(getattr(self, key) in choices, key, f"must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
         require(self.min_prompts >= 1, "min_prompts", f"must be an integer >= 1, got {self.min_prompts!r}")
         require(0 < self.data_share <= 1, "data_share", f"must be a fraction in (0, 1], got {self.data_share!r}")
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number(value) -> float:
+    """`value` when it is a number (a bool is not), else NaN (no comparison holds)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
 
 
 @dataclass

@@ -1,13 +1,14 @@
-"""`python -m dflash.<app> --help` (and `dflash <app> --help`): what the app does, two examples, its config groups with a
-one-line description and their options, each option with the first line of its file.
+"""`python -m dflash.<app> --help` (and `dflash <app> --help`): what the app does, two examples, its
+config groups with a one-line description and their options, each option with the first line of its file.
 
-Read from the YAML files of dflash/conf alone (no schema, no torch): the `python -m
-dflash.<app>` shims call `exit_on_help` before importing `dflash.cli`, so it answers at
-once. Internal entries (`_schema`, `_common`, `_<app>_schema`) are not listed.
+Read from the YAML files of dflash/conf alone (no schema, no torch): the `python -m dflash.<app>`
+shims call `main`, which answers `--help` before importing `dflash.cli`. Internal entries
+(`_schema`, `_common`, `_<app>_schema`) are not listed.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import textwrap
@@ -36,6 +37,13 @@ GROUPS = {
 _EXAMPLE = re.compile(r"^#\s+((?:make \S+|python -m dflash\.\S+).*)$")
 _KEY_WITH_COMMENT = re.compile(r"^([a-z_]+):.*?#\s*(.+)$")
 WIDTH = 100
+
+
+def main(app: str) -> None:
+    """`python -m dflash.<app>`: its help when the command line asks for it, else `dflash.cli.<app>.main()`
+    (imported only then: the help answers without importing the apps' dependencies)."""
+    exit_on_help(app)
+    importlib.import_module(f"dflash.cli.{app}").main()
 
 
 def exit_on_help(app: str, argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dflash import CONF_DIR
 from dflash.errors import ConfigError, check_writable_dir, first_line, require
 from dflash.structured import _locate, build, check_known_keys, omegaconf_error
+from dflash.usage import exit_on_help
 
 HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
 
@@ -91,15 +92,11 @@ def run_app(
         model, or what needs Hydra's compose API, which cannot run inside a Hydra app.
     """
     argv = sys.argv[1:] if argv is None else argv
+    exit_on_help(config_name, argv)
     try:
-        line = parse_command_line(config_name, argv)
-        if line.help:
-            from dflash.usage import exit_on_help
-
-            exit_on_help(config_name, ["--help"])
         cfg = check_overrides(config_name, argv)
         if cfg is not None:
-            check_output_dirs(cfg, output_dirs, line.multirun)
+            check_output_dirs(cfg, output_dirs, parse_command_line(config_name, argv).multirun)
             app = app_config(cfg)
             if check is not None:
                 check(app)
