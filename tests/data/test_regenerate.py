@@ -234,6 +234,7 @@ def test_cli_regenerates_a_local_file_and_reports_bad_config_in_one_line(tmp_pat
     out = tmp_path / "regenerated"
     overrides = [
         f"paths.root={tmp_path}",
+        f"paths.output_dir={tmp_path}",  # what Hydra sets (${hydra:runtime.output_dir}), called without it
         f"data.path={prompts}",
         f"regenerate.output_dir={out}",
         "regenerate.max_new_tokens=4",
@@ -245,7 +246,9 @@ def test_cli_regenerates_a_local_file_and_reports_bad_config_in_one_line(tmp_pat
         assert f"regenerated 3 conversations: {out}" in capsys.readouterr().out
 
         with pytest.raises(SystemExit) as exit_info:
-            _hydra_main(compose("regenerate", overrides=[f"paths.root={tmp_path}", f"data.path={prompts}"]))
+            _hydra_main(
+                compose("regenerate", overrides=[f"paths.root={tmp_path}", f"paths.output_dir={tmp_path}", f"data.path={prompts}"])
+            )
         assert exit_info.value.code == 2
         error = capsys.readouterr().err.strip()
         assert error.startswith("error: regenerate.output_dir: ") and "\n" not in error
@@ -254,7 +257,12 @@ def test_cli_regenerates_a_local_file_and_reports_bad_config_in_one_line(tmp_pat
             _hydra_main(
                 compose(
                     "regenerate",
-                    overrides=[f"paths.root={tmp_path}", f"data.path={tmp_path / 'none.jsonl'}", f"regenerate.output_dir={out}"],
+                    overrides=[
+                        f"paths.root={tmp_path}",
+                        f"paths.output_dir={tmp_path}",
+                        f"data.path={tmp_path / 'none.jsonl'}",
+                        f"regenerate.output_dir={out}",
+                    ],
                 )
             )
         assert capsys.readouterr().err.startswith("error: data.path: ")
