@@ -18,6 +18,14 @@ from dflash.target.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_
 # target's code or quantization. Rope keys (`TARGET_ROPE_KEYS`) are rewritten.
 _TARGET_KEYS_NOT_COPIED = ("layer_types", "max_window_layers", "_name_or_path", "auto_map", "quantization_config")
 
+# Top-level keys of a DSpark drafter's config.json (`to_hf_dict`): llama.cpp's converter reads
+# `sample_from_anchor` (default true when absent: anchor-first, conversion/qwen.py:941-944) and
+# `markov_head_type` (only "vanilla", qwen.py:961-962); the rest are DeepSpec's and
+# speculators' names, which we read back. Never copied from a parsed config into another.
+_DSPARK_KEYS = ("sample_from_anchor", "markov_head_type", "markov_rank", "enable_confidence_head", "confidence_head_with_markov")
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DSPARK_ARCHITECTURE = "DSparkDraftModel"
+
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     """Target layers (0-based) whose outputs feed the drafter.
@@ -69,8 +77,18 @@ class DrafterConfig:
     attention_bias: bool = False
     attn_implementation: str = "sdpa"
     use_target_features: bool = True
+    markov_rank: int = 0
+    """DSpark's Markov head (`dflash.drafter.heads.MarkovHead`) of this rank; 0: none (DFlash)."""
+    confidence_head: bool = False
+    """DSpark's confidence head (`dflash.drafter.heads.ConfidenceHead`); needs a Markov head."""
 
     def __post_init__(self):
+        require(self.markov_rank >= 0, "markov_rank", f"must be >= 0, got {self.markov_rank}")
+        require(
+            not self.confidence_head or self.markov_rank > 0,
+            "confidence_head",
+            "reads the Markov head's embedding of the previous token; it needs markov_rank >= 1",
+        )
         require(self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
         require(self.num_hidden_layers >= 1, "num_layers", f"must be >= 1, got {self.num_hidden_layers}")
         if not self.use_target_features:
@@ -97,6 +115,11 @@ class DrafterConfig:
     @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def architecture(self) -> str:
+        """config.json's `architectures[0]`: DSparkDraftModel with a Markov head, else DFlashDraftModel."""
+        return DSPARK_ARCHITECTURE if self.markov_rank > 0 else DFLASH_ARCHITECTURE
 
     @classmethod
     def from_target(
@@ -168,9 +191,10 @@ class DrafterConfig:
         shape. `model_type` is "qwen3" whatever the target: the drafter's layers are
         Qwen3 layers (q/k norms, SiLU MLP), as published drafters and the engines that
         serve them (docs/drafters.md) have it. Rope settings are written for transformers
-        4 and 5 alike (`rope_keys`).
+        4 and 5 alike (`rope_keys`). A DSpark drafter (`markov_rank` > 0) is a
+        DSparkDraftModel with the keys of `_DSPARK_KEYS` and no `auto_map`.
         """
-        dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS
+        dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS + _DSPARK_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
         out.update(rope_config_keys(self.rope_hf_config()))
         dflash = {
@@ -182,9 +206,18 @@ class DrafterConfig:
             dflash["mask_token"] = self.mask_token
         if not self.use_target_features:
             dflash["use_target_features"] = False
+        if self.markov_rank == 0:  # the shipped dflash.py has no DSpark heads: no auto_map for them
+            out["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+        else:  # our layout is the bonus anchor: written, since llama.cpp reads a missing key as true
+            out.update(
+                sample_from_anchor=False,
+                markov_head_type="vanilla",
+                markov_rank=self.markov_rank,
+                enable_confidence_head=self.confidence_head,
+                confidence_head_with_markov=True,
+            )
         out.update(
-            architectures=["DFlashDraftModel"],
-            auto_map={"AutoModel": "dflash.DFlashDraftModel"},
+            architectures=[self.architecture],
             model_type="qwen3",
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
@@ -218,6 +251,7 @@ class DrafterConfig:
             if block_size is None or num_target_layers is None:
                 raise KeyError("block_size" if block_size is None else "num_target_layers")
             _require_supported_layers(data)
+            dspark = _dspark_heads(data)
             return cls(
                 hidden_size=data["hidden_size"],
                 num_hidden_layers=data["num_hidden_layers"],
@@ -236,6 +270,7 @@ class DrafterConfig:
                 attention_bias=bool(data.get("attention_bias", False)),
                 attn_implementation=attn_implementation,
                 use_target_features=bool(dflash.get("use_target_features", True)),
+                **dspark,
             )
         except KeyError as missing:
             raise ConfigError("path", f"config.json is not a DFlash drafter config (missing {missing})") from None
@@ -286,6 +321,20 @@ def check_attn_implementation(name: str) -> None:
         "attn_implementation",
         f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
     )
+
+
+def _dspark_heads(data: dict) -> dict:
+    """`markov_rank` and `confidence_head` of a drafter config.json (none for DFlash); ConfigError
+    for a DSpark variant this drafter cannot compute (anchor-first, a non-vanilla head)."""
+    if (data.get("architectures") or [DFLASH_ARCHITECTURE])[0] != DSPARK_ARCHITECTURE:
+        return {}
+    anchor_first = data.get("sample_from_anchor", True)  # llama.cpp's reading of a missing key
+    require(not anchor_first, "path", "anchor-first DSpark drafters (sample_from_anchor true or missing) are not supported")
+    head = data.get("markov_head_type", "vanilla")
+    require(head == "vanilla", "path", f"markov_head_type {head!r} is not supported; only 'vanilla' is")
+    rank = data.get("markov_rank")
+    require(isinstance(rank, int) and rank >= 1, "path", f"a DSparkDraftModel config needs markov_rank >= 1, got {rank!r}")
+    return {"markov_rank": rank, "confidence_head": bool(data.get("enable_confidence_head", False))}
 
 
 def _require_supported_layers(data: dict) -> None:

@@ -10,6 +10,10 @@ speculators read ours and we read theirs: config.json is a Qwen3 config with
 LM head: those are the target's. dflash.py is `dflash.drafter.hf_modeling`, the code
 `AutoModel.from_pretrained(dir, trust_remote_code=True)` runs.
 
+A DSpark drafter (`DrafterConfig.markov_rank` > 0) is the same directory with
+`architectures: ["DSparkDraftModel"]`, its heads' keys and tensors
+(`dflash.drafter.heads`) and no `auto_map` (dflash.py has no heads); llama.cpp serves it.
+
 A drafter trained over a draft vocabulary (`training.draft_vocab_size`) also keeps it in
 draft_vocab.json (`{"token_ids": [...]}`, ascending), which our decoding drafts over
 (`DFlashDrafter.draft_vocab`); other readers ignore the file and draft over the whole

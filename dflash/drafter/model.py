@@ -22,6 +22,7 @@ from torch import nn
 
 from dflash.drafter.attention import attend
 from dflash.drafter.config import DrafterConfig
+from dflash.drafter.heads import ConfidenceHead, MarkovHead
 from dflash.engine import apply_rope
 
 
@@ -143,6 +144,12 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary_emb = _build_rotary(config)
         self.apply(self._init_weights)
+        # DSpark's heads (`dflash.drafter.heads`), only when configured: a DFlash drafter's
+        # weights and their initialisation stay what they were. Applied by DSpark's objective
+        # and proposer to the hidden states `forward` returns.
+        rank = config.markov_rank
+        self.markov_head = MarkovHead(config.vocab_size, rank) if rank else None
+        self.confidence_head = ConfidenceHead(d, rank) if config.confidence_head else None
         self.draft_vocab: torch.Tensor | None = None
         """(K,) ascending token ids the drafter drafts over at decode, the vocabulary its training
         scored (`training.draft_vocab_size`; `dflash.drafter.io` keeps it beside the weights), or

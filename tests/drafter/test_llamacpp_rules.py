@@ -25,17 +25,34 @@ written here as facts, as tests/drafter/test_export.py states SGLang's and vLLM'
   them optional, and the target's are used;
 - qwen.py:898-911: q/k projections are permuted only when `rope_is_neox_style` is false;
   our drafter rotates halves (NeoX style), which is the default.
+
+DSpark (docs/frontier.md 1.1), class DSparkModel (qwen.py:924-1012), a DFlashModel:
+- conversion/__init__.py:60-64, qwen.py:924-930: architectures[0] "DSparkDraftModel", GGUF
+  architecture "dflash";
+- qwen.py:941-944: `sample_from_anchor`, true when absent for a config without
+  `transformer_layer_config` / `aux_hidden_state_layer_ids` (ours); true is the anchor-first
+  block, ours is the bonus anchor (false), so the key must be written;
+- qwen.py:961-962: `markov_head_type` must be "vanilla" (the default);
+- qwen.py:974-976: `dflash.has_confidence_head` is true iff a tensor name contains
+  "confidence_head.proj";
+- tensor_mapping.py:1479-1489 (names constants.py:2044-2046) map the heads' tensors;
+  src/models/dflash.cpp:127-134 checks their ggml shapes at load: markov_w1 {R, n_vocab} (R read
+  from it), markov_w2 {R, n_vocab}, conf_proj {n_embd + R, 1} and its bias {1}; ggml lists
+  dimensions innermost first, so torch's (V, R) is ggml's {R, V}.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
+import torch
 from safetensors import safe_open
 
-from dflash.drafter import save_drafter
+from dflash.drafter import DrafterConfig, load_drafter, save_drafter
+from dflash.errors import ConfigError
 
 # HF tensor name, after the "model." prefix -> GGUF tensor name (tensor_mapping.py at build 11434)
 GGUF_NAMES = {
@@ -53,6 +70,10 @@ GGUF_NAMES = {
     r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight": "blk.{}.ffn_gate.weight",
     r"model\.layers\.(\d+)\.mlp\.up_proj\.weight": "blk.{}.ffn_up.weight",
     r"model\.layers\.(\d+)\.mlp\.down_proj\.weight": "blk.{}.ffn_down.weight",
+    r"model\.markov_head\.markov_w1\.weight": "markov_w1.weight",
+    r"model\.markov_head\.markov_w2\.weight": "markov_w2.weight",
+    r"model\.confidence_head\.proj\.weight": "conf_proj.weight",
+    r"model\.confidence_head\.proj\.bias": "conf_proj.bias",
 }
 
 
@@ -67,19 +88,49 @@ def gguf_name(name: str) -> str:
     raise ValueError(f"Can not map tensor {name!r}")
 
 
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel", "LingDSparkModel")
+
+
 def llama_cpp_reading(config: dict) -> dict:
     """What llama.cpp's converter and loader take from a draft's config.json."""
     dflash = config.get("dflash_config", {})
     causal = config.get("is_causal")
+    architecture = config["architectures"][0]
+    if architecture in DSPARK_ARCHITECTURES:
+        nested = "transformer_layer_config" in config or "aux_hidden_state_layer_ids" in config
+        if config.get("markov_head_type", "vanilla") != "vanilla":
+            raise ValueError(f"unsupported markov_head_type {config['markov_head_type']!r}")
+        dspark = {"sample_from_anchor": config.get("sample_from_anchor", not nested)}
+    else:
+        dspark = {}
     return {
-        "architecture": {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash"}.get(config["architectures"][0]),
+        "architecture": {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash"}.get(
+            architecture, "dflash" if dspark else None
+        ),
         "mask_token_id": dflash.get("mask_token_id"),
         "block_size": dflash.get("block_size", config.get("block_size", 16)),
         "extract_layers": [i + 1 for i in dflash.get("target_layer_ids", config.get("target_layer_ids", []))],
         "causal": dflash.get("causal") if causal is None else causal,
         "hidden_act": config.get("hidden_act", "silu"),
         "neox_rope": config.get("rope_is_neox_style", True),
+        **dspark,
     }
+
+
+def dspark_tensors(names: dict, hidden: int, vocab: int) -> tuple[int, bool]:
+    """The Markov rank and whether the draft has a confidence head, as llama.cpp loads them from
+    GGUF tensor `names` ({gguf name: torch shape}); AssertionError where a shape check fails
+    (src/models/dflash.cpp:125-134, ggml shapes written innermost first)."""
+    ggml = {name: list(reversed(shape)) for name, shape in names.items()}
+    rank = ggml["markov_w1.weight"][0]  # dflash.cpp:127
+    assert ggml["markov_w1.weight"] == [rank, vocab]  # dflash.cpp:129
+    assert ggml["markov_w2.weight"] == [rank, vocab]  # dflash.cpp:130, n_vocab_draft = n_vocab (no d2t)
+    has_confidence = any("confidence_head.proj" in name for name in names.values()) or "conf_proj.weight" in ggml
+    if "conf_proj.weight" in ggml:
+        assert ggml["conf_proj.weight"] == [hidden + rank, 1]  # dflash.cpp:133
+    if "conf_proj.bias" in ggml:
+        assert ggml["conf_proj.bias"] == [1]  # dflash.cpp:134
+    return rank, has_confidence
 
 
 @pytest.mark.parametrize("block_size, taps", [(4, None), (3, [0, 1])])
@@ -114,3 +165,93 @@ def test_a_tensor_the_converter_cannot_map_is_refused():
     assert gguf_name("layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
     with pytest.raises(ValueError, match="Can not map tensor"):
         gguf_name("layers.0.self_attn.qkv_proj.weight")
+
+
+def dspark_drafter(target, rank: int, confidence: bool, block_size: int = 4):
+    from dflash.drafter import DFlashDrafter
+    from dflash.specs import DrafterSpec, build_drafter
+
+    config = build_drafter(DrafterSpec(num_layers=2, block_size=block_size), target).config
+    return DFlashDrafter(dataclasses.replace(config, markov_rank=rank, confidence_head=confidence))
+
+
+@pytest.mark.parametrize("confidence", [True, False])
+def test_llama_cpp_reads_our_dspark_drafter_as_we_mean_it(qwen3_target, tmp_path, confidence):
+    drafter = dspark_drafter(qwen3_target, rank=8, confidence=confidence)
+    save_drafter(drafter, str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    read = llama_cpp_reading(config)
+    assert config["architectures"] == ["DSparkDraftModel"] and "auto_map" not in config
+    assert read["architecture"] == "dflash"
+    assert read["sample_from_anchor"] is False  # our bonus-anchor block, written explicitly
+    assert read["block_size"] == 4 and read["causal"] is False
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as weights:
+        names = {gguf_name(name): weights.get_slice(name).get_shape() for name in weights.keys()}
+        # qwen.py:974-976 reads the HF names
+        has_confidence = any("confidence_head.proj" in name for name in weights.keys())
+    rank, _ = dspark_tensors(names, config["hidden_size"], config["vocab_size"])
+    assert rank == 8
+    assert has_confidence is confidence
+    assert ("conf_proj.weight" in names) is confidence and ("conf_proj.bias" in names) is confidence
+    loaded = load_drafter(str(tmp_path))
+    assert (loaded.config.markov_rank, loaded.config.confidence_head) == (8, confidence)
+    assert json.loads(json.dumps(loaded.config.to_hf_dict())) == config  # round trip
+
+
+def test_a_dspark_config_without_sample_from_anchor_reads_as_anchor_first(qwen3_target):
+    config = dspark_drafter(qwen3_target, rank=4, confidence=True).config.to_hf_dict()
+    del config["sample_from_anchor"]
+    assert llama_cpp_reading(config)["sample_from_anchor"] is True  # why the key is written
+    with pytest.raises(ConfigError, match="anchor-first"):
+        DrafterConfig.from_hf_dict(config)
+
+
+def test_a_renamed_head_tensor_is_refused():
+    assert gguf_name("markov_head.markov_w2.weight") == "markov_w2.weight"
+    with pytest.raises(ValueError, match="Can not map tensor"):
+        gguf_name("markov.w1.weight")
+    with pytest.raises(ValueError, match="Can not map tensor"):
+        gguf_name("confidence_head.linear.weight")
+
+
+def test_a_head_of_the_wrong_shape_fails_llama_cpps_check():
+    hidden, vocab, rank = 16, 32, 4
+    names = {"markov_w1.weight": [vocab, rank], "markov_w2.weight": [vocab, rank], "conf_proj.weight": [1, hidden + rank]}
+    assert dspark_tensors(names, hidden, vocab) == (rank, True)
+    with pytest.raises(AssertionError):  # a hidden-only confidence head (DeepSpec's confidence_head_with_markov=False)
+        dspark_tensors({**names, "conf_proj.weight": [1, hidden]}, hidden, vocab)
+    with pytest.raises(AssertionError):  # w2 stored transposed
+        dspark_tensors({**names, "markov_w2.weight": [rank, vocab]}, hidden, vocab)
+
+
+def test_a_dflash_drafter_is_written_as_before(qwen3_target, tmp_path):
+    """The DSpark fields off: no DSpark key in config.json, auto_map kept, no head tensor, and the
+    backbone's initial weights those of the same seed with the heads on (they draw after it)."""
+    from dflash.drafter import DFlashDrafter
+
+    torch.manual_seed(0)
+    plain = dspark_drafter(qwen3_target, rank=0, confidence=False)
+    torch.manual_seed(0)
+    with_heads = dspark_drafter(qwen3_target, rank=4, confidence=True)
+    config = plain.config.to_hf_dict()
+    assert config["architectures"] == ["DFlashDraftModel"] and config["auto_map"] == {"AutoModel": "dflash.DFlashDraftModel"}
+    assert not {"sample_from_anchor", "markov_head_type", "markov_rank", "enable_confidence_head"} & set(config)
+    assert not [name for name in plain.state_dict() if "head" in name]
+    heads = {name for name in with_heads.state_dict() if name.split(".")[0] in ("markov_head", "confidence_head")}
+    assert heads == {
+        "markov_head.markov_w1.weight",
+        "markov_head.markov_w2.weight",
+        "confidence_head.proj.weight",
+        "confidence_head.proj.bias",
+    }
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(tensor, with_heads.state_dict()[name]), name
+    assert not with_heads.markov_head.markov_w2.weight.any()  # a new Markov head adds nothing
+    # a DSpark config.json stripped of its heads is a DFlash one again
+    assert DrafterConfig.from_hf_dict(with_heads.config.to_hf_dict()).markov_rank == 4
+    assert DFlashDrafter(dataclasses.replace(with_heads.config, markov_rank=0, confidence_head=False)).config.to_hf_dict() == config
+
+
+def test_a_confidence_head_needs_a_markov_head(qwen3_target):
+    with pytest.raises(ConfigError, match="confidence_head: .*markov_rank"):
+        dspark_drafter(qwen3_target, rank=0, confidence=True)
