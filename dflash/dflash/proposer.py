@@ -63,6 +63,11 @@ class DFlashProposer:
 
     @torch.inference_mode()
     def propose(self, committed_ids, new_features, block_size, num_drafts):
+        return self.logits(self.block_hidden(committed_ids, new_features, block_size, num_drafts)).float()
+
+    @torch.inference_mode()
+    def block_hidden(self, committed_ids, new_features, block_size, num_drafts) -> torch.Tensor:
+        """(num_drafts, D) final-normed hidden states of block slots 1..num_drafts (arguments as `draft`)."""
         device = committed_ids.device
         anchor_pos = committed_ids.shape[1] - 1
         context_start = self.cache.length
@@ -81,4 +86,4 @@ class DFlashProposer:
         context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
         hidden = self.forward(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
         self.cache.crop(anchor_pos)
-        return self.logits(hidden[0, 1 : 1 + num_drafts]).float()
+        return hidden[0, 1 : 1 + num_drafts]

@@ -11,10 +11,17 @@ functions, so reading the registry loads no model code.
 from __future__ import annotations
 
 from dflash.errors import require
-from dflash.methods import dflash, dflash_lookup, dflash_tree, eagle3, ngram
+from dflash.methods import dflash, dflash_lookup, dflash_tree, dspark, eagle3, ngram
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
-BUILTIN: tuple[Method, ...] = (dflash.METHOD, dflash_lookup.METHOD, dflash_tree.METHOD, eagle3.METHOD, ngram.METHOD)
+BUILTIN: tuple[Method, ...] = (
+    dflash.METHOD,
+    dflash_lookup.METHOD,
+    dflash_tree.METHOD,
+    dspark.METHOD,
+    eagle3.METHOD,
+    ngram.METHOD,
+)
 METHODS: dict[str, Method] = {method.name: method for method in BUILTIN}
 
 

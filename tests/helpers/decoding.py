@@ -1,5 +1,6 @@
 """Decoding doubles: proposers that draft with the target itself (all accepted, one wrong
-slot per block, the right token ranked second), a random DFlash drafter, verifiers with
+slot per block, the right token ranked second), a random DFlash drafter and DSpark drafter,
+a proposer that records its drafts, verifiers with
 known bugs, the target's own greedy output through HF `generate()`, and prompts."""
 
 from __future__ import annotations
@@ -191,6 +192,40 @@ def random_drafter(target, num_layers=2, block_size=16, seed=0, use_target_featu
                 if name.endswith("norm.weight"):
                     parameter.uniform_(0.5, 1.5)
     return drafter
+
+
+def dspark_drafter(target, rank=8, confidence=True, block_size=16, seed=0, markov_scale=0.0, confidence_scale=0.0):
+    """`random_drafter`'s layers with DSpark heads of `rank`: the Markov head's w2 drawn with std
+    `markov_scale` (0: a new head's zeros) and the confidence head's weights with std
+    `confidence_scale` (0: a new head's)."""
+    backbone = random_drafter(target, block_size=block_size, seed=seed)
+    drafter = DFlashDrafter(replace(backbone.config, markov_rank=rank, confidence_head=confidence)).eval()
+    missing, unexpected = drafter.load_state_dict(backbone.state_dict(), strict=False)
+    assert not unexpected and all(name.split(".")[0] in ("markov_head", "confidence_head") for name in missing)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        if markov_scale:
+            drafter.markov_head.markov_w2.weight.normal_(0, markov_scale, generator=generator)
+        if confidence and confidence_scale:
+            drafter.confidence_head.proj.weight.normal_(0, confidence_scale, generator=generator)
+    return drafter
+
+
+class RecordingProposer:
+    """A proposer that keeps the tokens of every draft it returns (`drafts`)."""
+
+    def __init__(self, proposer):
+        self.proposer = proposer
+        self.target_layer_ids = proposer.target_layer_ids
+        self.drafts: list[list[int]] = []
+
+    def reset(self):
+        self.proposer.reset()
+
+    def draft(self, *args):
+        drafts = self.proposer.draft(*args)
+        self.drafts.append(drafts.tokens.tolist())
+        return drafts
 
 
 def random_proposer(target, num_layers=2, block_size=16, seed=0):
