@@ -33,6 +33,8 @@ GROUPS = {
     "ngram": "prompt lookup, when methods=[...] lists ngram",
     "eagle3": "an EAGLE-3 drafter (eagle3.path=DIR), when methods=[...] lists eagle3",
     "dflash_tree": "tree verification with the DFlash drafter, when methods=[...] lists dflash_tree",
+    "dflash_lookup": "prompt lookup first, else the DFlash drafter, when methods=[...] lists dflash_lookup",
+    "dspark": "a DSpark drafter of drafter.*, when methods=[...] lists dspark",
 }
 _EXAMPLE = re.compile(r"^#\s+((?:make \S+|python -m dflash\.\S+).*)$")
 _KEY_WITH_COMMENT = re.compile(r"^([a-z_]+):.*?#\s*(.+)$")
@@ -65,7 +67,7 @@ def app_help(app: str) -> str:
     if groups:
         lines.append("Config groups (pick an option with group=OPTION, set one key with group.key=value):")
         for group, default in groups:
-            lines.append(f"  {group:<11} {GROUPS.get(group, '')}")
+            lines.append(f"  {group:<13} {GROUPS.get(group, '')}")
             for option, description in _options(group):
                 mark = "*" if option == default else " "
                 lines.append(_clip(f"      {mark} {option:<22} {description}"))

@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dflash import CONF_DIR
-from dflash.usage import GROUPS, app_help
+from dflash.usage import GROUPS, _groups, app_help
 from helpers import REPO
 
 APPS = ["train", "evaluate", "regenerate", "export", "tables", "demo", "demo_tiny"]
@@ -32,10 +33,16 @@ def test_help_has_two_examples_and_no_internal_entries(app):
 def test_train_help_describes_each_group_and_marks_defaults():
     text = app_help("train")
     for group in ("target", "drafter", "data", "training", "trainer", "logger", "experiment"):
-        assert f"  {group:<11} {GROUPS[group]}" in text
+        assert f"  {group:<13} {GROUPS[group]}" in text
     assert "* tiny_qwen3" in text and "  qwen3_8b " in text  # the default option is marked, the others listed
     options = {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")}
     assert all(f" {name} " in text for name in options)
+
+
+def test_every_group_an_app_offers_is_described():
+    for app in APPS:
+        groups = {group for group, _ in _groups(app, yaml.safe_load((CONF_DIR / f"{app}.yaml").read_text()))}
+        assert groups <= set(GROUPS), (app, sorted(groups - set(GROUPS)))
 
 
 @pytest.mark.parametrize("app", ["train", "evaluate"])
