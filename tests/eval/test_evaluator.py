@@ -221,7 +221,7 @@ def test_results_report_and_atomic_write(tmp_path):
 def test_override_check_names_unknown_keys_options_and_sweeps():
     from dflash.cli.common import check_overrides
 
-    check_overrides("evaluate", ["decoding.block_size=4", "benchmark=gsm8k", "-m", "decoding.top_k=1,5"])
+    check_overrides("evaluate", ["-m", "decoding.block_size=4", "benchmark=gsm8k", "decoding.top_k=1,5"])
     cases = [
         (["decoding.block_size=4", "decoding.blocksize=4"], "decoding.blocksize", "valid keys here"),
         (["benchmark=gsm8k", "target=qwen9"], "target", "choose one of"),
