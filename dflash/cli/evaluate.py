@@ -43,7 +43,7 @@ def check_app(app) -> None:
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    from dflash.eval import EvalSettings, benchmark_source, evaluate, format_results, load_benchmark, write_results
+    from dflash.eval import EvalSettings, benchmark_source, evaluate, format_results, load_benchmark
     from dflash.methods import METHODS
     from dflash.specs import build_drafter, load_target
 
@@ -76,7 +76,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             config=resolved_config(cfg),
             benchmark_source=benchmark_source(app.benchmark),
         )
-        path = write_results(results, os.path.join(cfg.paths.output_dir, RESULTS_FILE))
+        path = results.write(os.path.join(cfg.paths.output_dir, RESULTS_FILE))
     print(format_results(results))
     print(f"results: {path}")
 

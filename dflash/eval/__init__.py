@@ -4,7 +4,6 @@ from dflash.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Sample, benchmark_
 from dflash.eval.evaluator import DecodingSettings, EvalSettings, evaluate
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.report import format_results
-from dflash.eval.results import write_results
 
 __all__ = [
     "BENCHMARKS",
@@ -18,5 +17,4 @@ __all__ = [
     "format_results",
     "load_benchmark",
     "stop_token_ids",
-    "write_results",
 ]

@@ -330,8 +330,3 @@ def versions() -> dict:
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
     }
-
-
-def write_results(results: Results, path: str) -> str:
-    """`results.write(path)`, for callers not yet moved to it."""
-    return results.write(path)
