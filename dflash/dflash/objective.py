@@ -72,6 +72,16 @@ class DFlashObjective:
         return self.drafter.config.to_hf_dict()
 
     def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
+        blocks, hidden, final_hidden = self.drafted_blocks(target, batch, states, generator)
+        vocab = None if full_vocab else self.training_vocab(target)
+        if vocab is None:
+            return block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden)
+        to_logits = lambda rows: target.logits(rows, head_rows=vocab.head_rows)  # noqa: E731
+        return block_loss(hidden, to_logits, blocks, self.loss_settings, final_hidden, vocab.lookup)
+
+    def drafted_blocks(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator):
+        """(blocks, the drafter's hidden states of them (b, N*B, D), the target's final hidden
+        states (b, S, D) or None) of a batch: anchors drawn, blocks laid out and drafted."""
         input_ids = batch["input_ids"]
         attention_mask = batch["attention_mask"].bool()
         loss_mask = batch["loss_mask"].bool() & attention_mask
@@ -86,11 +96,7 @@ class DFlashObjective:
         if self.training.agreement_mask:
             blocks = on_policy_blocks(blocks, greedy_tokens(target, final_hidden, blocks), config.block_size)
         hidden = draft_blocks(self.drafter, target.embed, features, attention_mask, anchors, blocks)
-        vocab = None if full_vocab else self.training_vocab(target)
-        if vocab is None:
-            return block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden)
-        to_logits = lambda rows: target.logits(rows, head_rows=vocab.head_rows)  # noqa: E731
-        return block_loss(hidden, to_logits, blocks, self.loss_settings, final_hidden, vocab.lookup)
+        return blocks, hidden, final_hidden
 
     def training_vocab(self, target: TargetModel) -> DraftVocab | None:
         """The training vocabulary (`training.draft_vocab_size`) on the target's device, or None."""

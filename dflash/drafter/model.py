@@ -16,6 +16,8 @@ bidirectionally inside the block.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -147,9 +149,7 @@ class DFlashDrafter(nn.Module):
         # DSpark's heads (`dflash.drafter.heads`), only when configured: a DFlash drafter's
         # weights and their initialisation stay what they were. Applied by DSpark's objective
         # and proposer to the hidden states `forward` returns.
-        rank = config.markov_rank
-        self.markov_head = MarkovHead(config.vocab_size, rank) if rank else None
-        self.confidence_head = ConfidenceHead(d, rank) if config.confidence_head else None
+        self.markov_head, self.confidence_head = _dspark_heads(config)
         self.draft_vocab: torch.Tensor | None = None
         """(K,) ascending token ids the drafter drafts over at decode, the vocabulary its training
         scored (`training.draft_vocab_size`; `dflash.drafter.io` keeps it beside the weights), or
@@ -165,6 +165,14 @@ class DFlashDrafter(nn.Module):
     @property
     def block_size(self) -> int:
         return self.config.block_size
+
+    def add_dspark_heads(self, rank: int, confidence: bool) -> None:
+        """Give this drafter new DSpark heads (a Markov head of `rank`, w2 zero, and a confidence
+        head if `confidence`) on its weights' device and dtype; its config says so from now on."""
+        self.config = dataclasses.replace(self.config, markov_rank=rank, confidence_head=confidence)
+        like = self.norm.weight
+        heads = [head.to(like.device, like.dtype) if head is not None else None for head in _dspark_heads(self.config)]
+        self.markov_head, self.confidence_head = heads
 
     def forward(
         self,
@@ -201,6 +209,13 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, context, rope_q, rope_kv, mask, cache)
         return self.norm(hidden)
+
+
+def _dspark_heads(config: DrafterConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
+    """New DSpark heads as `config` asks for them (None: not configured)."""
+    rank = config.markov_rank
+    markov = MarkovHead(config.vocab_size, rank) if rank else None
+    return markov, ConfidenceHead(config.hidden_size, rank) if config.confidence_head else None
 
 
 def _build_rotary(config: DrafterConfig) -> nn.Module:

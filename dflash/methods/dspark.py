@@ -2,7 +2,9 @@
 drafter with a Markov head and, optionally, a confidence head) drafts a block in one pass,
 the slots chosen in order under the Markov bias, cut before the first slot whose confidence
 is below `dspark.confidence_threshold` (`dflash.dspark.proposer`); the target verifies at
-`decoding.block_size` (None: the drafter's trained block size). Evaluation group `dspark`."""
+`decoding.block_size` (None: the drafter's trained block size). Evaluation group `dspark`;
+training group `method=dspark` (`DSparkTrainSettings`, the objective `dflash.dspark.objective`),
+exported as a DSparkDraftModel that llama.cpp serves with --spec-type draft-dspark."""
 
 from __future__ import annotations
 
@@ -25,6 +27,30 @@ class DSparkSettings:
     def __post_init__(self):
         threshold = self.confidence_threshold
         require(0 <= threshold < 1, "confidence_threshold", f"must be in [0, 1), got {threshold}")
+
+
+@dataclass
+class DSparkTrainSettings:
+    """The `method` group of `method=dspark` (dflash/conf/method/dspark.yaml); the drafter's
+    layers are the `drafter` group's, as for DFlash. Defaults: DeepSpec's (docs/frontier.md 2.1)."""
+
+    name: str = "dspark"
+    markov_rank: int = 256
+    """R of the Markov head (two V x R tables: 25M parameters at SmolLM2's V = 49,152)."""
+    confidence_head: bool = True
+    """Train a confidence head (what `dspark.confidence_threshold` cuts on)."""
+    ce_alpha: float = 0.1
+    """Weight of the cross-entropy of the biased draft to the data token."""
+    tv_alpha: float = 0.9
+    """Weight of |p_draft - p_target|_1, the target's distribution at the same position."""
+    confidence_alpha: float = 1.0
+    """Weight of the confidence head's BCE to 1 - TV(p_draft, p_target)."""
+
+    def __post_init__(self):
+        require(self.markov_rank >= 1, "markov_rank", f"must be >= 1, got {self.markov_rank}")
+        for key in ("ce_alpha", "tv_alpha", "confidence_alpha"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.ce_alpha + self.tv_alpha > 0, "ce_alpha", "ce_alpha + tv_alpha must be > 0: nothing would train the draft")
 
 
 def check_dspark_drafter(drafter, settings: DSparkSettings, context: EvalContext) -> None:
@@ -55,6 +81,28 @@ def recorded(settings: DSparkSettings, context: EvalContext) -> dict:
     return {"block_size": context.block_size, "confidence_threshold": settings.confidence_threshold}
 
 
+def check_training(settings, drafter, data, training) -> None:
+    from dflash.dspark.objective import check_dspark_training
+
+    check_dspark_training(settings, drafter, data, training)
+
+
+def build_objective(target, settings: DSparkTrainSettings, drafter, training):
+    from dflash.dspark.objective import DSparkObjective
+
+    return DSparkObjective(target, drafter, training, settings)
+
+
+def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
+    from dflash.training.export import export_state
+
+    return export_state(checkpoint, out_dir, dtype=dtype)
+
+
+def evaluation(drafter_dir: str, settings: DSparkTrainSettings) -> tuple[str, DSparkSettings]:
+    return "dspark", DSparkSettings()
+
+
 METHOD = Method(
     name="dspark",
     label="DSpark",
@@ -63,4 +111,10 @@ METHOD = Method(
     recorded=recorded,
     uses_dflash_drafter=True,
     width_label=width_label,
+    train_settings=DSparkTrainSettings,
+    check_training=check_training,
+    build_objective=build_objective,
+    export=export,
+    architectures=("DSparkDraftModel",),
+    evaluation=evaluation,
 )
