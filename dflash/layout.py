@@ -21,6 +21,10 @@ from dflash.fileio import write_json
 # a run directory (train, evaluate, sweep job, demo)
 RESULTS_FILE = "results.json"  # written last by an evaluation: its presence means finished
 DEMO_SUMMARY = "demo_summary.json"
+DEMO_TRAIN_MINUTES = "demo_train_minutes.json"  # a demo's first decision on its training minutes, kept for a resume
+DEMO_STAGE_DONE = "complete.json"  # a demo stage's marker: the command that finished it
+EVAL_COMMAND = "demo_eval_command.json"  # beside results.json: the evaluate arguments it answers
+WANDB_ID_FILE = "wandb_run_id.txt"  # the wandb run a resumed training run logs to
 DRAFTER_DIR = "drafter"  # the exported drafter directory of a training run
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"  # in CHECKPOINT_DIR: the latest training checkpoint, what a run resumes from
@@ -33,6 +37,7 @@ CSV_DIR = "csv"  # the CSV logger's metrics: CSV_DIR/version_*/METRICS_CSV
 METRICS_CSV = "metrics.csv"
 HYDRA_CONFIG = os.path.join(".hydra", "config.yaml")
 HYDRA_RUN_CONFIG = os.path.join(".hydra", "hydra.yaml")
+HYDRA_OVERRIDES = os.path.join(".hydra", "overrides.yaml")
 TAU_CURVES = "tau_curves.png"  # tau against training steps (`eval.tau_real`)
 ERROR_FILE = "error.json"  # a failed sweep job's error record
 LOG_FILE = "job.log"  # a sweep job's stdout and stderr

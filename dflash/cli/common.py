@@ -28,10 +28,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dflash import CONF_DIR
 from dflash.errors import ConfigError, check_writable_dir, first_line, require
+from dflash.layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_RUN_CONFIG
 from dflash.structured import _locate, build, check_known_keys, omegaconf_error
 from dflash.usage import exit_on_help
 
-HYDRA_FILES = {os.path.join(".hydra", name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+HYDRA_FILES = {HYDRA_CONFIG, HYDRA_RUN_CONFIG, HYDRA_OVERRIDES}
 
 
 def fail(err: ConfigError) -> NoReturn:

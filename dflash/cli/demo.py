@@ -64,11 +64,10 @@ from dflash.cli.pipeline import (
 )
 from dflash.errors import ConfigError
 from dflash.fileio import read_json, write_json, write_jsonl
-from dflash.layout import DRAFTER_DIR, EVAL_DIR, Results
+from dflash.layout import DEMO_STAGE_DONE, DEMO_TRAIN_MINUTES, DRAFTER_DIR, EVAL_DIR, Results
 from dflash.structured import config_key
 from dflash.timing import timed
 
-TRAIN_MINUTES = "demo_train_minutes.json"
 # the settings a plan is made for: other values make (and keep) another plan
 PLAN_KEYS = (
     "budget_minutes", "train_minutes", "min_train_minutes", "margin_s", "reserve_factor", "cpu_threads", "data",
@@ -160,7 +159,7 @@ def regenerate_data(cfg: DictConfig, plan: Plan, artifacts: str) -> str:
     named = short_hash(data_text, settings, data_overrides, plan.data_dtype)
     data_dir = os.path.join(artifacts, "demo", f"smollm2-data-{named}")
     meta_dir = data_dir + "-demo"  # logs and markers: data.path must hold the shards alone
-    if read_json(os.path.join(meta_dir, "complete.json")) is not None:
+    if read_json(os.path.join(meta_dir, DEMO_STAGE_DONE)) is not None:
         stage(2, "data", f"done already in {data_dir}")
         return data_dir
     command = app_command(
@@ -177,7 +176,7 @@ def regenerate_data(cfg: DictConfig, plan: Plan, artifacts: str) -> str:
     stage(2, "data", f"the target answers the {cfg.data} prompts -> {data_dir}")
     print("    " + shown(command), flush=True)
     run_stage(2, "data", command)
-    write_json(os.path.join(meta_dir, "complete.json"), {"command": command[1:]})
+    write_json(os.path.join(meta_dir, DEMO_STAGE_DONE), {"command": command[1:]})
     return data_dir
 
 
@@ -199,7 +198,7 @@ def train_minutes(cfg: DictConfig, plan: Plan, run_dir: str) -> float:
     """Minutes of training: fixed by `train_minutes`, or what the budget leaves now after the planned
     cache fill, the evaluation's reserve and the margin (the first decision is kept in the run
     directory, so a resumed demo trains to the same total)."""
-    saved = read_json(os.path.join(run_dir, TRAIN_MINUTES))
+    saved = read_json(os.path.join(run_dir, DEMO_TRAIN_MINUTES))
     if saved is not None:
         return float(saved["minutes"])
     if cfg.train_minutes != "auto":
@@ -216,7 +215,7 @@ def train_minutes(cfg: DictConfig, plan: Plan, run_dir: str) -> float:
             f"of training (planned: {plan.train_minutes:.1f}){note}",
             flush=True,
         )
-    write_json(os.path.join(run_dir, TRAIN_MINUTES), {"minutes": minutes})
+    write_json(os.path.join(run_dir, DEMO_TRAIN_MINUTES), {"minutes": minutes})
     return minutes
 
 
@@ -344,7 +343,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         run_dir = train(cfg, planned, data_dir, artifacts)
     with clock.time("evaluate"):
         results = evaluate(cfg, planned, run_dir, data_dir, artifacts)
-    minutes = read_json(os.path.join(run_dir, TRAIN_MINUTES)) or {"minutes": None}
+    minutes = read_json(os.path.join(run_dir, DEMO_TRAIN_MINUTES)) or {"minutes": None}
     report(
         run_dir,
         results,

@@ -16,10 +16,17 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from dflash.fileio import json_digest, read_json, write_json
-from dflash.layout import CHECKPOINT_DIR, DEMO_SUMMARY, DRAFTER_DIR, RESULTS_FILE
+from dflash.layout import (
+    CHECKPOINT_DIR,
+    DEMO_SUMMARY,
+    DRAFTER_CONFIG,
+    DRAFTER_DIR,
+    DRAFTER_WEIGHTS,
+    EVAL_COMMAND,
+    RESULTS_FILE,
+)
 
 NUM_STAGES = 5
-EVAL_COMMAND = "demo_eval_command.json"  # beside results.json: the evaluate arguments it answers
 PROGRESS_INTERVAL_S = 30  # how often progress bars may redraw in a log that is not a terminal
 
 
@@ -90,7 +97,7 @@ def train_stage(run_dir: str, command: Callable[[], list[str]]) -> str:
     """Stage 3: the train app (which resumes and exports the drafter), unless the run's
     drafter directory is complete; `command` is called only when it runs. Returns `run_dir`."""
     drafter = os.path.join(run_dir, DRAFTER_DIR)
-    if all(os.path.isfile(os.path.join(drafter, name)) for name in ("config.json", "model.safetensors")):
+    if all(os.path.isfile(os.path.join(drafter, name)) for name in (DRAFTER_CONFIG, DRAFTER_WEIGHTS)):
         stage(3, "train", f"done already in {run_dir}")
         return run_dir
     arguments = command()

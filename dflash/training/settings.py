@@ -11,7 +11,6 @@ from typing import Any
 from dflash.errors import ConfigError, require
 
 SELECT_CHOICES = ("best", "last")
-WANDB_ID_FILE = "wandb_run_id.txt"
 LOGGER_KINDS = ("csv", "tensorboard", "wandb", "none")
 FSDP_STATE_DICT_TYPE = "full"  # export reads one consolidated checkpoint file
 FSDP_OPTIONS = ("sharding_strategy", "wrap_drafter_layers")

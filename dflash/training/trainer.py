@@ -19,8 +19,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dflash.errors import ConfigError
 from dflash.fileio import write_text
+from dflash.layout import WANDB_ID_FILE
 from dflash.training.checkpoints import KeepPreviousCheckpointIO
-from dflash.training.settings import FSDP_STATE_DICT_TYPE, WANDB_ID_FILE, LoggerSettings, TrainerSettings
+from dflash.training.settings import FSDP_STATE_DICT_TYPE, LoggerSettings, TrainerSettings
 
 log = logging.getLogger(__name__)
 

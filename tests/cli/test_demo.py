@@ -19,7 +19,7 @@ from dflash.cli.common import run_app
 from dflash.data.builtin_prompts import FAMILIES, heldout_prompts
 from dflash.errors import ConfigError
 from dflash.fileio import read_json, write_json, write_jsonl
-from dflash.layout import DRAFTER_DIR, EVAL_DIR, RESULTS_FILE
+from dflash.layout import DEMO_TRAIN_MINUTES, DRAFTER_DIR, EVAL_DIR, RESULTS_FILE
 from helpers.apps import assert_one_error_line, demo_config
 
 # a made-up machine where bfloat16 answers faster and bf16-mixed fills slower
@@ -172,7 +172,7 @@ def test_a_resumed_demo_skips_the_data_training_and_each_familys_evaluation(tmp_
     assert "done already" not in capsys.readouterr().out
     data_dir, run_dir, results = first
     assert results == {family: os.path.join(run_dir, EVAL_DIR, family, RESULTS_FILE) for family in demo.FAMILIES}
-    assert read_json(os.path.join(run_dir, demo.TRAIN_MINUTES)) == {"minutes": 0.15}
+    assert read_json(os.path.join(run_dir, DEMO_TRAIN_MINUTES)) == {"minutes": 0.15}
 
     apps.commands.clear()
     assert stages() == first and apps.commands == []  # nothing runs again
