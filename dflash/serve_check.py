@@ -6,7 +6,10 @@ on this CPU, beside plain llama.cpp and our own loop, greedy, on the demo's held
     python -m dflash.serve_check --drafter DIR --dtype bfloat16 --out check.json
 
 The target is the drafter's, read from the training run whose `drafter/` directory it is
-(`--target` names another), and llama.cpp drafts its block size less one tokens per step.
+(`--target` names another), and llama.cpp drafts its block size less one tokens per step, with the
+speculative type of the drafter's `architectures` (`spec_type`): a DSparkDraftModel is served as
+`draft-dspark` cut at `--confidence-threshold` (llama.cpp's --spec-draft-p-min) and ours decodes it
+with method dspark at the same threshold; every other drafter as `draft-dflash`, ours as dflash.
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
 `llama.cpp/b11434/`, and reused when its output is there (steps 1-3 are `dflash.bench`'s, whose
 llama.cpp row uses them too):
@@ -18,8 +21,8 @@ llama.cpp row uses them too):
    imports, goes to `pylib/` by `pip install --target`) writes the target and the drafter, a standalone
    draft that takes the target's vocabulary (`--target-model-dir`), in the target's dtype;
 4. decode each prompt greedily, one process at a time: llama.cpp with our drafter (`--spec-type
-   draft-dflash`), plain llama.cpp, then our loop (the autoregressive baseline and DFlash, as
-   `python -m dflash.evaluate` runs them);
+   draft-dflash` or `draft-dspark`), plain llama.cpp, then our loop (the autoregressive baseline and
+   the drafter's method, as `python -m dflash.evaluate` runs them);
 5. report: served tau (tokens per target forward: n_predict / (n_predict - n_accept)) and acceptance
    (accepted / drafted), our tau, decode tokens/s of all four (each engine's own clock, prompt
    processing left out), and whether the outputs are identical token for token (`same_tokens`).
@@ -37,6 +40,7 @@ import subprocess
 import time
 
 from dflash.bench import cpu_model, target_spec
+from dflash.drafter.config import DSPARK_ARCHITECTURE
 from dflash.layout import DRAFTER_CONFIG, artifacts_root
 from dflash.llamacpp import LLAMA_BENCH, SDIST, build, convert, fetch_source, llama_cpp_root
 
@@ -53,10 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-family", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--confidence-threshold", type=float, default=0.0, help="DSpark drafters: where a draft stops, in [0, 1) (0: never)"
+    )
     parser.add_argument("--out", default=None, help="the JSON report (default: <artifacts>/serve_check/<drafter>.json)")
     args = parser.parse_args(argv)
     if args.prompts_per_family < 1 or args.max_new_tokens < 2 or args.threads < 1:
         parser.error("--prompts-per-family and --threads must be >= 1, --max-new-tokens >= 2")
+    if not 0 <= args.confidence_threshold < 1:
+        parser.error(f"--confidence-threshold must be in [0, 1), got {args.confidence_threshold}")
     return args
 
 
@@ -110,12 +119,22 @@ def same_tokens(tokenizer, text: str, ids: list[int], stop_ids: list[int]) -> bo
     return theirs == ids if stopped else theirs[: len(ids)] == ids
 
 
-def llama_cpp(bindir: str, target_gguf: str, drafter_gguf: str, text: str, args, block_size: int) -> tuple[dict, dict]:
-    """(speculative, plain) runs of llama.cpp on one prompt."""
+def spec_type(architecture: str, confidence_threshold: float) -> list[str]:
+    """llama.cpp's speculative type for a drafter of `architecture` (common/speculative.cpp:72-84;
+    the confidence cut is --spec-draft-p-min, speculative.cpp:1326-1336, arg.cpp:4273-4282)."""
+    if architecture == DSPARK_ARCHITECTURE:
+        return ["--spec-type", "draft-dspark", "--spec-draft-p-min", str(confidence_threshold)]
+    return ["--spec-type", "draft-dflash"]
+
+
+def llama_cpp(
+    bindir: str, target_gguf: str, drafter_gguf: str, text: str, args, block_size: int, spec: list[str]
+) -> tuple[dict, dict]:
+    """(speculative, plain) runs of llama.cpp on one prompt; `spec`: the `spec_type` flags."""
     common = ["-m", target_gguf, "-p", text, "--no-escape", "--temp", "0", "--top-k", "1", "--seed", "0"]
     common += ["-t", str(args.threads), "-tb", str(args.threads), "-c", "4096"]
     # speculative-simple stops once it has more than -n tokens: -n N - 1 gives N or a few more
-    speculative = [os.path.join(bindir, BINARIES[0]), *common, "-md", drafter_gguf, "--spec-type", "draft-dflash"]
+    speculative = [os.path.join(bindir, BINARIES[0]), *common, "-md", drafter_gguf, *spec]
     speculative += ["--spec-draft-n-max", str(block_size - 1), "-n", str(args.max_new_tokens - 1)]
     plain = [os.path.join(bindir, BINARIES[1]), *common, "-n", str(args.max_new_tokens), "-no-cnv", "--no-display-prompt"]
     results = []
@@ -156,7 +175,7 @@ def check(args) -> dict:
     from dflash.errors import require
     from dflash.eval.evaluator import run_method
     from dflash.eval.prompts import PromptBuilder, stop_token_ids
-    from dflash.methods import EvalContext, build_method
+    from dflash.methods import METHODS, EvalContext, build_method
     from dflash.specs import DrafterSpec, build_drafter, load_target
 
     require(os.path.isfile(os.path.join(args.drafter, DRAFTER_CONFIG)), "--drafter", f"{args.drafter} has no {DRAFTER_CONFIG}")
@@ -169,13 +188,19 @@ def check(args) -> dict:
     torch.set_num_threads(args.threads)
     target = load_target(spec)  # converts an offline target first: its HF directory is the converter's input
     drafter = build_drafter(DrafterSpec(path=args.drafter, dtype="auto"), target).eval()
+    dspark = drafter.config.architecture == DSPARK_ARCHITECTURE
+    why = f"is for DSpark drafters; {args.drafter} holds a {drafter.config.architecture}"
+    require(dspark or args.confidence_threshold == 0, "--confidence-threshold", why)
     block_size = drafter.config.block_size
     source = fetch_source(root)
     bindir = build(root, source, BINARIES)
     target_gguf = convert(root, source, spec.path, args.dtype)
     drafter_gguf = convert(root, source, args.drafter, args.dtype, target_dir=spec.path)
 
-    dflash = build_method("dflash", target, None, EvalContext(drafter, args.drafter))
+    method = "dspark" if dspark else "dflash"
+    settings = METHODS["dspark"].settings(confidence_threshold=args.confidence_threshold) if dspark else None
+    dflash = build_method(method, target, settings, EvalContext(drafter, args.drafter))
+    spec_flags = spec_type(drafter.config.architecture, args.confidence_threshold)
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None))
     builder, greedy = PromptBuilder(target.tokenizer), SamplingConfig()
     warmup = builder.encode([prompts[0][1]])
@@ -186,7 +211,7 @@ def check(args) -> dict:
     for index, (family, user_text) in enumerate(prompts):
         text = builder.text([user_text])
         ids = builder.encode([user_text])
-        served, plain = llama_cpp(bindir, target_gguf, drafter_gguf, text, args, block_size)
+        served, plain = llama_cpp(bindir, target_gguf, drafter_gguf, text, args, block_size, spec_flags)
         ours = {
             name: run_method(target, ids, setup, args.max_new_tokens, stops, greedy)
             for name, setup in (("ar", None), ("dflash", dflash))
@@ -209,11 +234,13 @@ def check(args) -> dict:
         rows.append(row)
         say(f"  {index + 1}/{len(prompts)} {family}: served tau {served['tokens'] / max(1, served['tokens'] - served['accepted']):.2f}, "
             f"identical {all(row['identical'].values())}")  # fmt: skip
-    return summarize(rows, args, cpu_model(), block_size, spec.path)
+    return summarize(rows, args, cpu_model(), block_size, spec.path, method)
 
 
-def summarize(rows: list[dict], args, cpu: str, block_size: int, target_path: str) -> dict:
-    """Pooled figures over every prompt."""
+def summarize(rows: list[dict], args, cpu: str, block_size: int, target_path: str, method: str = "dflash") -> dict:
+    """Pooled figures over every prompt; `method`: what our loop decoded the drafter with (its rows'
+    "dflash" entries)."""
+    from dflash.methods import label
 
     def total(*keys: str) -> float:
         return sum(functools.reduce(dict.__getitem__, keys, row) for row in rows)
@@ -224,6 +251,7 @@ def summarize(rows: list[dict], args, cpu: str, block_size: int, target_path: st
         "target": target_path,
         "dtype": args.dtype,
         "block_size": block_size,
+        "method": method,
         "prompts": n,
         "max_new_tokens": args.max_new_tokens,
         "llama_cpp": SDIST,
@@ -237,7 +265,7 @@ def summarize(rows: list[dict], args, cpu: str, block_size: int, target_path: st
             "llama.cpp plain": total("plain", "forwards") / total("plain", "seconds"),
             "llama.cpp + drafter": served / total("served", "seconds"),
             "ours plain": (total("ours", "ar", "tokens") - n) / total("ours", "ar", "seconds"),
-            "ours DFlash": (ours - n) / total("ours", "dflash", "seconds"),
+            f"ours {label(method)}": (ours - n) / total("ours", "dflash", "seconds"),
         },
         "identical": all(all(row["identical"].values()) for row in rows),
         "per_prompt": rows,
@@ -252,7 +280,7 @@ def report(summary: dict) -> str:
         *(f"  {name:<22}{rate:>7.1f} tok/s (decode)" for name, rate in rates.items()),
         f"  tau: served {summary['tau']['served']:.3f} (acceptance {100 * summary['served_acceptance']:.1f}% of drafts), "
         f"ours {summary['tau']['ours']:.3f}",
-        f"  outputs identical token for token (llama.cpp plain, llama.cpp + drafter, ours plain, ours DFlash): {summary['identical']}",
+        f"  outputs identical token for token (llama.cpp plain, llama.cpp + drafter, ours plain, ours {summary['method']}): {summary['identical']}",
     ]
     return "\n".join(lines)
 

@@ -157,13 +157,25 @@ cat "$0.stderr" >&2
 """
 
 
-def test_a_drafter_is_served_with_its_runs_target_drafting_its_block_less_one(qwen3_target, tmp_path, monkeypatch):
+# the drafter's architecture -> how llama.cpp serves it, with --confidence-threshold 0.25
+SERVED = {"dflash": ["--spec-type", "draft-dflash"], "dspark": ["--spec-type", "draft-dspark", "--spec-draft-p-min", "0.25"]}
+
+
+def served_drafter(target, method: str):
+    built = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), target)
+    if method == "dspark":
+        built.add_dspark_heads(rank=4, confidence=True)
+    return built
+
+
+@pytest.mark.parametrize("method", sorted(SERVED))
+def test_a_drafter_is_served_with_its_runs_target_drafting_its_block_less_one(qwen3_target, tmp_path, monkeypatch, method):
     monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path / "artifacts"))
     target_dir = tmp_path / "targets" / "tiny"
     qwen3_target.model.save_pretrained(target_dir)
     qwen3_target.tokenizer.save_pretrained(target_dir)
     drafter = write_run(tmp_path / "run", {"path": "${paths.artifacts}/targets/tiny", "build": None})
-    save_drafter(build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target), str(drafter))
+    save_drafter(served_drafter(qwen3_target, method), str(drafter))
     bindir = tmp_path / "bin"
     bindir.mkdir()
     outputs = {
@@ -181,13 +193,29 @@ def test_a_drafter_is_served_with_its_runs_target_drafting_its_block_less_one(qw
         serve_check, "convert", lambda *args, **kwargs: converted.append((args, kwargs)) or f"m{len(converted)}.gguf"
     )
     out = tmp_path / "check.json"
-    serve_check.main(["--drafter", str(drafter), "--families", "chat", "--prompts-per-family", "1", "--max-new-tokens", "4", "--threads", "1", "--out", str(out)])  # fmt: skip
+    threshold = ["--confidence-threshold", "0.25"] if method == "dspark" else []
+    serve_check.main(["--drafter", str(drafter), "--families", "chat", "--prompts-per-family", "1", "--max-new-tokens", "4", "--threads", "1", "--out", str(out), *threshold])  # fmt: skip
     summary = json.loads(out.read_text())
-    assert (summary["target"], summary["block_size"], summary["prompts"]) == (str(target_dir), 4, 1)
+    assert (summary["target"], summary["block_size"], summary["prompts"], summary["method"]) == (str(target_dir), 4, 1, method)
     assert [(args[2], kwargs) for args, kwargs in converted] == [
         (str(target_dir), {}),
         (str(drafter), {"target_dir": str(target_dir)}),
     ]
     served = (bindir / "llama-speculative-simple.argv").read_text().split()
+    flags = SERVED[method]
+    assert served[served.index("--spec-type") : served.index("--spec-type") + len(flags)] == flags
     assert served[served.index("--spec-draft-n-max") + 1] == "3"
     assert served[served.index("-m") + 1] == "m1.gguf" and served[served.index("-md") + 1] == "m2.gguf"
+
+
+def test_a_confidence_threshold_for_a_dflash_drafter_is_one_line(qwen3_target, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DFLASH_ARTIFACTS", str(tmp_path / "artifacts"))
+    qwen3_target.model.save_pretrained(tmp_path / "targets" / "tiny")
+    qwen3_target.tokenizer.save_pretrained(tmp_path / "targets" / "tiny")
+    drafter = write_run(tmp_path / "run", {"path": "${paths.artifacts}/targets/tiny", "build": None})
+    save_drafter(served_drafter(qwen3_target, "dflash"), str(drafter))
+    monkeypatch.setattr(serve_check, "fetch_source", lambda root: pytest.fail("fetched llama.cpp"))
+    with pytest.raises(SystemExit) as exit_info:
+        serve_check.main(["--drafter", str(drafter), "--confidence-threshold", "0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith("error: --confidence-threshold: is for DSpark drafters")
