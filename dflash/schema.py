@@ -227,7 +227,7 @@ class DemoEvaluationSettings:
     """Prompts of this family."""
     max_new_tokens: int = 128
     """Tokens per prompt."""
-    start_s: float = 20.0
+    start_s: float = 12.0
     """The reserve per evaluate app for its start."""
     min_prompts: int = 4
     """The plan's floor per family where it cuts the counts to fit the budget."""

@@ -17,7 +17,8 @@ Invariants:
 - Each answer is charged max_new_tokens and each prompt token a step's time (the probe's steps
   see short contexts, real answers longer ones). Stage 2's estimate moves training minutes, not
   the finish: stage 3 takes what the clock leaves when it starts (`dflash.cli.demo.train_minutes`),
-  less the planned cache fill and evaluation, whose errors move the finish.
+  less the planned cache fill and evaluation, whose errors move the finish. The margin is slack
+  for those errors, not planned work: the expected finish leaves it out.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Measured:
     fill_tokens_per_s: dict[str, float]
     """Trainer precision -> tokens/s of the target's forward over training rows (the cache fill)."""
     forward_s: float
-    """The float32 one-token forward (stage 4 decodes in float32)."""
+    """A float32 autoregressive step of the decode loop (stage 4's baseline; it decodes in float32)."""
     prompt_tokens: float
     """Mean prompt length of the data option's prompts, chat template included."""
     sources: dict[str, int]
@@ -65,7 +66,7 @@ class Plan:
     evaluation: dict[str, int]
     """Family -> prompts."""
     seconds: dict[str, float]
-    """Planned seconds of each part: data, cache_fill, train, evaluate, margin."""
+    """Planned seconds of each part: data, cache_fill, train, evaluate, and the margin kept free."""
     started: float
     made: float
     finish: float
@@ -120,7 +121,7 @@ def plan(measured: Measured, cfg, started: float, now: float) -> Plan:
         seconds={part: round(value, 1) for part, value in seconds.items()},
         started=started,
         made=now,
-        finish=now + sum(seconds.values()),
+        finish=now + sum(value for part, value in seconds.items() if part != "margin"),
         measured=measured,
     )
 
@@ -145,7 +146,7 @@ def evaluation_counts(cfg, forward_s: float, room_s: float) -> dict[str, int]:
 
 
 def evaluation_reserve_s(cfg, counts: dict[str, int], forward_s: float) -> float:
-    """Seconds stage 4 may take: every prompt's tokens `reserve_factor` times the one-token forward
+    """Seconds stage 4 may take: every prompt's tokens `reserve_factor` times the autoregressive step
     (the autoregressive loop once, then each method at up to one forward per token), plus each
     evaluate app's start."""
     tokens = sum(counts.values()) * cfg.evaluation.max_new_tokens
@@ -177,7 +178,7 @@ def describe(plan: Plan, cfg) -> list[str]:
     untimed = "" if "bfloat16" in measured.answer_tokens_per_s else "; bfloat16 untimed: its forward ran at under half the speed"
     asked = {family: cfg.evaluation[family] for family in FAMILIES}
     cut = "" if plan.evaluation == asked else f", cut from {'/'.join(map(str, asked.values()))} to fit"
-    total = (plan.finish - plan.started) / 60
+    total, margin = (plan.finish - plan.started) / 60, seconds["margin"] / 60
     over = " (over the budget: min_prompts, min_train_minutes and evaluation.min_prompts do not fit)"
     return [
         f"answers in {plan.data_dtype} (tokens/s at batch {regenerate.batch_size}: {rates(measured.answer_tokens_per_s)}"
@@ -187,11 +188,11 @@ def describe(plan: Plan, cfg) -> list[str]:
         f"{seconds['data'] / 60:.1f} min to answer, {seconds['cache_fill'] / 60:.1f} min to fill the cache "
         f"(prompts of {measured.prompt_tokens:.0f} tokens, answers of up to {regenerate.max_new_tokens})",
         f"evaluation: {', '.join(f'{family} {n}' for family, n in plan.evaluation.items())} prompts{cut}: "
-        f"{seconds['evaluate'] / 60:.1f} min reserved (one-token forward {1000 * measured.forward_s:.1f} ms)",
-        f"{plan.train_minutes:.1f} min of training{given('train_minutes')}; {seconds['margin'] / 60:.1f} min margin, "
+        f"{seconds['evaluate'] / 60:.1f} min reserved (autoregressive step {1000 * measured.forward_s:.1f} ms)",
+        f"{plan.train_minutes:.1f} min of training{given('train_minutes')}; {margin:.1f} min margin kept free, "
         f"{(plan.made - plan.started) / 60:.1f} min spent, {measured.probe_s:.0f} s of it measuring",
         f"expected to finish at {time.strftime('%H:%M UTC', time.gmtime(plan.finish))}, "
-        f"{total:.1f} of {cfg.budget_minutes:g} min{over if total > cfg.budget_minutes + 0.05 else ''}",
+        f"{total:.1f} of {cfg.budget_minutes:g} min{over if total + margin > cfg.budget_minutes + 0.05 else ''}",
     ]
 
 
