@@ -36,6 +36,7 @@ from dflash.errors import ConfigError, reading, require
 from dflash.fileio import atomic_write, write_json
 from dflash.layout import DRAFT_VOCAB_FILE, DRAFTER_CONFIG, DRAFTER_MODULE, DRAFTER_WEIGHTS
 
+_HEADS = ("markov_head.", "confidence_head.")  # DSpark's optional heads (`dflash.drafter.heads`)
 _FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
 _MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_modeling.py")
 
@@ -160,7 +161,9 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
 
     The directory must hold the same network for the same target: width, heads, depth,
     taps and mask token id equal; a mismatch is a ConfigError naming the key to change.
-    The block size may differ: it does not shape the weights.
+    The block size may differ: it does not shape the weights. DSpark's heads are copied where
+    both have them (of the same rank); a head only one side has is left as it is (a DFlash
+    drafter starts a DSpark drafter's layers, its new heads stay new).
     """
     try:
         source = load_drafter(directory)
@@ -172,4 +175,13 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
             wanted = source.config.mask_token if name == "mask_token_id" and source.config.mask_token else theirs
             fix = f"set {key}={wanted}" if key else "it was trained for another target"
             raise ConfigError("init_from", f"{name} is {theirs} in {directory!r} but {ours} here; {fix}")
-    drafter.load_state_dict(source.state_dict())
+    theirs, ours = source.config.markov_rank, drafter.config.markov_rank
+    require(
+        not (theirs and ours) or theirs == ours,
+        "init_from",
+        f"markov_rank is {theirs} in {directory!r} but {ours} here; set method.markov_rank={theirs}",
+    )
+    state = {name: tensor for name, tensor in source.state_dict().items() if name in drafter.state_dict()}
+    missing = drafter.load_state_dict(state, strict=False).missing_keys
+    if any(not name.startswith(_HEADS) for name in missing):  # the fields above fix every other weight
+        raise RuntimeError(f"init_from left {missing[:3]} unset")

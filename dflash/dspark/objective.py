@@ -18,11 +18,14 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from dflash.dflash.objective import DFlashObjective
+from dflash.drafter.io import init_drafter_from
 from dflash.errors import require
 from dflash.specs import DrafterSpec
 from dflash.structured import config_key
@@ -48,13 +51,19 @@ class DSparkObjective(DFlashObjective):
     """DFlash's blocks, scored through DSpark's heads (module docstring)."""
 
     def __init__(self, target: TargetModel, drafter: DrafterSpec, training: TrainingSettings, settings):
-        super().__init__(target, drafter, training)
+        # the heads first, then `drafter.init_from`'s weights (a DSpark directory's heads too);
+        # with drafter.path set, build_drafter refuses init_from itself
+        spec = drafter if drafter.path is not None else dataclasses.replace(drafter, init_from=None)
+        super().__init__(target, spec, training)
         self.settings = settings
         with config_key("method"):
             existing = self.drafter.config.markov_rank
             require(existing in (0, settings.markov_rank), "markov_rank", f"drafter.path has rank {existing}")
         if self.drafter.markov_head is None:
             self.drafter.add_dspark_heads(settings.markov_rank, settings.confidence_head)
+        if spec.init_from is None and drafter.init_from is not None:
+            with config_key("drafter"):
+                init_drafter_from(self.drafter, drafter.init_from)
         self.reads_target = settings.tv_alpha > 0 or self.drafter.confidence_head is not None
 
     def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:

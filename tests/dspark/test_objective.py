@@ -153,3 +153,33 @@ def test_training_settings_dspark_does_not_read_are_refused(change, key):
             method.train_settings(), DrafterSpec(block_size=4), DataSpec(path="unused"), TrainingSettings(**change)
         )
     assert info.value.key == key
+
+
+def test_init_from_copies_a_dspark_directorys_heads_and_a_dflash_directorys_layers(tmp_path):
+    from dflash.drafter import save_drafter
+    from dflash.errors import ConfigError
+
+    source = dspark_module(tmp_path).drafter
+    with torch.no_grad():
+        source.markov_head.markov_w2.weight.normal_(generator=torch.Generator().manual_seed(2))
+    save_drafter(source, str(tmp_path / "dspark"))
+    dflash = METHODS["dflash"].build_objective(
+        dspark_module(tmp_path).target, None, DrafterSpec(num_layers=1, block_size=4), TrainingSettings()
+    )
+    save_drafter(dflash.drafter, str(tmp_path / "dflash"))
+
+    def started_from(directory, rank=8):
+        training = TrainingSettings(num_anchors=4)
+        spec = TargetSpec(path=str(tmp_path / "target"), build={"arch": "qwen3"})
+        drafter = DrafterSpec(num_layers=1, block_size=4, seed=5, init_from=str(tmp_path / directory))
+        method = METHODS["dspark"].train_settings(markov_rank=rank)
+        return training_module(spec, "dspark", method, drafter, training).drafter.state_dict()
+
+    for name, tensor in started_from("dspark").items():
+        assert torch.equal(tensor, source.state_dict()[name]), name
+    from_dflash = started_from("dflash")
+    assert all(torch.equal(from_dflash[name], tensor) for name, tensor in dflash.drafter.state_dict().items())
+    assert not from_dflash["markov_head.markov_w2.weight"].any()  # its new Markov head
+    with pytest.raises(ConfigError, match="set method.markov_rank=8") as info:
+        started_from("dspark", rank=4)
+    assert info.value.key == "drafter.init_from"
