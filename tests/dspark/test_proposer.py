@@ -1,6 +1,8 @@
 """DSpark's proposer (dflash/dspark/proposer.py): a bridge to DFlash, lossless greedy decoding
-with its cut, and drafts drawn from the distributions it records (docs/design.md invariant 12,
-docs/frontier.md 5.5), with the two seeded bugs that break the last."""
+with its cut, drafts drawn from the distributions it records (docs/design.md invariant 12,
+docs/frontier.md 5.5) with the two seeded bugs that break it, and sampled outputs with the
+target's distribution end to end (tests/decoding/test_sampling.py's chi-square), which a cut
+decided after the draw breaks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from dflash.training.forward import target_features
 from helpers.decoding import PROMPTS, RecordingProposer, dspark_drafter, hf_greedy, random_drafter
-from helpers.stats import chi_square_p_value
+from helpers.stats import chi_square_p_value, exact_joint
 
 # The lossless matrix's first families (tests/target/test_architectures.py DECODING_ARCHS), beside
 # the conftest's qwen3 and llama.
@@ -147,3 +149,57 @@ def test_drafts_follow_their_recorded_distributions(qwen3_target, slot):
 def test_the_check_catches_a_seeded_bug(qwen3_target, monkeypatch, flaw, slot):
     monkeypatch.setattr(DSparkProposer, "draft", flawed_draft(flaw))
     assert draws_p_value(qwen3_target, slot) < 1e-3
+
+
+# --- sampling end to end: the output keeps the target's distribution --------------------------
+
+E2E_SAMPLES = 800
+E2E_SAMPLING = SamplingConfig(temperature=0.8, top_k=3, verify_rule="rejection")
+
+
+def bigram_drafter(target: TargetModel, ids: torch.Tensor):
+    """A DSpark drafter whose Markov head (rank V, w1 the identity) holds, for every token a, the
+    target's logits after [prompt, a]: a first draft after the anchor close to the target's, later
+    ones in a context one token short, so verification accepts some drafts and rejects others.
+    Its confidence reads the previous token only, a standard normal logit per token: about half
+    the slots are cut at THRESHOLD. Returns (drafter, zero base logits): the heads alone draft, as
+    a test double of the layers."""
+    vocab = target.config.vocab_size
+    drafter = dspark_drafter(target, rank=vocab, block_size=4)
+    with torch.no_grad():
+        drafter.markov_head.markov_w1.weight.copy_(torch.eye(vocab))
+        proj = drafter.confidence_head.proj.weight
+        proj.zero_()[:, target.hidden_size :] = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
+        following = torch.cat([ids.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)
+        drafter.markov_head.markov_w2.weight.copy_(target.model(following).logits[:, -1, :vocab].T)
+    return drafter, lambda hidden: hidden.new_zeros(*hidden.shape[:-1], vocab)
+
+
+def sampled_outputs(target: TargetModel) -> tuple[float, list[int], list[int]]:
+    """E2E_SAMPLES outputs of `generate()` with the bigram drafter and the cut: their chi-square
+    p-value against the target's exact joint, every step's acceptance length and draft length."""
+    ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
+    drafter, zero_logits = bigram_drafter(target, ids)
+    proposer = RecordingProposer(DSparkProposer(drafter, target.embed, zero_logits, confidence_threshold=THRESHOLD))
+    outputs, lengths = [], []
+    for seed in range(E2E_SAMPLES):
+        result = generate(target, ids, max_new_tokens=4, block_size=4, proposer=proposer, sampling=E2E_SAMPLING,
+                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        outputs.append(tuple(result.output_ids))
+        lengths.extend(result.acceptance_lengths)
+    p_value = chi_square_p_value(outputs, exact_joint(target, ids, E2E_SAMPLING, 4))
+    return p_value, lengths, [len(tokens) for tokens in proposer.drafts]
+
+
+@pytest.mark.slow
+def test_sampled_outputs_follow_the_targets_distribution_with_the_cut(qwen3_target):
+    p_value, lengths, drafted = sampled_outputs(qwen3_target)
+    assert p_value > 1e-3, f"outputs do not follow the target's distribution (p={p_value:.2g})"
+    assert drafted.count(0) >= len(drafted) // 10 and max(drafted) >= 2  # the cut varied the draft length
+    assert all(lengths.count(n) >= 50 for n in (1, 2, 3)), lengths  # drafts were rejected and accepted
+
+
+@pytest.mark.slow
+def test_the_end_to_end_check_catches_a_cut_decided_after_the_draw(qwen3_target, monkeypatch):
+    monkeypatch.setattr(DSparkProposer, "draft", flawed_draft("cut_after_draw"))
+    assert sampled_outputs(qwen3_target)[0] < 1e-3
