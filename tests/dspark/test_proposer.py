@@ -20,9 +20,23 @@ from dflash.training.forward import target_features
 from helpers.decoding import PROMPTS, RecordingProposer, dspark_drafter, hf_greedy, random_drafter
 from helpers.stats import chi_square_p_value, exact_joint
 
-# The lossless matrix's first families (tests/target/test_architectures.py DECODING_ARCHS), beside
-# the conftest's qwen3 and llama.
-MORE_ARCHS = ["mistral", "gemma2", "qwen2", "gpt2"]
+# The lossless matrix (tests/target/test_architectures.py DECODING_ARCHS + MORE_ARCHS), beside the
+# conftest's qwen3 and llama; gemma2, granite and cohere transform the head's logits before the bias.
+MORE_ARCHS = [
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "qwen2",
+    "qwen3_moe",
+    "gpt2",
+    "phi3",
+    "olmo2",
+    "stablelm",
+    "gpt_neox",
+    "falcon",
+    "granite",
+    "cohere",
+]
 THRESHOLD = 0.5
 
 
