@@ -26,9 +26,8 @@ Invariants:
 - A row's states equal the target's states of that row in a training batch up to float
   rounding (and the storage dtype's rounding): fill batches are right-padded, and causal
   attention keeps padding out of real positions, as in training. The fill runs under the
-  trainer's precision context, as a training step's target forward does (bf16-mixed:
-  autocast to bfloat16, the faster one on AMX or AVX512-BF16 CPUs); the autocast dtype
-  is part of the key, so a float32 fill and a bf16-mixed one are two caches.
+  trainer's precision context, as a training step's target forward does; the autocast
+  dtype is part of the key, so a float32 fill and a bf16-mixed one are two caches.
 - Ranks split the fill by shard (shard i by rank i % world_size); the caller then waits for
   all ranks before reading (`DrafterTrainingModule.setup`). Processes filling the same share
   (jobs of a sweep started together) take turns on a file lock, so each file is computed once.
@@ -67,9 +66,7 @@ def _autocast(device_type: str) -> dict:
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A cheap fingerprint of a model's weights: the names, shapes and dtypes of every
-    parameter and buffer, and the first and last `_SAMPLE` values of each. Two different
-    checkpoints of one architecture differ there; reading every weight of an 8B model
-    would take longer than the cache saves on a small dataset."""
+    parameter and buffer, and the first and last `_SAMPLE` values of each."""
     digest = hashlib.sha256()
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         flat = tensor.detach().reshape(-1)
@@ -215,8 +212,7 @@ class DiskStateCache:
         """
         from dflash.target.builds import build_lock
 
-        # Jobs started together on a fresh cache (a seed sweep) wait for the one that fills
-        # their share instead of computing it too; ranks of one job fill their shares at once.
+        # Jobs filling the same share wait for each other; ranks of one job fill at once.
         lock = os.path.join(self.directory, f"fill-{rank}-of-{world_size}")
         with build_lock(lock, lambda message: log.info("target state cache: %s", message)):
             return self._fill(target, row_ids, layers, batch_size, rank, world_size, progress)
@@ -332,8 +328,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 class _FillProgress:
-    """A progress bar on a terminal; elsewhere (a log file, a batch job) one log line every
-    `PROGRESS_INTERVAL_S` seconds: `target states: 136/512 rows (27%), 965 tokens/s, ETA 0:02:20`."""
+    """A progress bar on a terminal, else one log line every `PROGRESS_INTERVAL_S` seconds."""
 
     def __init__(self, total_rows: int, enabled: bool):
         self.total, self.done, self.interval = total_rows, 0, PROGRESS_INTERVAL_S

@@ -15,8 +15,7 @@ Invariants:
   the disk cache when `training.target_cache_dir` is set (filled in `setup`,
   `dflash.training.disk_cache`), else from the in-memory cache when
   `training.target_cache_gib` > 0, else from a target forward; all three give the same
-  states up to float rounding (tests/training/test_disk_cache.py,
-  tests/training/test_feature_cache.py).
+  states up to float rounding.
 - An optimizer step's gradient is that of sum w l / W over the step's whole global batch
   (docs/design.md invariant 10, `dflash.training.normalisation`): `training_step` returns
   the scaled micro-batch sum, `on_before_optimizer_step` corrects the gradients when
@@ -85,7 +84,7 @@ class DrafterTrainingModule(L.LightningModule):
         self.train_metrics = BlockMetrics(self.objective.slots)
         self.val_metrics = BlockMetrics(self.objective.slots)
         self.loss_scale = GlobalLossScale()
-        self.monitor = StepMonitor()  # grad norm, tokens/s, peak memory at each log step
+        self.monitor = StepMonitor()
         self._matrices: set[int] | None = None  # ids of the drafter's matrices (weight decay), recorded in `setup`
         self._parameters_at_setup: set[int] = set()
 
@@ -109,8 +108,7 @@ class DrafterTrainingModule(L.LightningModule):
         return self.objective.loss(self.target, batch, states, generator, full_vocab)
 
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
-        """Refuse a batch that is not right-padded, once per batch on the CPU (before it
-        moves to the device, so the check never syncs the GPU in the training step)."""
+        """Refuse a batch that is not right-padded; checked on the CPU, so it never syncs the GPU."""
         attention_mask = batch["attention_mask"].bool()
         if not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
             raise ValueError("training batches must be right-padded (attention_mask of the form 1..1 0..0)")
@@ -134,8 +132,7 @@ class DrafterTrainingModule(L.LightningModule):
         self.setup_disk_cache()
         if self._trainer is not None:
             self.objective.setup(self.target, getattr(self.trainer, "datamodule", None))
-        # Before the strategy wraps the drafter: FSDP turns every parameter into a 1-D view
-        # of its rank's shard, so the optimizer's groups are chosen here, on the real shapes.
+        # Before the strategy wraps the drafter, on the real shapes (module invariants).
         self._matrices = {id(p) for p in self.drafter.parameters() if p.dim() >= 2}
         self._parameters_at_setup = {id(p) for p in self.drafter.parameters()}
 
@@ -238,11 +235,8 @@ class DrafterTrainingModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip as the Trainer says; under FSDP by the norm over all ranks' shards.
-
-        Lightning's FSDP precision plugin refuses clipping by norm (a shard's norm is not
-        the gradient's); the root FSDP module's `clip_grad_norm_` reduces the norm over
-        ranks, so `trainer=fsdp` clips as one process would."""
+        """Clip as the Trainer says; under FSDP by the root module's `clip_grad_norm_`, the norm over
+        all ranks' shards (Lightning's FSDP precision plugin refuses clipping by norm)."""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         model = self.trainer.model

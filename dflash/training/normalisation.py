@@ -3,10 +3,8 @@
 Invariants (docs/design.md invariant 10):
 - The gradient of an optimizer step is that of sum w l / W, the sum running over the
   weighted slots of every micro-batch on every rank of the step, W = sum w over the same
-  slots: every supervised slot counts the same, whichever rank or micro-batch holds it
-  (a per-rank or per-micro-batch ratio lets slots of a rank with few valid anchors count
-  more; SpecForge fixed exactly this in its #731). With one rank and no accumulation this
-  is the batch's own ratio `BlockLoss.loss`.
+  slots: every supervised slot counts the same, whichever rank or micro-batch holds it.
+  With one rank and no accumulation this is the batch's own ratio `BlockLoss.loss`.
 - How, given that Lightning runs backward after each micro-batch, before the step's W is
   known: the step's first micro-batch sums its weight over the R ranks (one scalar
   all-reduce after its forward), W_1, and fixes c = R / W_1 for the whole step (R / 1 if

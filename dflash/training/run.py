@@ -3,25 +3,21 @@ the fit, export of the drafter directory and the optional evaluation after train
 Trainer, its strategy and the loggers are built by `dflash.training.trainer`.
 
 `python -m dflash.train` (dflash/cli/train.py) fills a `TrainJob` from the Hydra config
-and calls `run_training`; nothing here reads Hydra objects, so tests and scripts can
-run the same code with dataclasses.
+and calls `run_training`; nothing here reads Hydra (design.md invariant 22).
 
 Invariants:
-- Run directory layout (`output_dir`): `checkpoints/last.ckpt` (refreshed every
-  `checkpoint.every_n_train_steps` optimizer steps and at the end), `checkpoints/previous.ckpt`
-  and `checkpoints/best.ckpt` (`dflash.training.checkpoints`), `drafter/` (the exported
-  drafter directory, with `drafter/checkpoint.json` naming the checkpoint and step it came
-  from, and its model card `drafter/README.md`, rewritten with the measured tau once the
+- Run directory layout (`output_dir`, names in `dflash.layout`): the checkpoints
+  (`dflash.training.checkpoints`), `drafter/` (the exported drafter, with `checkpoint.json`
+  naming the checkpoint and step it came from, and a model card rewritten once the
   evaluation after training ran), `results.json` (that evaluation), `tau_curves.png` (with
-  `eval.tau_real`, `dflash.training.tau_real`), logger files.
+  `eval.tau_real`), logger files.
 - Resume always reads last.ckpt (best.ckpt may be older); export reads best.ckpt when
   `select=best` and one was written, else last.ckpt, and says which in the log.
 - One job at a time per run directory: the first process holds `dflash.locks.DirectoryLock`
   on it for the whole run (a second job exits 2 naming the holder; a killed holder's lock
   is taken over).
 - `resume="auto"`: training continues from `checkpoints/last.ckpt` with its global step,
-  optimizer and scheduler state, so re-running a killed command resumes (how checkpoints
-  are written, kept and checked: `dflash.training.checkpoints`).
+  optimizer and scheduler state, so re-running a killed command resumes.
 - The frozen target is loaded by every rank on that rank's own device
   (`trainer.strategy.root_device`, known once the Trainer exists), never on cuda:0 by all.
 - Export and evaluation run on global rank 0 only; export reads the final checkpoint,
