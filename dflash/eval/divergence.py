@@ -19,25 +19,17 @@ Diagnosis of a divergence at output position p (the first token that differs):
   (the baseline's and the candidate's). When the computation chose one of the two,
   that is the pair's logit difference: the margin by which it broke the tie.
 - tolerance = TIE_ULPS rounding steps of the dtype at the row's scale:
-  `TIE_ULPS * eps(dtype) * 2**floor(log2(max |logit|))`. Logits leave the LM head
-  rounded to the dtype, so two logits closer than one step (ulp) of the largest one
-  are indistinguishable to it; every layer before adds rounding of its own, which
-  moves a logit by a step or two between two shapes. Measured on the tiny Qwen3 and
-  Llama targets in bf16 (48 divergences in 160 generations, blocks 2-16): gaps of at
-  most 2 steps, and the two computations' whole logit rows at most 2 steps apart.
-  TIE_ULPS = 4 covers that with room and stays far below a real ranking error (a wrong
-  draft kept by a faulty verifier was 96 to 174 steps below the top, 8 of 8 tries).
-  The same rule in float32 allows 4 float32 steps (about 5e-7 relative): any wider
-  float32 gap is a bug.
+  `TIE_ULPS * eps(dtype) * 2**floor(log2(max |logit|))`: two logits closer than one
+  step (ulp) of the largest are indistinguishable in the dtype, and each layer's rounding
+  moves a logit by a step or two between two shapes (the figures that set TIE_ULPS are
+  in docs/design.md, "Measured figures"). In float32 any gap over 4 float32 steps is a bug.
 - numerical: gap <= tolerance in both computations (the pair is tied up to rounding
   and each computation chose one of the two). bug: anything else, e.g. a token that
   the candidate's own verify forward did not rank first (a verify rule that kept a
   wrong draft), or an output that ended before the other.
 
 A replay that did not reproduce its run would find the run's token not ranked first and
-report a bug: it errs towards alarm, never towards silence
-(tests/eval/test_divergence.py checks that the replay reproduces the run's logits bit
-for bit, chain and tree).
+report a bug: it errs towards alarm, never towards silence.
 """
 
 from __future__ import annotations

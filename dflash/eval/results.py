@@ -4,22 +4,17 @@ Aggregation (docs/design.md invariants 11, 16 and 17). Every acceptance length c
 the bonus token (accepted drafts + 1). Two aggregations of each headline number, labelled:
 - tau (pooled): sum of acceptance lengths / number of verify steps, over every
   generation. Long generations weigh more.
-- tau_per_prompt_mean: the mean over generations of each generation's tau, as the
-  public DFlash benchmark harness computes it (z-lab/dflash at 44947fb, dflash/benchmark.py,
-  `_print_decode_summary`: `np.mean([np.mean(r.acceptance_lengths) ...])`; every
-  turn of a multi-turn prompt is one generation there too). Generations without a
-  verify step (the first token ended them) have no acceptance length and are left out.
+- tau_per_prompt_mean: the mean over generations (turns) of each generation's tau, as
+  the public DFlash benchmark harness computes it. Generations without a verify step
+  (the first token ended them) are left out.
 - speedup (end to end): the baseline's time per output token / DFlash's, each summed
   over all generations, prefill included (tokens_per_s is the same pooled ratio).
 - speedup_decode_only: the harness's "Decoding speedup", which the DFlash paper
   reports: the mean over generations of the baseline's decode time per output token,
   divided by the same mean for DFlash. Decode time excludes the target's prefill and is
-  divided by every output token, the prefill's first one included (z-lab/dflash,
-  dflash/model.py, `dflash_generate`: `time_per_output_token = total_decode_time /
-  num_output_tokens`). One difference: the harness also leaves the drafter's first
-  forward (over the prompt's features) out of the decode time; ours counts it, so our
-  figure is the more conservative by that one forward. HF generate is timed whole
-  (no prefill/decode split), so it has no decode-only speedup.
+  divided by every output token, the prefill's first one included. Ours also counts the
+  drafter's first forward, which the harness leaves out (docs/results-file.md, "Which
+  tau, which speedup"). HF generate is timed whole, so it has no decode-only speedup.
 
 Losslessness (greedy only; see `dflash.eval.divergence`): `lossless` is strict, every
 DFlash output equals the autoregressive one token for token; `lossless_up_to_ties` is
@@ -27,10 +22,8 @@ true when every divergence is a near-tie within the target dtype's rounding
 (`numerical`), false when any is a `bug` (a divergence that was not diagnosed counts as
 a bug).
 
-Several methods (`methods`, e.g. [dflash, ngram]) run on the same generations; every
-figure above exists per method, against the same autoregressive and HF generate runs.
-The first listed method is the run's primary method: the top-level fields describe it;
-`methods` holds every method's.
+Several methods (`methods`) run on the same generations; every figure above exists per
+method, against the same baselines. The first is the primary: the top-level fields are its.
 
 results.json: `dflash.layout.Results`, one field each, described beside it; every nested
 key in docs/results-file.md ("Every key").
@@ -101,10 +94,8 @@ def mean_acceptance_length(records: list[GenerationRecord], method: str | None =
 
 
 def tau_per_prompt_mean(records: list[GenerationRecord], method: str | None = None) -> float:
-    """tau as the public harness averages it: the mean over generations of their own tau.
-
-    Generations without a verify step are left out; 0.0 when none has one.
-    """
+    """tau as the public harness averages it: the mean over generations of their own tau
+    (generations without a verify step left out; 0.0 when none has one)."""
     taus = [sum(lengths) / len(lengths) for lengths in (r.lengths(method) for r in records) if lengths]
     return sum(taus) / len(taus) if taus else 0.0
 
