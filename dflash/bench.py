@@ -3,12 +3,9 @@ against the floor its memory bandwidth sets, and the acceptance length each bloc
 needs to break even.
 
     python -m dflash.bench                                   # SmolLM2-135M, float32, 2 threads
-    python -m dflash.bench --dtype bfloat16 --drafter artifacts/demo/.../drafter
-    python -m dflash.bench --draft-vocab 8192               # a random drafter shaped like the demo's
+    python -m dflash.bench --dtype bfloat16 --drafter artifacts/demo/.../drafter --out bench.md
     python -m dflash.bench --target tiny_qwen3 --quick       # seconds; what CI runs
     python -m dflash.bench --target DIR --device cuda --dtype bfloat16 --engine graphs
-    python -m dflash.bench --out bench.md
-    python -m dflash.bench --llama-cpp                       # llama.cpp's own t(B) beside ours (built once: minutes)
 
 It prints (and writes with --out, as Markdown):
 - the machine: CPU model (or GPU), threads, torch;
@@ -26,12 +23,10 @@ It prints (and writes with --out, as Markdown):
   after its prefill apart, against the compute floor: the FLOPs of every prompt and new token (2 x the
   weights each multiplies) over the measured matmul throughput;
 - llama.cpp's t(B) on this machine (CPU only): its own `llama-bench` on the target converted to GGUF in the
-  same dtype, B tokens after `--context` cached ones (`-d`), the same threads, the median of its samples,
-  beside our verify. llama.cpp comes from a pinned source, built and converted once under
-  <artifacts>/llama.cpp/b11434 (`fetch_source`, `build`, `convert`, which `python -m dflash.serve_check`
-  uses too): `--llama-cpp` does what is missing (minutes the first time); without it the row appears
-  where llama-bench and the GGUF are there already (`make serve-check` leaves both for SmolLM2 in
-  float32), else a line says how to get it; `--no-llama-cpp` leaves it out.
+  same dtype, B tokens after `--context` cached ones, the same threads, the median of its samples, beside
+  our verify (llama.cpp built and converted by `dflash.llamacpp`). `--llama-cpp` builds what is missing
+  (minutes); without it the row appears where llama-bench and the GGUF exist already, else a line says how
+  to get them; `--no-llama-cpp` leaves it out.
 
 Steps take turns within each repeat and the median counts (`dflash.timing`). Nothing else should run
 on the cores meanwhile.

