@@ -76,12 +76,10 @@ class DSparkObjective(DFlashObjective):
         if self.reads_target:
             batch_index = torch.arange(valid.shape[0], device=valid.device)[:, None].expand_as(valid)[valid]
             target_rows = final_hidden[batch_index, blocks.positions[valid] - 1]  # predicts the slot's token
-        chunk = self.training.loss_chunk_rows or max(rows.shape[0], 1)
+        size = self.training.loss_chunk_rows or max(rows.shape[0], 1)
+        chunks = [slice(start, start + size) for start in range(0, rows.shape[0], size)]
         parts = [
-            self._row_terms(
-                target, rows[i : i + chunk], prev[i : i + chunk], labels[i : i + chunk], target_rows, slice(i, i + chunk)
-            )
-            for i in range(0, rows.shape[0], chunk)
+            self._row_terms(target, rows[c], prev[c], labels[c], None if target_rows is None else target_rows[c]) for c in chunks
         ]
         if parts:
             losses, cross_entropy, correct = (torch.cat(column) for column in zip(*parts))
@@ -97,18 +95,18 @@ class DSparkObjective(DFlashObjective):
             weights = static.to(hidden.device)[slots]
         return BlockLoss((weights * losses).sum(), slots, correct, cross_entropy, weights)
 
-    def _row_terms(self, target, rows, prev, labels, target_rows, chunk: slice):
-        """Per-row (loss, data cross-entropy, biased argmax == label) of one chunk of rows."""
-        target_chunk = None if target_rows is None else target_rows[chunk]
+    def _row_terms(self, target, rows, prev, labels, target_rows):
+        """Per-row (loss, data cross-entropy, biased argmax == label) of one chunk of rows; the
+        target's final hidden states `target_rows` (None: its distribution is not read)."""
 
         def terms(rows):
             logits, embedded = biased_logits(self.drafter, target.logits, rows, prev)
             log_q = logits.log_softmax(-1)
             cross_entropy = -log_q.gather(1, labels[:, None]).squeeze(1)
             loss = self.settings.ce_alpha * cross_entropy
-            if target_chunk is not None:
+            if target_rows is not None:
                 with torch.no_grad():
-                    p_target = target.logits(target_chunk).float().softmax(-1)
+                    p_target = target.logits(target_rows).float().softmax(-1)
                 l1 = (log_q.exp() - p_target).abs().sum(-1)
                 loss = loss + self.settings.tv_alpha * l1
                 head = self.drafter.confidence_head

@@ -183,3 +183,28 @@ def test_init_from_copies_a_dspark_directorys_heads_and_a_dflash_directorys_laye
     with pytest.raises(ConfigError, match="set method.markov_rank=8") as info:
         started_from("dspark", rank=4)
     assert info.value.key == "drafter.init_from"
+
+
+def test_the_loss_is_deepspecs_written_out(tmp_path):
+    """0.1 CE + 0.9 |p_d - p_t|_1 + 1.0 BCE(conf, 1 - |p_d - p_t|_1 / 2) per valid slot, weighted
+    by slot (gamma), with p_d from the hidden state plus w2 w1[the data token before the slot]."""
+    module = dspark_module(tmp_path, chunk_rows=None)
+    objective_, target, drafter = module.objective, module.target, module.drafter
+    with torch.no_grad():
+        drafter.markov_head.markov_w2.weight.normal_(std=0.3, generator=torch.Generator().manual_seed(1))
+        data = batch()
+        states = module_states(module, objective_, data)
+        result = objective_.loss(target, data, states, torch.Generator().manual_seed(0), True)
+        blocks, hidden, final = objective_.drafted_blocks(target, data, states, torch.Generator().manual_seed(0))
+    expected, weights = 0.0, objective_.loss_settings.static_weights()
+    for b, j in blocks.label_valid.nonzero().tolist():
+        prev, label, slot = int(blocks.labels[b, j - 1]), int(blocks.labels[b, j]), int(blocks.slots[j])
+        w1, w2 = drafter.markov_head.markov_w1.weight[prev], drafter.markov_head.markov_w2.weight
+        p_draft = (target.logits(hidden[b, j]) + w2 @ w1).softmax(-1)
+        p_target = target.logits(final[b, blocks.positions[b, j] - 1]).softmax(-1)
+        l1 = (p_draft - p_target).abs().sum()
+        conf = torch.sigmoid(drafter.confidence_head.proj(torch.cat([hidden[b, j], w1])))[0]
+        c = 1 - l1 / 2
+        bce = -(c * torch.log(conf) + (1 - c) * torch.log(1 - conf))
+        expected += weights[slot] * (0.1 * -p_draft[label].log() + 0.9 * l1 + 1.0 * bce)
+    torch.testing.assert_close(result.weighted_sum, expected.detach(), rtol=1e-4, atol=1e-5)
