@@ -49,9 +49,8 @@ class Eagle3Objective:
         return self.drafter.config.to_hf_dict()
 
     def setup(self, target: TargetModel, datamodule) -> None:
-        # Runs before a resumed checkpoint is restored, which then brings its own d2t/t2d.
-        # The datamodule's own loader is not yet sharded by rank, so every DDP rank counts
-        # the whole training split and picks the same vocabulary.
+        # Before a resumed checkpoint restores its own d2t/t2d. The loader is not yet sharded
+        # by rank, so every DDP rank counts the whole training split and picks the same vocabulary.
         if self.settings.draft_vocab_size is None or datamodule is None:
             return
         counts = torch.zeros(self.drafter.config.vocab_size, dtype=torch.long)

@@ -194,13 +194,8 @@ def write_export_info(drafter_dir: str, checkpoint: str, best: ModelCheckpoint |
 
 
 class KeepPreviousCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, made atomic, keeping the replaced last.ckpt.
-
-    Lightning writes through a temporary file in the system temp dir and moves it: across
-    filesystems that move is a copy, and a kill or a full disk during it leaves a
-    truncated last.ckpt. Here the file is written beside its destination and renamed
-    (`dflash.fileio.atomic_write`); an existing last.ckpt first becomes previous.ckpt.
-    """
+    """Lightning's checkpoint writer, made atomic (written beside its destination, then renamed:
+    `dflash.fileio.atomic_write`); an existing last.ckpt first becomes previous.ckpt."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:

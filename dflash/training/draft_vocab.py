@@ -1,16 +1,14 @@
 """A training vocabulary (`training.draft_vocab_size`): each training step scores the drafter
 over the K most frequent response tokens of the training rows instead of the whole vocabulary.
 
-Why: on a small target the frozen head dominates a training step (docs/design.md, "Measured figures"), while the target's
-answers use a few thousand distinct tokens; EAGLE-3 reduces its vocabulary for the same reason. The drafter's weights are
-unchanged; the vocabulary travels beside them (`DFlashDrafter.draft_vocab`, draft_vocab.json) and our decoding drafts over
-it, the head reading K rows instead of the vocabulary's (`TargetModel.draft_logits_over`).
+Why: on a small target the frozen head dominates a training step, while its answers use a few thousand
+distinct tokens (docs/design.md, "Measured figures"). The drafter's weights are unchanged; the vocabulary
+travels beside them (`DFlashDrafter.draft_vocab`, draft_vocab.json) and decoding drafts over it
+(`TargetModel.draft_logits_over`).
 
 Invariants:
 - Validation scores the whole vocabulary, out-of-vocabulary tokens included: `val/tau_sim`
   is the figure of decoding over the whole vocabulary (`drafter.draft_vocab=false`).
-  Decoding over the draft vocabulary differs only where the drafter's argmax falls
-  outside it.
 - A slot whose label is outside the vocabulary is not supervised in that step and is not
   counted in the `train/*` metrics. With `training.loss=kl` the target's distribution is
   taken over the same K tokens (renormalised), like the drafter's.

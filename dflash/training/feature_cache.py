@@ -1,11 +1,9 @@
 """An in-memory cache of the frozen target's states per training sequence.
 
-The target is frozen and a sequence is the same every epoch, so the target states a
-training step reads (the tapped features, plus the final hidden states for losses that
-read the target's distribution) are the same every time, up to the floating-point effect
-of the batch's padding width. With `training.target_cache_gib > 0` the training module
-keeps them after a sequence's first forward and builds later batches from memory (for
-small targets: a large target's states of a dataset do not fit in memory).
+The target is frozen and a sequence is the same every epoch, so the states a training step
+reads are the same every time, up to the floating-point effect of the batch's padding width.
+With `training.target_cache_gib > 0` the training module keeps them after a sequence's first
+forward and builds later batches from memory.
 
 Invariants:
 - Keys are the batch's `row_index` (see `dflash.data.datamodule`): a sequence's index in

@@ -1,19 +1,16 @@
 """`trainer=fsdp`: Lightning's `FSDPStrategy` with one FSDP unit per drafter layer and one
 full (unsharded) state dict per checkpoint, which also runs on the CPU over gloo.
 
-On GPUs the strategy is Lightning's own. On the CPU, Lightning 2.6.6 with torch 2.13
-cannot run FSDP, for three reasons, each lifted here (tests/e2e/test_fsdp_training.py):
+On GPUs the strategy is Lightning's own. On the CPU Lightning cannot run FSDP, for three
+reasons, each lifted here:
 
-1. the Trainer refuses it: "The strategy `fsdp` requires a GPU accelerator, but received
-   `accelerator='cpu'`" (Lightning issue #21812). The check compares the strategy's exact
-   type with `FSDPStrategy`, so this subclass passes it;
-2. Lightning wraps the module with `device_id=root_device.index`, None for the CPU, and
-   torch then raises "FSDP needs a non-CPU accelerator device, but no accelerator device
-   is detected.": on the CPU the module is wrapped here with the device itself;
-3. full state dicts are gathered with `offload_to_cpu=True`, which on the CPU frees a
-   storage that is still in use: the process dies with SIGSEGV at the first checkpoint
-   (Lightning issue #21804). On the CPU they are gathered without offload (the tensors
-   are on the CPU already).
+1. the Trainer refuses a CPU accelerator for `FSDPStrategy` by its exact type (Lightning
+   issue #21812), which this subclass passes;
+2. Lightning wraps the module with `device_id=root_device.index`, None for the CPU, which
+   torch refuses: on the CPU the module is wrapped here with the device itself;
+3. full state dicts gathered with `offload_to_cpu=True` on the CPU free a storage still in
+   use, a SIGSEGV at the first checkpoint (Lightning issue #21804): on the CPU they are
+   gathered without offload.
 """
 
 from __future__ import annotations

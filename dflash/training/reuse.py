@@ -1,7 +1,6 @@
 """Reusing a finished sweep job whose training is identical (`sweep.reuse`).
 
-Ablation sweeps share their baseline cell (at a recipe of 3 layers, 3 taps and B = 8, the
-depth, taps and block-size sweeps each train that same drafter). A sweep job first looks under the
+Ablation sweeps share their baseline cell. A sweep job first looks under the
 sweeps root for a finished job whose config equals its own, bookkeeping aside (IGNORED_KEYS);
 if one exists, it copies that job's drafter, metrics and results instead of training (hard
 links where the file system allows), rewrites the copied results' `config` to its own, and

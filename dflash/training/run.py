@@ -166,10 +166,8 @@ def _train(job: TrainJob, output_dir: str, callbacks: list[Callback] | tuple) ->
     datamodule = DFlashDataModule.from_spec(job.data, module.target.tokenizer)
     cluster = getattr(trainer.strategy, "cluster_environment", None)
     if cluster is None or not cluster.creates_processes_externally:
-        # No other rank exists yet: read and tokenise now, so bad data fails before any
-        # process group starts and the tokenisation cache is written once. Processes that
-        # an outside launcher started (SLURM, torchrun, or the ranks Lightning starts)
-        # leave it to Lightning: local rank 0 prepares, the others wait, then load.
+        # No other rank exists yet: tokenise now, so bad data fails before any process group
+        # starts. Under an outside launcher Lightning has local rank 0 prepare, the others wait.
         datamodule.prepare_data()
         datamodule.setup("fit")
     if resume_path is not None:
