@@ -7,8 +7,8 @@ to the longest one, S tokens:
                     False on prompt tokens and padding
     attention_mask: BoolTensor (b, S), True on real tokens, False on padding
     row_index:      LongTensor (b,), each sequence's index among the tokenised rows (the
-                    same on every rank and epoch; the training module keys its target
-                    feature cache on it). Only when the rows carry "row_index".
+                    same on every rank and epoch; the state caches key on it), when the
+                    rows carry "row_index".
 
 Regenerated data (a directory with a manifest.json, see `dflash.data.regenerate`) must
 hold every row its manifest lists: a directory whose regeneration did not finish is
@@ -16,8 +16,7 @@ refused unless `allow_partial` is set, which logs how much is missing.
 
 The train/held-out split is made over conversations (before tokenisation) with a seeded
 permutation, so it is the same on every rank and every run and does not move when
-`max_length` changes. Dataloaders are plain (shuffle for train): under DDP Lightning
-inserts its DistributedSampler.
+`max_length` changes. Under DDP Lightning inserts its DistributedSampler.
 """
 
 from __future__ import annotations

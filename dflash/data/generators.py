@@ -52,11 +52,9 @@ class HFGenerator:
     """Batched HF `generate` on the target: left padding, explicit attention mask, KV cache.
 
     Prompts are laid out by `dflash.data.chat.prompt_token_ids`; generation stops at EOS or the
-    template's end-of-turn token. temperature 0 is greedy; top_k 0 disables top-k, so a model's
-    default top_k does not sneak into sampling. Every answer carries its prompt and response token
-    ids (`dflash.data.token_ids`); `tokenizer` names their vocabulary. Greedy generation on a target
-    with the fast engine runs on it (`dflash.engine.batched.greedy_batch`); sampling and other
-    targets run HF `generate`.
+    template's end-of-turn token. temperature 0 is greedy; top_k 0 disables top-k (never the model's
+    default). Every answer carries its token ids (`dflash.data.token_ids`). Greedy generation on a
+    target with the fast engine runs on it (`dflash.engine.batched.greedy_batch`).
     """
 
     def __init__(

@@ -206,9 +206,8 @@ def _open_dataset(spec: SourceSpec, key: str) -> tuple[list[str], object]:
         if spec.limit is None:
             dataset = datasets.load_dataset(path, spec.subset, **options)
             return list(dataset.column_names), dataset
-        # Streaming reads about `limit` rows instead of downloading the whole split; the
-        # seeded shuffle (shard order, then a row buffer) keeps the subset from being the
-        # first rows in file order, which a split ordered by source or length would bias.
+        # Streaming reads about `limit` rows instead of the whole split; the seeded shuffle keeps
+        # the subset from being the first rows in file order (biased where a split is ordered).
         stream = datasets.load_dataset(path, spec.subset, streaming=True, **options)
         stream = stream.shuffle(seed=spec.seed, buffer_size=spec.shuffle_buffer)
         rows = list(stream.take(spec.limit))

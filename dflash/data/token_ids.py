@@ -4,10 +4,8 @@ Invariant: a row that carries `token_ids` holds exactly the ids the target was f
 (`prompt`, laid out by `dflash.data.chat.prompt_token_ids`) and exactly the ids it
 generated (`response`: the new tokens, up to and including the stop token when
 generation stopped on one, never padding). Training uses them as they are, because
-decode -> encode is not the identity: byte-level models emit bytes that are not valid
-UTF-8 (decoded to U+FFFD), BPE re-merges text into other tokens than the model chose, and
-special tokens disappear from decoded text. A drafter trained on re-encoded text learns
-sequences the target never produced.
+decode -> encode is not the identity (invalid UTF-8 bytes, BPE re-merges, special tokens),
+and a drafter trained on re-encoded text learns sequences the target never produced.
 
 The ids mean something only under the tokenizer that made them, so the record names it
 by `tokenizer_fingerprint`; rows made under another tokenizer fall back to their text.

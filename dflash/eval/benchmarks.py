@@ -299,9 +299,8 @@ def _family(row: dict, line: int, spec: BenchmarkSpec) -> str | None:
 def _hub_rows(benchmark: Benchmark, revision: str | None = None) -> list[dict]:
     """The rows of a hub benchmark at `revision`, holding only `benchmark.columns`.
 
-    The dataset is prepared into the memory-mapped Arrow cache and the columns are
-    selected before any row becomes a Python object, so unused columns (LiveCodeBench's
-    private test cases, gigabytes) never enter memory.
+    The columns are selected in the memory-mapped Arrow cache, before any row becomes a Python
+    object, so unused columns never enter memory.
     """
     if benchmark.hub_name is None:
         return read_jsonl(humaneval_path())

@@ -12,9 +12,8 @@ lies before its window (v4 refuses the crop, v5 raises unless it records the pas
 Tree verification also compacts the cache: `keep_cache_positions` moves the accepted
 path's entries behind the anchor before the crop.
 
-Forwards over a growing cache run under `decode_attention()`: every SDPA kernel but
-cuDNN's, which builds an execution graph (costing more than the forward) for each new key
-length, and decoding meets a new key length at every step (docs/design.md, "Measured figures").
+Forwards over a growing cache run under `decode_attention()`: every SDPA kernel but cuDNN's,
+which builds an execution graph for each new key length (docs/design.md, "Measured figures").
 """
 
 from __future__ import annotations

@@ -8,11 +8,10 @@ Reading (`full_attention_rope`): families keep rope settings under transformers-
 Falcon's ALiBi) get theta 10000. The drafter's layers are full attention and rotate
 whole heads, so it takes one flat setting {rope_type, rope_theta, scaling keys...}.
 
-Writing: transformers 5 reads `rope_parameters`; transformers 4 reads `rope_theta` and
-`rope_scaling` and ignores `rope_parameters`. A config.json with only one generation's
-keys is read by the other as plain rope with theta 10000: different frequencies, no
-error. So a drafter's config.json carries both (`rope_config_keys`); the rope config
-the drafter builds in memory uses the running version's (`running_version_keys`).
+Writing: transformers 5 reads `rope_parameters`, transformers 4 `rope_theta` and `rope_scaling`;
+each reads a config with only the other's keys as plain rope with theta 10000, silently. So a
+drafter's config.json carries both (`rope_config_keys`); the rope config the drafter builds in
+memory uses the running version's (`running_version_keys`).
 """
 
 from __future__ import annotations
