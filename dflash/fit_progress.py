@@ -1,7 +1,6 @@
 """Training progress of a Lightning fit for logs that are not a terminal.
 
-A progress bar redraws one line in place: in a log file or a pipe (`make demo > log
-2>&1`, a batch job) it shows nothing readable for minutes. There, `LineProgress`
+In a log file or a pipe a progress bar shows nothing readable; there `LineProgress`
 writes one plain line at most every `interval_s` seconds instead:
 
     train: step 120/1600 (8%), loss 3.412, 2.71 steps/s, elapsed 0:00:44, ETA 0:09:06
@@ -14,8 +13,6 @@ Invariants:
 - `loss` is the mean training loss of the optimizer steps since the previous line;
   rate and ETA count only the steps run by this process (a resumed run does not claim
   the steps of its predecessor).
-
-The Lightning-free helpers are in `dflash.progress`.
 """
 
 from __future__ import annotations

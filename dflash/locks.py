@@ -3,11 +3,9 @@
 Invariants (docs/design.md invariant 21):
 - A job that writes a directory holds `DirectoryLock(directory)` for as long as it writes:
   an exclusive `fcntl.flock` on `directory/.dflash.lock`. A second job on the same
-  directory fails at once with a `ConfigError` naming the holder (process id, host, start
-  time) instead of both writing and the last one silently winning.
+  directory fails at once with a `ConfigError` naming the holder (process id, host, start time).
 - The kernel (or the NFS lock manager) drops a flock when its process ends, however it
-  ends: a job killed with SIGKILL leaves the lock file but not the lock, and the next job
-  takes it over with a warning naming the dead holder. So killed jobs still resume.
+  ends: the next job takes a killed job's lock over with a warning naming the dead holder.
 - The lock file holds the holder's record as JSON and is removed on release; a new
   holder checks that the file it locked is still the one at the path (a releasing holder
   may have removed it in between).

@@ -23,10 +23,7 @@ def is_interactive(stream=None) -> bool:
 
 def bar_interval(terminal_s: float = 0.1) -> float:
     """Seconds a tqdm bar waits between redraws: `terminal_s` on a terminal, `PROGRESS_INTERVAL_S`
-    in a log or a pipe; `TQDM_MININTERVAL` wins when it is set.
-
-    Our own bars pass this as `mininterval=`: tqdm reads `TQDM_MININTERVAL` only once, when first
-    imported, which in an app that imports our packages is before its `main` could set the variable.
+    in a log or a pipe; `TQDM_MININTERVAL` wins when it is set (tqdm itself reads it once, at import).
     """
     value = os.environ.get("TQDM_MININTERVAL", "").strip()
     if value:

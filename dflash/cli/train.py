@@ -146,12 +146,11 @@ _LAUNCHER_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK"
 def single_job_for_ddp_ranks():
     """Inside a Hydra multirun, make this job re-runnable by Lightning's DDP launcher.
 
-    Lightning starts the other local ranks by re-running `sys.argv` with `hydra.run.dir=<HydraConfig
-    run.dir>` appended. In a multirun, `sys.argv` is the whole sweep (`-m a=1,2`), so every rank would
-    launch the sweep again, and `run.dir` is not this job's directory: both are replaced by this job's
-    own overrides and output directory, so the ranks re-create exactly this job in RUN mode. The
-    launcher also leaves LOCAL_RANK etc. in the environment, which would make the next job wait for
-    ranks nobody starts; they are restored afterwards. Outside a multirun this does nothing.
+    Lightning starts the other local ranks by re-running `sys.argv` with `hydra.run.dir` appended; in a
+    multirun both name the whole sweep, so they are replaced by this job's own overrides and output
+    directory (the ranks re-create this job in RUN mode). The launcher's environment variables are
+    restored afterwards, so the next job does not wait for ranks nobody starts. Outside a multirun
+    this does nothing.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -226,15 +225,10 @@ def quiet_third_party_logs() -> None:
     """Print each Lightning log line once, and without its advertisements (also for `dflash.cli.demo_tiny`,
     whose target pre-trains with Lightning).
 
-    On import, `lightning` attaches its own console handler to the `lightning` logger, which also
-    propagates to the root logger Hydra's job_logging set up: every line would print twice. Inside a
-    Hydra app that handler goes, so lines come only through Hydra's handlers (console and the run's
-    .log file). Dropped: Lightning's "💡 Tip: ... try installing litlogger/litmodels" lines; the
-    deprecation warning Lightning's own code triggers in torch's pytree (nothing a user can fix);
-    under DDP or FSDP, its advice to log `val/...` (and the `val_...` copies checkpoint file names
-    use) with `sync_dist=True`: the validation metrics are summed over ranks before dividing
-    (`dflash.training.metrics`) and `val/tau_real` is rank 0's value broadcast, so every rank logs
-    the global value already.
+    Inside a Hydra app Lightning's own console handler goes, so lines come only through Hydra's
+    handlers (console and the run's .log file). Dropped: Lightning's tips, the deprecation warning its
+    own code triggers in torch's pytree, and under DDP or FSDP its advice to log `val/...` with
+    `sync_dist=True` (every rank logs the global value already: `dflash.training.metrics`).
     """
     import warnings
 

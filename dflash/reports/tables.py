@@ -10,12 +10,8 @@
 
 Which aggregation the tau and speedup columns show (`metric`; see METRIC_NOTES and
 `dflash.eval.results`): "pooled" (default) or "paper" (the DFlash paper's harness). Runs
-whose results.json predates a field get a footnote naming it.
-
-Which data each column measured: a note under the table names every benchmark's source
-as its runs recorded it (results.json `benchmark_source`): the hub dataset and the
-revision read (or that none was pinned), a local file, or the bundled HumanEval. Tables
-of runs that predate the field have no such note.
+whose results.json predates a field get a footnote naming it. A note under the table names
+every benchmark's source as its runs recorded it (`Results.source_description`).
 
 Aggregation: replicates of a cell are its finished runs with different training seeds
 (mean and sample std over them); several runs of one seed count once (the latest). A

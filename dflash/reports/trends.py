@@ -1,9 +1,9 @@
 """The paper's ablation trends against ours, with a verdict decided by the seed spread.
 
 A `Trend` names an ablation table, a metric (tau or speedup) and the rows the paper
-orders from worst to best. Only tables of sweep runs are judged (`Table.swept`): a user's
-own evaluations are none of the paper's ablations. Ours is read from the table's cells (one value per training
-seed). Each neighbouring pair (a, b) of the order is decided on its own:
+orders from worst to best. Only tables of sweep runs are judged (`Table.swept`). Ours is read
+from the table's cells (one value per training seed). Each neighbouring pair (a, b) of the
+order is decided on its own:
 
     d = mean(b) - mean(a),  se = sqrt(std(a)^2 / n(a) + std(b)^2 / n(b))
     d > 2 se: as the paper;  d < -2 se: against it;  otherwise: not decided.
@@ -12,12 +12,10 @@ The trend *matches* when every pair is as the paper, *does not match* when any p
 against it, and is *inconclusive* otherwise, or when a cell has fewer than two seeds
 (no spread to decide by), seeds with identical values (the same run repeated, not a
 spread) or is missing (its row exists: the job failed or has not finished). A row the
-table does not have at all was not in the sweep's grid at that scale (e.g. B = 10 at
-scale smollm2): it is left out of the order and named, and the trend is judged on the
-rows that remain (at least two). A selector that matches several rows (the main table's
-DFlash at B = 16 and at B = 3) is judged once per row it matches. Twice the standard error is a loose test: with
-three seeds a side it is about a 90% one (Welch, 4 degrees of freedom), and a true
-difference smaller than the seed spread will read as inconclusive.
+table does not have at all was not in the sweep's grid at that scale: it is left out of
+the order and named, and the trend is judged on the rows that remain (at least two). A
+selector that matches several rows is judged once per row it matches. Twice the standard
+error is a loose test (about 90% with three seeds a side, Welch).
 """
 
 from __future__ import annotations

@@ -9,11 +9,9 @@ Why a subprocess per job (and not the app's function in the launcher's process):
   Lightning's DDP launcher, which re-runs the command line once per rank, starts more
   ranks of this job and never the whole sweep again.
 
-Job directory layout (`output_dir`, the job's `hydra.sweep.dir/hydra.sweep.subdir`):
-`.hydra/config.yaml` (written by the job), the app's own outputs (`results.json`,
-written atomically by the app), `job.log` (the job's stdout and stderr, one section
-per attempt) and, after a failure, `error.json` (the error record, see
-`error_record`); a retry removes the stale `error.json` when it starts.
+Job directory layout (`output_dir`, the job's `hydra.sweep.dir/hydra.sweep.subdir`; names
+in `dflash.layout`): the app's own outputs, `job.log` (stdout and stderr, one section per
+attempt) and, after a failure, `error.json` (`error_record`), which a retry removes when it starts.
 """
 
 from __future__ import annotations

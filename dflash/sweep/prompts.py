@@ -6,10 +6,8 @@
 - `smollm2_eval`: the evaluation prompts of the smollm2 sweeps, one mixed benchmark file
   of three families (rows `{"turns": [text], "family": ...}`): N HumanEval problems in the
   public harness's wording (a seeded subset), then N held-out math and N held-out chat
-  prompts from the held-out templates of the training prompts' generators, none a
-  near-duplicate of a prompt of the regenerated training data (`--data`; docs/design.md
-  invariant 27). results.json then reports every figure per family (`families`), and the
-  tables give each family a column.
+  prompts, none a near-duplicate of a prompt of the training data (`--data`; docs/design.md
+  invariant 27).
 
 Each keeps an existing file made with the same settings, so a prepare step is a no-op
 after the first run.

@@ -1,10 +1,8 @@
 """A tiny but real code LM, built offline from the Python standard library's source.
 
-A random target has no structure for a drafter to learn, so the offline demo needs a small model that
-actually predicts code: the stdlib's functions, one document each (`split_corpus`), a byte-level BPE
-tokenizer trained on them (`train_tokenizer`), a small Qwen3 pre-trained with next-token loss
-(`dflash.toy.pretrain`), saved as an HF directory with `build_info.json` (config, its hash, losses,
-tokens seen, wall time).
+The stdlib's functions, one document each (`split_corpus`), a byte-level BPE tokenizer trained on
+them (`train_tokenizer`), a small Qwen3 pre-trained with next-token loss (`dflash.toy.pretrain`),
+saved as an HF directory with `build_info.json` (config, its hash, losses, tokens seen, wall time).
 
 Invariants:
 - Same `TinyCodeConfig` (which fixes the thread count) on the same machine (Python
@@ -51,8 +49,8 @@ class TinyCodeConfig:
     `seq_len` tokens; linear warm-up over `warmup_steps`, cosine decay to lr/10.
     Corpus: at most `max_corpus_bytes` of stdlib functions, `heldout_fraction` of it
     (whole files) held out; validation loss is averaged over at most `val_windows` windows.
-    num_threads: torch threads while pre-training; set 1 on a shared machine (2 threads on two cores
-        that a busy process shares run several-fold slower).
+    num_threads: torch threads while pre-training; set 1 on a shared machine (docs/design.md,
+        "Measured figures").
     """
 
     seed: int = 0
@@ -223,10 +221,8 @@ class Corpus:
 def split_corpus(config: TinyCodeConfig) -> Corpus:
     """The pre-training corpus: the functions of the stdlib files, one document each.
 
-    Whole functions (not whole files) match what the target is asked to do, a body after a `def` line
-    and docstring: the focus a model trained for minutes needs. Files are visited in a seeded shuffle
-    until the functions reach `max_corpus_bytes` (UTF-8); the files worth the last `heldout_fraction`
-    of those bytes are held out.
+    Files are visited in a seeded shuffle until the functions reach `max_corpus_bytes` (UTF-8); the
+    files worth the last `heldout_fraction` of those bytes are held out.
     """
     files = stdlib_source_files()
     random.Random(config.seed).shuffle(files)
@@ -263,9 +259,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, progress: bool = True):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    # Every newline is a token of its own, never merged with the next line's indent: a prompt that ends
-    # in "\n" (as HumanEval prompts do) then ends on a token boundary the model has seen before an
-    # indented body, not on a bare "\n" that in training only ever preceded column-0 code.
+    # Every newline is a token of its own, never merged with the next line's indent, so a prompt that
+    # ends in "\n" (as HumanEval prompts do) ends on a boundary the model has seen before an indented body.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
@@ -312,8 +307,7 @@ def build_tiny_code_target(out_dir: str, config: TinyCodeConfig | dict, progress
         config = TinyCodeConfig.from_dict(config)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     say = Say("tiny_code", progress)
-    # Jobs of a sweep started side by side on a fresh machine all ask for the target: one
-    # builds it, the others wait for that build instead of repeating it.
+    # Jobs started side by side wait for one build instead of repeating it.
     return build_once(out_dir, lambda: is_current(out_dir, config), lambda: _build(out_dir, config, say, progress), say)
 
 
