@@ -2,8 +2,7 @@
 sequence through the drafter in one pass under the sparse block mask.
 
 The decoding path (`dflash.dflash.proposer.DFlashProposer`) computes the same logits for a
-block one block at a time with a drafter KV cache; tests/training/test_equivalence.py
-holds the two together.
+block one block at a time with a drafter KV cache (docs/design.md invariant 6).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Invariant (docs/design.md invariant 11): correct counts, slot counts and weighted losses are
 accumulated as sums over batches and (through torchmetrics' "sum" reduction) over
-ranks; divisions happen only in `compute`. A mean of per-batch means would
-over-weight small batches.
+ranks; divisions happen only in `compute`.
 
 acc_k = correct_k / total_k for slot k = 1..B-1, and
 tau_sim = 1 + sum_k prod_{i<=k} acc_i: the acceptance length (bonus token counted)

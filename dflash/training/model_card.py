@@ -6,8 +6,7 @@ ran, the training recipe, and the commands that serve it with vLLM and SGLang.
 Everything comes from files: the directory's config.json, the run's resolved config (or
 None: `python -m dflash.export` of a checkpoint without its run directory) and the
 evaluation's results.json (or None). Values not known are left out, never guessed:
-`base_model` only for a hub id (a local path or a built tiny target is not one, and the
-hub rejects a card whose base_model is not a repository).
+`base_model` only for a hub id (the hub rejects any other).
 """
 
 from __future__ import annotations

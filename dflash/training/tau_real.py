@@ -19,9 +19,9 @@ Invariants:
 - tau is results.json's `tau`: tokens emitted per verify step, bonus token counted, pooled
   over all verify steps of all prompts (docs/design.md invariants 11 and 16).
 - Ranks: every rank takes part in the state dict and in one broadcast; global rank 0 alone
-  decodes, the others wait in the broadcast for as long as that takes (keep it under the
-  process group's timeout, 30 minutes in Lightning). Every rank logs rank 0's values, so
-  `val/tau_real` can rank checkpoints (`checkpoint.monitor`); loggers write them once.
+  decodes while the others wait in the broadcast (keep it under the process group's
+  timeout). Every rank logs rank 0's values, so `val/tau_real` can rank checkpoints
+  (`checkpoint.monitor`); loggers write them once.
 - The evaluation leaves torch's RNG as it found it: a run trains the same weights with it
   on or off.
 - Schedule: at every `every_n_validations`-th validation of the fit (counted across
