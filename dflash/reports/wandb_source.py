@@ -3,11 +3,9 @@
 A training run logs its resolved config (with the `sweep` node) as the wandb run config,
 per-position accuracies as `val/acc_01`.. and `train/acc_01`.., and after its evaluation
 (dflash.training.after_train.log_evaluation) uploads results.json as a run file and logs
-its headline figures as `eval/...`; the summary keeps the last value of each. The uploaded
-results.json gives the full results (acceptance histogram, per-prompt numbers). A run
-without it (its file not synced yet) gives tau and speedups from the summary
-(`_results_from_summary`), the other results fields (benchmark, block sizes, temperature)
-from the config, and no histogram.
+its headline figures as `eval/...`. The uploaded results.json gives the full results; a run
+without it (not synced yet) gives tau and speedups from the summary (`_results_from_summary`),
+the other fields from the config, and no histogram.
 
 Only `wandb.Api()`-shaped objects are used: `api.runs(path, filters=...)` yielding runs
 with `.config`, `.summary`, `.state`, `.path`, `.created_at`, and `.files()` / `.file(name)`

@@ -2,10 +2,8 @@
 
 `grid_dirname` names a job after the overrides of the sweep's grid keys (its
 `hydra.sweeper.params`), e.g. `drafter.num_layers=3,seed=0`, so the evaluation stage of
-a two-stage sweep can find a drafter by its grid values and a person can read the
-directory listing. Any other command-line override (a data path, a step count) adds a
-short hash (`drafter.num_layers=3,seed=0+3fa2c1d9`): such a sweep gets directories of
-its own, and a long or path-valued override never becomes a path component.
+a two-stage sweep can find a drafter by its grid values. Any other command-line override
+adds a short hash (`drafter.num_layers=3,seed=0+3fa2c1d9`), so it never becomes a path component.
 
 Registered as the OmegaConf resolver `dflash_grid_dirname` (used by dflash/conf/sweep/_layout.yaml)
 when Hydra loads the dflash launcher plugin, which it does in every Hydra app.

@@ -1,10 +1,9 @@
 """A pool of device slots that runs sweep jobs concurrently, one slot per job.
 
-Invariants (tested in tests/sweep/test_pool.py):
+Invariants:
 - A slot (a fixed group of GPU ids, or one CPU worker) runs at most one job at a time.
-- No slot idles while jobs wait: there are exactly as many worker threads as slots,
-  and a worker returns its slot to the pool before it takes the next job, so the slot
-  freed by a finishing job goes straight to the next job in line.
+- No slot idles while jobs wait: one worker thread per slot, and a worker returns its
+  slot before it takes the next job.
 - Jobs start in the order given (first come, first served); results come back in
   that order too.
 

@@ -7,9 +7,8 @@ Invariants:
 - A build writes everything into a temporary sibling of its directory and renames it
   into place last (`save_atomically`): a killed build never leaves a directory that
   looks finished, and a stale build is replaced whole.
-- Processes that want the same directory at once (the jobs of a sweep on a fresh
-  machine, test workers) serialise on an flock of `<dir>.build.lock` (`build_lock`):
-  one builds, the others wait and then find the build current.
+- Processes that want the same directory at once serialise on an flock of
+  `<dir>.build.lock` (`build_lock`): one builds, the others wait and find it current.
 - "Current" is decided by `build_info.json` in the directory (each kind writes what
   its build depends on there and checks it).
 """

@@ -7,11 +7,8 @@ the body starts (`FunctionSource.header`), in the shape of a HumanEval prompt:
         \"\"\"Docstring.\"\"\"
 
 The tiny target continues each prompt (regeneration) to make drafter training data. No near-duplicate
-of a HumanEval prompt is kept (docs/design.md invariant 27). Two code prompts are near-duplicates when
-they define a function of the same name, when one contains the other, or when at least half of the
-shorter one's word 5-grams (words: lower-cased runs of letters and digits, so layout, punctuation and
-case do not count) occur in the other (unrelated stdlib headers share at most 29% with a HumanEval
-prompt). Any held-out code set must pass the same test against the training headers.
+of a HumanEval prompt is kept, by the code rule of docs/design.md invariant 27 (words: lower-cased
+runs of letters and digits, so layout, punctuation and case do not count).
 """
 
 from __future__ import annotations
