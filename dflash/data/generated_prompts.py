@@ -1,11 +1,9 @@
 """Prompts made here from templates: math word problems and general requests.
 
-Prompts for drafters: the target answers them (regeneration), so what matters is that
-they look like what users ask in each family, not that they are hard. A quarter of the
-templates is held out: evaluation prompts come from those, training prompts never do.
-Everything is drawn from one `random.Random(seed)`: the same seed gives the same list
-on every machine. Distinct prompts only; a template family that cannot give `count`
-distinct prompts is an error, not a silent repeat.
+A quarter of the templates is held out: evaluation prompts come from those, training
+prompts never do (docs/design.md invariant 27). Everything is drawn from one
+`random.Random(seed)`: the same seed gives the same list on every machine. Distinct
+prompts only; a family that cannot give `count` distinct prompts is an error.
 """
 
 from __future__ import annotations
@@ -189,13 +187,9 @@ def _chat_templates(rng: random.Random) -> tuple[str, ...]:
     )
 
 
-# Near-duplicates. Two prompts of one family are near-duplicates when they come from the
-# same template: they differ only in the names, items, places, topics and numbers filled
-# in. `skeleton` reads the template back from any text (every filler and number abstracted
-# out; one skeleton per template, tested). Templates that ask the same thing in other
-# words count as one (SAME_REQUEST). A quarter of each family's template groups, drawn
-# with a fixed seed, is held out for evaluation; training prompts never come from them
-# (docs/design.md invariant 27). Template ids are indices: add templates at the end.
+# Near-duplicates (docs/design.md invariant 27): prompts of one template, read back from any text
+# by `skeleton` (one skeleton per template); templates that ask the same thing in other words count
+# as one (SAME_REQUEST). Template ids are indices: add templates at the end.
 SAME_REQUEST = {"math": (), "chat": ((0, 17), (1, 10), (3, 4), (5, 13), (7, 11), (9, 16))}
 HELDOUT_SHARE = 0.25
 _FILLERS = {*NAMES, *PLACES, *TOPICS, *AUDIENCES, *FORMS, *ACTIVITIES, *(p for pair in PAIRS for p in pair), "full", "empty"}

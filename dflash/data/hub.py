@@ -1,10 +1,7 @@
 """Hub datasets that `datasets` cannot load, as one line; file addresses at a pinned revision.
 
-`datasets` answers a dataset it cannot load with many exception types from deep inside
-itself, `huggingface_hub` or fsspec: a missing repo, split, revision or file (OSError and
-its subclasses, HfHubHTTPError included), a script-based dataset (datasets >= 4 refuses
-those with a RuntimeError), a file it cannot parse (DatasetGenerationError), a missing
-optional package (ImportError). The loaders catch `load_errors()` and report `reason(err)`
+`datasets` answers a dataset it cannot load with many exception types (from itself,
+`huggingface_hub` or fsspec); the loaders catch `load_errors()` and report `reason(err)`
 as a ConfigError naming the config key.
 """
 

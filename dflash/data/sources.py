@@ -64,9 +64,7 @@ class SourceSpec:
     """Passed to `datasets.load_dataset` for hub datasets."""
     data_files: Any = None
     """str | list[str] | None (OmegaConf has no unions with containers): the files of `split`
-    (a name, a glob such as "data/code-*.parquet", or a list), read instead of the dataset's
-    own file list: only these are downloaded, where `datasets` would otherwise prepare every
-    split of the repo."""
+    (a name, a glob such as "data/code-*.parquet", or a list); only these are downloaded."""
     messages_column: str = "messages"
     conversations_column: str = "conversations"
     prompt_column: str = "prompt"
@@ -75,20 +73,16 @@ class SourceSpec:
     response_column: str | None = "response"
     """None for prompt-only datasets (fine for regeneration)."""
     limit: int | None = None
-    """Keep `limit` rows. A hub dataset is then streamed (a large split is not downloaded
-    whole) and sampled: its shards in an order drawn with `seed`, its rows through a seeded
-    `shuffle_buffer`-row buffer, the first `limit` of that order kept (`describe_source`
-    says so in the data summary). A local file keeps its first `limit` rows in file order;
-    `builtin:` prompts are a seeded sample already."""
+    """Keep `limit` rows. A hub dataset is then streamed and sampled: shards in a seeded order,
+    rows through a seeded `shuffle_buffer`-row buffer, the first `limit` kept. A local file
+    keeps its first `limit` rows in file order; `builtin:` prompts are a seeded sample already."""
     revision: str | None = None
-    """Hub datasets only: the commit (or tag, branch) to read; None reads the current main
-    branch, whatever was last uploaded there."""
+    """Hub datasets only: the commit (or tag, branch) to read; None reads the current main branch."""
     seed: int = 0
     """The seed of `limit`'s draw (and of the `builtin:` prompts' order)."""
     shuffle_buffer: int = 10_000
     """Rows held by the streamed shuffle; a draw is uniform over the split only when the
-    buffer holds all of it, otherwise rows are shuffled within the buffer and shards within
-    the split."""
+    buffer holds all of it."""
 
     def __post_init__(self):
         files = self.data_files
@@ -116,9 +110,8 @@ def load_conversations(spec: SourceSpec, key: str = "data", require_response: bo
 
 
 def iter_conversations(spec: SourceSpec, key: str = "data", require_response: bool = False) -> Iterator[dict]:
-    """`load_conversations` one row at a time: local sources are read from their
-    memory-mapped Arrow cache, so a large dataset (token ids are ~10x the size of their
-    text as Python lists) is never held in memory whole. Errors surface on the first row."""
+    """`load_conversations` one row at a time, local sources read from their memory-mapped
+    Arrow cache, never held in memory whole. Errors surface on the first row."""
     require(spec.format in FORMATS, f"{key}.format", f"unknown format {spec.format!r}; choose one of {list(FORMATS)}")
     require(spec.limit is None or spec.limit > 0, f"{key}.limit", f"must be positive or null, got {spec.limit}")
     require(spec.shuffle_buffer > 0, f"{key}.shuffle_buffer", f"must be positive, got {spec.shuffle_buffer}")
