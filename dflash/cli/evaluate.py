@@ -5,9 +5,8 @@ DFlash drafter read `drafter.*` and `decoding.block_size`, and every method with
 has its own group named after it (`ngram.*`, `eagle3.*`, `dflash_tree.*`).
 
 Every setting is checked before Hydra runs (`dflash.cli.common.run_app`, then `check_app`) and the
-prompts are loaded before any model, so a bad value fails in seconds, not after an 8B model has loaded.
-The run directory is locked (`dflash.locks.DirectoryLock`) from then until results.json is written: a
-second evaluation into it exits at once, naming the first.
+prompts are loaded before any model. The run directory is locked (`dflash.locks.DirectoryLock`) until
+results.json is written.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@ per-position accuracy curves.
 
 Each function takes a built `Table` (values are the table's, so figures and tables
 always agree) and returns the PNG path, or None when the table has nothing to draw.
-Figures use matplotlib's constrained layout (titles fit inside the figure), and panels
-that compare the same quantity share their y range. Acceptance is drawn as
-P(a verify step emits >= k tokens): a histogram puts most of its mass in the first bin and
-hides the tail that separates methods; the survival curve shows it on a common 0-1 scale.
+Panels that compare the same quantity share their y range. Acceptance is drawn as the
+survival curve P(a verify step emits >= k tokens), which shows the tail a histogram hides.
 """
 
 from __future__ import annotations

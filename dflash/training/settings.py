@@ -36,8 +36,7 @@ class TrainerSettings:
     """1.0, the published recipe."""
     accumulate_grad_batches: int = 1
     log_every_n_steps: int = 10
-    """Optimizer steps between train/* metric logs; 10 is the command line's default
-    (trainer=cpu); trainer=gpu sets 50."""
+    """Optimizer steps between train/* metric logs (trainer=gpu sets 50)."""
     val_check_interval: Any = 1.0
     """int | float | None (checked below; OmegaConf unions are fragile): float: fraction of
     an epoch; int: every N training batches."""
@@ -105,20 +104,16 @@ class LoggerSettings:
 
     kind: str = "csv"
     """"csv" (default), "tensorboard", "wandb" or "none"."""
+    # wandb only, from here on
     project: str = "dflash"
-    """wandb only."""
     entity: str | None = None
-    """wandb only."""
     group: str | None = None
-    """wandb only."""
     tags: list[str] = field(default_factory=list)
-    """wandb only."""
     name: str | None = None
-    """wandb only."""
     offline: bool = False
-    """wandb only (or WANDB_MODE=offline)."""
+    """Or WANDB_MODE=offline."""
     log_drafter: bool = True
-    """wandb only: the exported drafter directory as a wandb artifact of type "model"."""
+    """The exported drafter directory as a wandb artifact of type "model"."""
 
     def __post_init__(self):
         require(self.kind in LOGGER_KINDS, "kind", f"unknown {self.kind!r}; choose one of {list(LOGGER_KINDS)}")
@@ -136,8 +131,7 @@ class CheckpointSettings:
     """Weight dtype of the exported drafter (None: the training dtype)."""
     select: str = "best"
     """Which checkpoint the drafter is exported from: "best" (the best validation `monitor`
-    value, as SpecForge picks by simulated acceptance; the last one when no validation ran)
-    or "last"."""
+    value; the last one when no validation ran) or "last"."""
     monitor: str = "val/tau_sim"
     """The logged validation metric that ranks checkpoints ("val/tau_sim", higher is better;
     e.g. "val/loss" with mode "min"; "val/tau_real", the real loop's tau, needs
