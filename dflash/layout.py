@@ -1,12 +1,9 @@
 """The files of the directories dflash writes, and results.json as a typed record.
 
 Every module that writes or reads a run, evaluation, sweep-job, demo or drafter directory
-takes the file names from here. `Results` is results.json: the evaluator builds it, tables,
-model cards, sweeps and demos read it, the per-method and per-family figures included
-(`of_method`, `of_family`); `to_json` gives the file's dictionary, keys in the file's order
-(schema: `dflash.eval.results` and docs/results-file.md), so `from_json` then `to_json`
-gives a file back unchanged. Fields a file lacks (files written before the field existed)
-read as None.
+takes the file names from here. `Results` is results.json (schema: `dflash.eval.results` and
+docs/results-file.md): `from_json` then `to_json` gives a file back unchanged, keys in the
+file's order; fields a file lacks read as None.
 """
 
 from __future__ import annotations

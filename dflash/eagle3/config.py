@@ -4,11 +4,9 @@ Invariants:
 - The drafter has the target's width, heads, head dim and rope settings, one decoder layer
   (`num_hidden_layers: 1`) and an `fc` that fuses exactly three target layers (low, mid,
   high): the engines size `fc` as 3 x target_hidden_size.
-- `target_layer_ids` are 0-based *output* layers (layer i is HF `hidden_states[i + 1]`,
-  as in `dflash.target`). The engines disagree on how they spell them: SGLang reads
-  `eagle_config.eagle_aux_hidden_state_layer_ids` as output layers and adds 1 itself;
-  vLLM reads the top-level `eagle_aux_hidden_state_layer_ids` first, as the index of the
-  layer whose *input* it captures (= our id + 1). config.json carries both spellings.
+- `target_layer_ids` are 0-based *output* layers (design.md invariant 2). config.json
+  carries both engines' spellings: SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids`
+  (output layers) and vLLM's top-level `eagle_aux_hidden_state_layer_ids` (our id + 1).
 - Draft vocabulary: draft id d is target id `d + d2t[d]` (the weights hold d2t);
   `draft_vocab_size == vocab_size` with d2t = 0 is the full vocabulary (default).
 """

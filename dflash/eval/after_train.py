@@ -1,7 +1,6 @@
 """The evaluation at the end of training (`eval.after_train=true`): the exported drafter
 on a benchmark through `dflash.eval.evaluate`, results.json in the run directory. The
-trained method says which method evaluates its drafter (`Method.evaluation`):
-a DFlash run evaluates method dflash, an EAGLE-3 run method eagle3 with its own drafter.
+trained method says which method evaluates its drafter (`Method.evaluation`).
 """
 
 from __future__ import annotations

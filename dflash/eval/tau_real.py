@@ -1,8 +1,7 @@
 """What `eval.tau_real` decodes while training (`dflash.training.tau_real.TauRealCallback`
 schedules and logs it): a drafter directory the training run just exported, through the
-trained method's evaluation (`Method.evaluation`: DFlash at its trained block size,
-EAGLE-3 with its own drafter), greedy, on fixed prompt ids, with the evaluator's code
-(`dflash.eval.evaluator.run_method`, the same methods, stop tokens and aggregation).
+trained method's evaluation (`Method.evaluation`), greedy, on fixed prompt ids, with the
+evaluator's code (`dflash.eval.evaluator.run_method`).
 
 Invariants:
 - The result's `tau` is results.json's `tau` (`dflash.eval.results.mean_acceptance_length`):
