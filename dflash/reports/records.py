@@ -1,10 +1,8 @@
 """One run (a sweep job, or a wandb run) as the tables see it: `RunRecord`.
 
-Both sources (result directories and wandb) produce the same records, so tables and
-plots have one code path. A record holds the run's resolved config, its results
-(results.json; for failed or running jobs and wandb runs, the fields that can be
-derived from the config and logged metrics), its status and, when training metrics
-were logged, the last per-position accuracies.
+Both sources (result directories and wandb) produce the same records. A record holds the
+run's resolved config, its results (for failed or running jobs and wandb runs, what the
+config and logged metrics give), its status and the last per-position accuracies.
 
 Which table a record feeds comes from its config's `sweep` node (dflash/conf/sweep/_layout.yaml):
 `sweep.ablation` (the table), `sweep.name` and `sweep.axes` (the row keys).

@@ -4,10 +4,8 @@ A sweep file (dflash/conf/sweep/NAME.yaml, a Hydra config of the `sweep` group) 
 `sweep:` node: `app` (train | evaluate), `prepare` (commands to run first), `next` (a
 sweep to run afterwards, e.g. the evaluation stage of a two-stage ablation), `scales`
 (the scales it runs at; null: all). The scale's recipe is a config group too:
-`sweep/scale` for training sweeps, `sweep/eval_scale` for evaluation-only ones (their
-recipes set different groups of different apps), both with the same option names.
-`sweep_plan` reads that node from the config Hydra composes for the sweep, so the
-defaults lists of the sweep files are merged by Hydra alone.
+`sweep/scale` for training sweeps, `sweep/eval_scale` for evaluation-only ones, with the
+same option names. `sweep_plan` reads that node from the config Hydra composes.
 """
 
 from __future__ import annotations
