@@ -30,11 +30,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from dflash.data.config import DataSpec
-from dflash.data.regenerate import RegenerateSettings
+from dflash.data.config import DataSpec, RegenerateSettings
 from dflash.errors import require
 from dflash.eval.benchmarks import BenchmarkSpec
-from dflash.eval.evaluator import DecodingSettings, EvalSettings
+from dflash.eval.settings import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, check_method_names, trained_methods
 from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec

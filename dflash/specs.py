@@ -2,22 +2,24 @@
 
 Entry points turn Hydra config groups `target` and `drafter` into these dataclasses
 (their schemas: dflash/schema.py, which rejects unknown keys and wrong types) and call
-`load_target` / `build_drafter`; library code never reads Hydra objects.
+`load_target` / `build_drafter`; library code never reads Hydra objects. The builders import
+torch and the models inside them: the specs are config schemas, read before torch loads.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, place_drafter, resolve_mask_token_id
 from dflash.drafter.config import check_attn_implementation
 from dflash.errors import ConfigError, check_writable_dir, require
 from dflash.structured import config_key
-from dflash.target import TargetModel
-from dflash.target.model import ENGINES, resolve_dtype
+from dflash.target.engines import ENGINES
+
+if TYPE_CHECKING:
+    from dflash.drafter import DFlashDrafter, DrafterConfig
+    from dflash.target import TargetModel
 
 
 @dataclass
@@ -108,6 +110,10 @@ class DrafterSpec:
 @config_key("target")  # the builder of the group adds its name to the fields its checks name
 def load_target(spec: TargetSpec) -> TargetModel:
     """Load the frozen target (building or converting it first for offline targets)."""
+    import torch
+
+    from dflash.target import TargetModel
+
     if spec.build is not None:
         build_offline_target(spec.path, dict(spec.build))
     if spec.gguf_file is not None:
@@ -168,6 +174,11 @@ def _build_random_target_atomically(path: str, build: dict) -> None:
 @config_key("drafter")
 def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
     """Load the drafter at `spec.path`, or build a random one; check it fits `target`."""
+    import torch
+
+    from dflash.drafter import DFlashDrafter, DrafterConfig, init_drafter_from, load_drafter, place_drafter, resolve_mask_token_id
+    from dflash.target.model import resolve_dtype
+
     dtype = resolve_dtype(spec.dtype)
     dtype = target.dtype if dtype == "auto" else dtype
     require(

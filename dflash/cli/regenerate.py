@@ -44,8 +44,8 @@ def check_app(app) -> None:
 @hydra.main(config_path=str(CONF_DIR), config_name="regenerate", version_base="1.3")
 @exits_on_config_error
 def _hydra_main(cfg: DictConfig) -> None:
-    from dflash.data import RegenerateSettings, load_conversations, regenerate
-    from dflash.data.regenerate import LOCK_REMEDY
+    from dflash.data import RegenerateSettings, load_conversations
+    from dflash.data.regenerate import LOCK_REMEDY, regenerate
     from dflash.data.sources import describe_source
     from dflash.specs import load_target
 

@@ -1,34 +1,27 @@
 """Training data for drafters: sources, regeneration by the target, tokenisation with
 loss masks. The Lightning DataModule lives in `dflash.data.datamodule` (imported on its
-own so that regeneration does not load Lightning)."""
+own so that regeneration does not load Lightning).
 
-from dflash.data.chat import has_chat_template, prompt_token_ids
-from dflash.data.config import DataSpec
-from dflash.data.generators import Generated, HFGenerator, ServerGenerator
-from dflash.data.regenerate import RegenerateSettings, regenerate, shard_paths
-from dflash.data.sources import SourceSpec, iter_conversations, load_conversations, split_prompt
-from dflash.data.token_ids import TOKEN_IDS, sequence_from_token_ids, tokenizer_fingerprint
-from dflash.data.tokenize import TokenizedRows, TokenizeSettings, tokenize_conversation, tokenize_conversations
+The names below are imported on first use (PEP 562): the config schemas of its modules
+(`dflash.schema`) are read without importing torch. `regenerate` is the submodule's name, so its
+function is imported from `dflash.data.regenerate`."""
 
-__all__ = [
-    "DataSpec",
-    "Generated",
-    "HFGenerator",
-    "RegenerateSettings",
-    "ServerGenerator",
-    "SourceSpec",
-    "TOKEN_IDS",
-    "TokenizeSettings",
-    "TokenizedRows",
-    "has_chat_template",
-    "iter_conversations",
-    "load_conversations",
-    "prompt_token_ids",
-    "regenerate",
-    "sequence_from_token_ids",
-    "shard_paths",
-    "split_prompt",
-    "tokenize_conversation",
-    "tokenize_conversations",
-    "tokenizer_fingerprint",
-]
+import importlib
+
+_EXPORTS = {
+    "dflash.data.chat": ["has_chat_template", "prompt_token_ids"],
+    "dflash.data.config": ["DataSpec", "RegenerateSettings"],
+    "dflash.data.generators": ["Generated", "HFGenerator", "ServerGenerator"],
+    "dflash.data.regenerate": ["shard_paths"],
+    "dflash.data.sources": ["SourceSpec", "iter_conversations", "load_conversations", "split_prompt"],
+    "dflash.data.token_ids": ["TOKEN_IDS", "sequence_from_token_ids", "tokenizer_fingerprint"],
+    "dflash.data.tokenize": ["TokenizedRows", "TokenizeSettings", "tokenize_conversation", "tokenize_conversations"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'dflash.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

@@ -25,11 +25,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from tqdm.auto import tqdm
 
+from dflash.data.config import RegenerateSettings
 from dflash.data.generators import Generated, Generator, HFGenerator, ServerGenerator
 from dflash.data.sources import split_prompt
 from dflash.data.token_ids import TOKEN_IDS, token_ids_record, tokenizer_manifest
@@ -42,46 +43,6 @@ from dflash.progress import bar_interval
 log = logging.getLogger(__name__)
 
 LOCK_REMEDY = "wait for it to finish, or write elsewhere (regenerate.output_dir=DIR)"
-
-
-@dataclass
-class RegenerateSettings:
-    """How the target regenerates responses."""
-
-    batch_size: int = 16
-    """Prompts per `generate` call (or concurrent requests to a server)."""
-    shard_size: int = 512
-    """Rows per output file; the unit of resumption."""
-    max_new_tokens: int = 2048
-    temperature: float = 0.0
-    """0 for greedy decoding; top_p / top_k apply only when sampling."""
-    top_p: float = 1.0
-    """Applies only when sampling (temperature > 0)."""
-    top_k: int = 0
-    """Applies only when sampling; 0 = off, so a model's default top_k does not sneak in."""
-    enable_thinking: bool | None = False
-    """Passed to the chat template (Qwen3); None passes nothing."""
-    seed: int = 0
-    """Sampling seed; each shard reseeds with seed + its first row, so a resumed run samples
-    the same way."""
-    server_url: str | None = None
-    """OpenAI-compatible server (vLLM, SGLang) base URL, e.g. "http://localhost:8000/v1";
-    None generates with the HF target in-process."""
-    server_model: str | None = None
-    """Model name for the server; None asks the server's /models."""
-    request_timeout_s: float = 600.0
-    """Seconds a server request may take."""
-
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self) -> None:
-        """ConfigError naming the field for out-of-range values."""
-        for name in ("batch_size", "shard_size", "max_new_tokens"):
-            require(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
-        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
 
 
 def make_generator(target, settings: RegenerateSettings) -> Generator:

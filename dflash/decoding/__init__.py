@@ -1,22 +1,23 @@
-"""Lossless speculative decoding: the one loop (`generate`), its verifiers and proposers."""
+"""Lossless speculative decoding: the one loop (`generate`), its verifiers and proposers.
 
-from dflash.decoding.chain import ChainVerifier
-from dflash.decoding.loop import GenerationResult, Verifier, VerifyStep, generate
-from dflash.decoding.proposer import BlockProposer, Proposer
-from dflash.decoding.sampling import VERIFY_RULES, SamplingConfig
-from dflash.decoding.tree import TreeVerifier
-from dflash.decoding.verify import Drafts
+The names below are imported on first use (PEP 562): the config schemas of its modules
+(`dflash.schema`) are read without importing torch."""
 
-__all__ = [
-    "BlockProposer",
-    "ChainVerifier",
-    "Drafts",
-    "GenerationResult",
-    "Proposer",
-    "SamplingConfig",
-    "TreeVerifier",
-    "VERIFY_RULES",
-    "Verifier",
-    "VerifyStep",
-    "generate",
-]
+import importlib
+
+_EXPORTS = {
+    "dflash.decoding.chain": ["ChainVerifier"],
+    "dflash.decoding.loop": ["GenerationResult", "Verifier", "VerifyStep", "generate"],
+    "dflash.decoding.proposer": ["BlockProposer", "Proposer"],
+    "dflash.decoding.sampling": ["VERIFY_RULES", "SamplingConfig"],
+    "dflash.decoding.tree": ["TreeVerifier"],
+    "dflash.decoding.verify": ["Drafts"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'dflash.decoding' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

@@ -3,15 +3,20 @@
 The target's distribution is softmax(logits / temperature) restricted by top-k and
 top-p; temperature 0 means greedy (argmax). Lossless decoding reproduces exactly
 that distribution, whatever the drafter proposes.
+
+Torch is only named in annotations here (the functions call tensor methods): `SamplingConfig`
+is part of the `decoding` config's schema (dflash/schema.py), read before torch loads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from dflash.errors import require
+
+if TYPE_CHECKING:
+    import torch
 
 VERIFY_RULES = ("rejection", "match")
 
@@ -56,10 +61,10 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
     """
     logits = logits.float() / sampling.temperature
     if sampling.top_k > 0 and sampling.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        kth = logits.topk(sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(-1)
         # drop a token when the tokens ranked above it already cover top_p
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
@@ -71,4 +76,4 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token id per row of `probs` (..., vocab) -> (...,)."""
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    return flat.multinomial(1, generator=generator).reshape(probs.shape[:-1])

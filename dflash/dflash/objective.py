@@ -13,12 +13,10 @@ from dflash.structured import config_key
 from dflash.target import TargetModel
 from dflash.training.anchors import sample_anchors
 from dflash.training.blocks import build_blocks, on_policy_blocks
-from dflash.training.config import TrainingSettings
+from dflash.training.config import BLOCK_SIZE_MESSAGE, TrainingSettings
 from dflash.training.draft_vocab import DraftVocab, frequent_response_tokens
 from dflash.training.forward import draft_blocks, set_attention_implementation, training_attention_implementation
 from dflash.training.loss import BlockLoss, LossSettings, block_loss, resolve_gamma
-
-BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
 
 
 class DFlashObjective:
@@ -29,7 +27,7 @@ class DFlashObjective:
         self.training = training
         self.drafter = build_drafter(drafter, target)
         block_size = self.drafter.block_size
-        if block_size < 2:  # check_dflash_job refuses it before any model loads, naming drafter.block_size
+        if block_size < 2:  # the method's check_training refuses it before any model loads, naming drafter.block_size
             raise ValueError(BLOCK_SIZE_MESSAGE.format(block_size))
         self.slots = block_size
         # with the agreement mask, the blocks' labels are the target's greedy tokens already
@@ -134,15 +132,3 @@ def greedy_tokens(target: TargetModel, final_hidden: torch.Tensor, blocks, chunk
     if parts:
         greedy[valid] = torch.cat(parts)
     return greedy
-
-
-def check_dflash_job(settings, drafter: DrafterSpec, data, training: TrainingSettings) -> None:
-    """The drafter's block fits the data before any model loads; a drafter directory is
-    read now, so a damaged or mismatched one fails before the target loads."""
-    from dflash.drafter.io import check_drafter_dir
-    from dflash.training.config import check_block_fits
-
-    with config_key("drafter"):
-        block_size = drafter.block_size if drafter.path is None else check_drafter_dir(drafter.path).block_size
-        require(block_size >= 2, "block_size", BLOCK_SIZE_MESSAGE.format(block_size))
-    check_block_fits(block_size, data.max_length, training.num_anchors)

@@ -119,18 +119,3 @@ class DSparkObjective(DFlashObjective):
         if torch.is_grad_enabled() and self.training.loss_chunk_rows is not None:
             return checkpoint(terms, rows, use_reentrant=False)
         return terms(rows)
-
-
-def check_dspark_training(settings, drafter: DrafterSpec, data, training: TrainingSettings) -> None:
-    """What DSpark's loss does not read, refused before any model loads (one line naming the key)."""
-    from dflash.dflash.objective import check_dflash_job
-
-    check_dflash_job(settings, drafter, data, training)
-    with config_key("training"):
-        require(not training.agreement_mask, "agreement_mask", "is not supported with method=dspark")
-        require(training.loss == "ce", "loss", "method=dspark sets its own loss (method.ce_alpha, tv_alpha, confidence_alpha)")
-        require(
-            training.draft_vocab_size is None,
-            "draft_vocab_size",
-            "must be null with method=dspark (its heads score the whole vocabulary)",
-        )

@@ -1,20 +1,22 @@
-"""Benchmarks, the evaluator (DFlash vs autoregressive vs HF generate), results.json."""
+"""Benchmarks, the evaluator (DFlash vs autoregressive vs HF generate), results.json.
 
-from dflash.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Sample, benchmark_source, load_benchmark
-from dflash.eval.evaluator import DecodingSettings, EvalSettings, evaluate
-from dflash.eval.prompts import PromptBuilder, stop_token_ids
-from dflash.eval.report import format_results
+The names below are imported on first use (PEP 562): the config schemas of its modules
+(`dflash.schema`) are read without importing torch."""
 
-__all__ = [
-    "BENCHMARKS",
-    "BenchmarkSpec",
-    "DecodingSettings",
-    "EvalSettings",
-    "PromptBuilder",
-    "Sample",
-    "benchmark_source",
-    "evaluate",
-    "format_results",
-    "load_benchmark",
-    "stop_token_ids",
-]
+import importlib
+
+_EXPORTS = {
+    "dflash.eval.benchmarks": ["BENCHMARKS", "BenchmarkSpec", "Sample", "benchmark_source", "load_benchmark"],
+    "dflash.eval.evaluator": ["evaluate"],
+    "dflash.eval.settings": ["DecodingSettings", "EvalSettings"],
+    "dflash.eval.prompts": ["PromptBuilder", "stop_token_ids"],
+    "dflash.eval.report": ["format_results"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'dflash.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

@@ -22,7 +22,7 @@ No Hydra here: entry points build `EvalSettings` and call `evaluate`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -30,79 +30,16 @@ from tqdm.auto import tqdm
 from dflash.decoding import GenerationResult, SamplingConfig, generate
 from dflash.decoding.loop import synchronize
 from dflash.drafter import DFlashDrafter
-from dflash.errors import require
 from dflash.eval.benchmarks import Sample
 from dflash.eval.divergence import diagnose, first_difference, hf_generate_logits, replay_logits
 from dflash.eval.prompts import PromptBuilder, stop_token_ids
 from dflash.eval.results import BASELINE, GenerationRecord, MethodInfo, build_results, token_at
+from dflash.eval.settings import EvalSettings
 from dflash.layout import Results
-from dflash.methods import METHODS, EvalContext, MethodSetup, build_method, check_method_names
+from dflash.methods import METHODS, EvalContext, MethodSetup, build_method
 from dflash.progress import bar_interval
 from dflash.target import TargetModel
 from dflash.target.cache import decode_attention
-
-
-@dataclass
-class DecodingSettings:
-    """The `decoding` config group."""
-
-    block_size: int | None = None
-    """Inference block size B; None = the drafter's trained block size (they may differ: an
-    ablation crosses train B with inference B)."""
-    max_new_tokens: int = 2048
-    temperature: float = 0.0
-    """0 is greedy; top_p and top_k filter the sampled distribution, target's and drafter's alike."""
-    top_p: float = 1.0
-    """Filters the sampled distribution, target's and drafter's alike; 1.0: off."""
-    top_k: int = 0
-    """Filters the sampled distribution, target's and drafter's alike; 0: off."""
-    verify_rule: str = "rejection"
-    """Sampling only: "rejection" (speculative sampling) or "match" (keep drafts equal to the
-    target's own samples)."""
-    seed: int = 0
-    """Seeds the sampling generators (one per generation and method)."""
-    stop_tokens: list = field(default_factory=list)
-    """Extra stop tokens, as token strings or ids, on top of eos and end-of-turn markers."""
-    draft_threshold: float = 0.0
-    """The DFlash drafter's drafts (chain and tree) stop where the product of the slots' top
-    probabilities falls below it (`dflash.dflash.adaptive`); 0 drafts the whole block every step."""
-
-    def __post_init__(self):
-        # checked here too (not only in `generate`) so bad values fail before a model loads
-        require(self.block_size is None or self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
-        require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        require(0 <= self.draft_threshold <= 1, "draft_threshold", f"must be in [0, 1], got {self.draft_threshold}")
-        _ = self.sampling  # validates temperature, top_p, top_k, verify_rule
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_p, self.top_k, self.verify_rule)
-
-
-@dataclass
-class EvalSettings:
-    """Everything `evaluate` needs besides the models and the prompts."""
-
-    decoding: DecodingSettings = field(default_factory=DecodingSettings)
-    chat_template: bool = True
-    """Prompt rendering (see `PromptBuilder`)."""
-    enable_thinking: bool = False
-    """Prompt rendering (see `PromptBuilder`)."""
-    hf_generate: bool = True
-    """Also time the target's `model.generate()`."""
-    warmup_tokens: int = 16
-    """Length of the untimed warm-up generation on the first prompt (0: none)."""
-    methods: list = field(default_factory=lambda: ["dflash"])
-    """The drafting methods compared (names in `dflash.methods.METHODS`), the primary first.
-    Methods with `uses_dflash_drafter` draft with the `drafter` given to `evaluate` at
-    `decoding.block_size`."""
-    method_settings: dict = field(default_factory=dict)
-    """Name -> that method's settings (its config group's schema, `Method.settings`); a method
-    without an entry uses its defaults."""
-
-    def __post_init__(self):
-        require(self.warmup_tokens >= 0, "warmup_tokens", f"must be >= 0, got {self.warmup_tokens}")
-        check_method_names(self.methods)
 
 
 def evaluate(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.structured import config_key
 
 
 def dflash_proposer(target, context: EvalContext):
@@ -44,9 +45,17 @@ def width_label(block_size: int, settings: dict) -> str:
 
 
 def check_training(settings, drafter, data, training) -> None:
-    from dflash.dflash.objective import check_dflash_job
+    """The drafter's block fits the data; a drafter directory is read now, so a damaged or
+    mismatched one fails before the target loads."""
+    from dflash.training.config import check_block_fits
 
-    check_dflash_job(settings, drafter, data, training)
+    block_size = drafter.block_size
+    if drafter.path is not None:
+        from dflash.drafter.io import check_drafter_dir
+
+        with config_key("drafter"):
+            block_size = check_drafter_dir(drafter.path).block_size
+    check_block_fits(block_size, data.max_length, training.num_anchors)
 
 
 def build_objective(target, settings, drafter, training):

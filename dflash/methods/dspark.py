@@ -82,9 +82,21 @@ def recorded(settings: DSparkSettings, context: EvalContext) -> dict:
 
 
 def check_training(settings, drafter, data, training) -> None:
-    from dflash.dspark.objective import check_dspark_training
+    """DFlash's checks, then what DSpark's loss does not read, refused before any model loads
+    (one line naming the key)."""
+    from dflash.errors import require
+    from dflash.methods.dflash import check_training as check_dflash_training
+    from dflash.structured import config_key
 
-    check_dspark_training(settings, drafter, data, training)
+    check_dflash_training(settings, drafter, data, training)
+    with config_key("training"):
+        require(not training.agreement_mask, "agreement_mask", "is not supported with method=dspark")
+        require(training.loss == "ce", "loss", "method=dspark sets its own loss (method.ce_alpha, tv_alpha, confidence_alpha)")
+        require(
+            training.draft_vocab_size is None,
+            "draft_vocab_size",
+            "must be null with method=dspark (its heads score the whole vocabulary)",
+        )
 
 
 def build_objective(target, settings: DSparkTrainSettings, drafter, training):

@@ -30,6 +30,7 @@ from torch import nn
 
 from dflash.engine import HOST_ROPE_TYPES, FastForward, Forward, GraphedForward, StaticCache, fast_engine_refusal
 from dflash.errors import ConfigError, reading, require
+from dflash.target.engines import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 # sqrt(hidden_size): Gemma and Gemma2 under transformers 4.x. transformers 5 moved the
 # scaling into the embedding module (`*ScaledWordEmbedding`), which `embed` then calls.
 _SCALED_IN_FORWARD = ("gemma", "gemma2")
-
-#: `target.engine` values (TargetModel.load)
-ENGINES = ("auto", "fast", "graphs", "eager")
 
 _DTYPES = {
     "auto": "auto",

@@ -1,4 +1,5 @@
-"""Training hyper-parameters of the training module (the `training` config group), as one plain dataclass.
+"""Training hyper-parameters of the training module (the `training` config group), as one plain dataclass
+(a config schema, dflash/schema.py: this module imports no torch; the choices it checks are named here).
 
 Gradient clipping (1.0 in the published recipe) and mixed precision are `lightning.Trainer`
 settings (`gradient_clip_val=1.0`, `precision="bf16-mixed"`), not fields here.
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash.errors import require
-from dflash.training.disk_cache import STORAGE_DTYPES
-from dflash.training.loss import OBJECTIVES, POSITION_WEIGHTS
 
 ANCHOR_SAMPLING_MODES = ("random", "stride")
+BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
+OBJECTIVES = ("ce", "kl", "ce_target_argmax")  # dflash.training.loss
+POSITION_WEIGHTS = ("gamma", "uniform", "dpace")  # dflash.training.loss
+TARGET_CACHE_DTYPES = ("bfloat16", "float32")  # the keys of dflash.training.disk_cache.STORAGE_DTYPES
 TRAINING_ATTENTION = ("auto", "flex_attention", "sdpa")
 
 
@@ -139,9 +142,9 @@ class TrainingSettings:
             f"must be a number of GiB >= 0 (0: no cache), got {self.target_cache_gib!r}",
         )
         require(
-            self.target_cache_dtype in STORAGE_DTYPES,
+            self.target_cache_dtype in TARGET_CACHE_DTYPES,
             "target_cache_dtype",
-            f"unknown {self.target_cache_dtype!r}; choose one of {list(STORAGE_DTYPES)}",
+            f"unknown {self.target_cache_dtype!r}; choose one of {list(TARGET_CACHE_DTYPES)}",
         )
         require(
             self.draft_vocab_size is None or self.draft_vocab_size >= 1,
@@ -159,6 +162,7 @@ def check_block_fits(block_size: int, max_length: int, num_anchors: int) -> None
     """Config-time shape checks across groups (drafter.block_size, data.max_length,
     training.num_anchors); ConfigError naming the key to change.
 
+    - A trained block has at least two slots: the anchor and one masked slot.
     - A block (the anchor and B-1 masked slots) must fit in a sequence behind at least one
       context token, since context is strictly before the anchor: B + 1 <= max_length. A
       longer block could never be trained whole, while its attention mask still grows with B
@@ -170,6 +174,7 @@ def check_block_fits(block_size: int, max_length: int, num_anchors: int) -> None
       budget per sequence: fewer are used when a sequence has fewer valid anchors, and stride
       sampling takes every B-th one (the anchors ablation relies on that).
     """
+    require(block_size >= 2, "drafter.block_size", BLOCK_SIZE_MESSAGE.format(block_size))
     require(
         block_size + 1 <= max_length,
         "drafter.block_size",

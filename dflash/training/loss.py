@@ -33,9 +33,6 @@ import torch
 
 from dflash.training.blocks import Blocks
 
-OBJECTIVES = ("ce", "kl", "ce_target_argmax")
-POSITION_WEIGHTS = ("gamma", "uniform", "dpace")
-
 # Published gamma per block size (DFlash paper): 7 / 5 / 4 for B = 16 / 10 / 8.
 PUBLISHED_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
 

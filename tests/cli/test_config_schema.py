@@ -139,7 +139,7 @@ def _composed(app: str, overrides=()):
 def test_the_python_api_and_the_command_line_share_defaults(tmp_path, monkeypatch):
     from dflash.data.config import DataSpec
     from dflash.data.regenerate import RegenerateSettings
-    from dflash.eval.evaluator import DecodingSettings
+    from dflash.eval.settings import DecodingSettings
     from dflash.training.config import TrainingSettings
     from dflash.training.settings import CheckpointSettings, TrainerSettings
 

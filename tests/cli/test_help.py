@@ -56,7 +56,7 @@ def test_help_exits_0_without_importing_torch(app):
 
 
 PROMPTS = CONF_DIR / "experiment" / "data" / "tiny_prompts.jsonl"  # shipped: the data check passes
-REFUSED_BEFORE_LIGHTNING = {
+REFUSED_BEFORE_TORCH = {
     "a wrong type": ("train", ["training.learning_rate=abc"], "training.learning_rate: expected float, got 'abc'"),
     "a schema's range": (
         "train",
@@ -67,18 +67,19 @@ REFUSED_BEFORE_LIGHTNING = {
     "a method's own check": ("train", [f"data.path={PROMPTS}", "drafter.block_size=1"], "drafter.block_size: must be >= 2"),
     "an evaluation setting": ("evaluate", ["decoding.block_size=0"], "decoding.block_size: must be >= 1, got 0"),
     "a demo setting": ("demo", ["evaluation.math=0"], "evaluation.math: must be an integer >= 1, got 0"),
+    "a DSpark setting": ("evaluate", ["dspark.confidence_threshold=1.5"], "dspark.confidence_threshold: "),
 }
 
 
-@pytest.mark.parametrize("case", sorted(REFUSED_BEFORE_LIGHTNING))
-def test_a_bad_value_is_refused_before_lightning_is_imported(case, tmp_path):
-    app, args, line = REFUSED_BEFORE_LIGHTNING[case]
+@pytest.mark.parametrize("case", sorted(REFUSED_BEFORE_TORCH))
+def test_a_bad_value_is_refused_before_torch_is_imported(case, tmp_path):
+    app, args, line = REFUSED_BEFORE_TORCH[case]
     result = _python(
         f"import os, sys; os.environ['DFLASH_ARTIFACTS'] = {str(tmp_path)!r}; sys.argv = ['dflash.{app}', *{args}]\n"
         f"from dflash.cli.{app} import main\n"
-        "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'lightning' in sys.modules)\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'lightning' in sys.modules, 'torch' in sys.modules)\n"
     )
-    assert result.stdout.strip() == "exit 2 False", result.stderr[-2000:]
+    assert result.stdout.strip() == "exit 2 False False", result.stderr[-2000:]
     assert result.stderr.strip().startswith(f"error: {line}"), result.stderr[-2000:]
 
 

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.data import DataSpec, RegenerateSettings, regenerate, shard_paths
+from dflash.data import DataSpec, RegenerateSettings, shard_paths
 from dflash.data.datamodule import DFlashDataModule
 from dflash.data.generators import Generated
+from dflash.data.regenerate import regenerate
 from dflash.drafter import save_drafter
 from dflash.errors import ConfigError
 from dflash.fileio import atomic_write, write_text

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, regenerate, shard_paths
+from dflash.data import HFGenerator, RegenerateSettings, ServerGenerator, shard_paths
+from dflash.data.regenerate import regenerate
 from dflash.errors import ConfigError
 from dflash.structured import config_key
 from dflash.target import TargetModel

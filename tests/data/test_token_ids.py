@@ -14,12 +14,12 @@ from dflash.data import (
     RegenerateSettings,
     TokenizeSettings,
     prompt_token_ids,
-    regenerate,
     shard_paths,
     tokenize_conversations,
     tokenizer_fingerprint,
 )
 from dflash.data.datamodule import DFlashDataModule
+from dflash.data.regenerate import regenerate
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target, byte_tokenizer, save_tiny_target
 

@@ -12,7 +12,7 @@ import torch
 from dflash.decoding import TreeVerifier, generate
 from dflash.dflash.adaptive import ThresholdProposer, confident_prefix_length
 from dflash.errors import ConfigError
-from dflash.eval.evaluator import DecodingSettings
+from dflash.eval.settings import DecodingSettings
 from dflash.structured import config_key
 from helpers.decoding import LONG_PROMPT, RunnerUpOracle, hf_greedy, record_paths
 

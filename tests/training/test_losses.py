@@ -12,9 +12,9 @@ from dflash.errors import ConfigError
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from dflash.training.blocks import Blocks
-from dflash.training.config import TrainingSettings
+from dflash.training.config import OBJECTIVES, TrainingSettings
 from dflash.training.forward import target_features
-from dflash.training.loss import OBJECTIVES, LossSettings, block_loss, dpace_weights
+from dflash.training.loss import LossSettings, block_loss, dpace_weights
 from helpers.training import BATCH, BLOCKS, B, D, S, batch, module_for, random_blocks, softcapped_head
 
 
