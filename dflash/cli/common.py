@@ -96,8 +96,9 @@ def run_app(
     exit_on_help(config_name, argv)
     try:
         cfg = check_overrides(config_name, argv)
-        if cfg is not None:
-            check_output_dirs(cfg, output_dirs, parse_command_line(config_name, argv).multirun)
+        line = parse_command_line(config_name, argv)
+        if cfg is not None and not (line.cfg or line.info):  # only printing: nothing is read or written
+            check_output_dirs(cfg, output_dirs, line.multirun)
             app = app_config(cfg)
             if check is not None:
                 check(app)

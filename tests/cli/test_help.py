@@ -92,3 +92,14 @@ def test_apps_that_never_train_import_no_lightning():
         f"import importlib, sys\nfor m in {modules}:\n    importlib.import_module(m)\nprint('lightning' in sys.modules)"
     )
     assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def test_printing_the_config_checks_nothing_the_run_would_read(tmp_path):
+    """`--cfg job` only prints: a data.path that a sweep's earlier stage has yet to write is no error."""
+    result = _python(
+        f"import os, sys; os.environ['DFLASH_ARTIFACTS'] = {str(tmp_path)!r}\n"
+        "sys.argv = ['dflash.train', 'data.path=/nonexistent/chats.jsonl', '--cfg', 'job']\n"
+        "from dflash.cli.train import main\nmain()\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "path: /nonexistent/chats.jsonl" in result.stdout

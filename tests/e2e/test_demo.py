@@ -86,6 +86,6 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
         rows = [json.loads(line) for line in (meta_dir / f"heldout_{family}.jsonl").read_text().splitlines()]
         assert len(rows) == 1 and rows[0]["turns"][0] not in training
     log = first.stdout + first.stderr
-    assert "one-token forward" in log and "train: step" in log and "ETA" in log
+    assert "autoregressive step" in log and "train: step" in log and "ETA" in log
     assert all(f"  {family:<11}{method:<15}" in first.stdout for family in ("humaneval", "math", "chat")
                for method in ("dflash", "dflash_lookup"))  # fmt: skip
