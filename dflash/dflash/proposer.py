@@ -3,6 +3,7 @@ gives the logits of a whole block (`dflash.decoding.proposer.BlockProposer`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -10,6 +11,8 @@ import torch
 from dflash.decoding.verify import propose_tokens
 from dflash.drafter.model import DFlashDrafter, DrafterCache
 from dflash.engine import FastDrafter, GraphedDrafter
+
+log = logging.getLogger(__name__)
 
 
 class DFlashProposer:
@@ -35,6 +38,10 @@ class DFlashProposer:
         graphed: bool = False,
     ):
         self.drafter = drafter.eval()
+        if drafter.config.dflash2 and (graphed or lean_dtype is not None):
+            # The lean and graphed forwards do not know DFlash2's convolutions (docs/frontier.md R5).
+            log.info("DFlash2 drafter: proposing with the module's forward (the lean and graphed ones have no convolutions)")
+            graphed, lean_dtype = False, None
         if graphed:
             self.forward = GraphedDrafter(self.drafter)
         else:

@@ -25,6 +25,11 @@ _TARGET_KEYS_NOT_COPIED = ("layer_types", "max_window_layers", "_name_or_path", 
 _DSPARK_KEYS = ("sample_from_anchor", "markov_head_type", "markov_rank", "enable_confidence_head", "confidence_head_with_markov")
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DSPARK_ARCHITECTURE = "DSparkDraftModel"
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
+# Keys of a DFlash2 drafter's `dflash_config`: llama.cpp's converter needs all four once
+# `conv_kernel_size` is there (conversion/qwen.py:770-774) and its loader refuses a draft with a
+# selector unless each is > 0 (src/models/dflash.cpp:141-145).
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -81,8 +86,18 @@ class DrafterConfig:
     """DSpark's Markov head (`dflash.drafter.heads.MarkovHead`) of this rank; 0: none (DFlash)."""
     confidence_head: bool = False
     """DSpark's confidence head (`dflash.drafter.heads.ConfidenceHead`); needs a Markov head."""
+    conv_kernel_size: int = 0
+    """DFlash2's block-local convolution (`dflash.drafter.heads.GroupedDynamicConv`) of this many
+    taps in every layer; 0: none (DFlash). llama.cpp loads it only with the selector."""
+    conv_group_size: int = 16
+    """Channels sharing one dynamic coefficient; must divide hidden_size (dflash.cpp:146-148)."""
+    selector_rank: int = 0
+    """DFlash2's candidate selector (`dflash.drafter.heads.CandidateSelector`) of this rank; 0: none."""
+    selector_top_k: int = 0
+    """Candidates per slot the selector scores; hidden_size >= k·(k+1) (dflash.cpp:149-151)."""
 
     def __post_init__(self):
+        self._check_dflash2()
         require(self.markov_rank >= 0, "markov_rank", f"must be >= 0, got {self.markov_rank}")
         require(
             not self.confidence_head or self.markov_rank > 0,
@@ -112,13 +127,52 @@ class DrafterConfig:
             f"{self.num_attention_heads} heads are not a multiple of {self.num_key_value_heads} kv heads",
         )
 
+    def _check_dflash2(self) -> None:
+        """llama.cpp's load-time checks of a DFlash2 draft (src/models/dflash.cpp:141-151), and ours."""
+        for key in ("conv_kernel_size", "selector_rank", "selector_top_k"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        if not self.conv_kernel_size and not self.selector_rank:
+            require(not self.selector_top_k, "selector_top_k", "needs a selector (selector_rank >= 1)")
+            return
+        require(
+            not self.markov_rank,
+            "selector_rank",
+            "DSpark (markov_rank) and DFlash2 (selector_rank, conv_kernel_size) heads cannot be combined in one drafter",
+        )
+        require(
+            self.selector_rank >= 1, "selector_rank", "must be >= 1: llama.cpp loads DFlash2's convolution only with its selector"
+        )
+        require(self.conv_kernel_size >= 1, "conv_kernel_size", f"must be >= 1 for a DFlash2 drafter, got {self.conv_kernel_size}")
+        require(self.selector_top_k >= 1, "selector_top_k", f"must be >= 1 for a DFlash2 drafter, got {self.selector_top_k}")
+        group = self.conv_group_size
+        require(
+            group >= 1 and self.hidden_size % group == 0,
+            "conv_group_size",
+            f"{group} does not divide hidden_size {self.hidden_size} (llama.cpp refuses the draft)",
+        )
+        k = self.selector_top_k
+        require(
+            self.hidden_size >= k * (k + 1),
+            "selector_top_k",
+            f"{k} needs hidden_size >= k*(k+1) = {k * (k + 1)}, got {self.hidden_size} (llama.cpp packs the k x k scores in a hidden row)",
+        )
+        require(k <= self.vocab_size, "selector_top_k", f"{k} is above the vocabulary size {self.vocab_size}")
+
+    @property
+    def dflash2(self) -> bool:
+        """A DFlash2 drafter: convolutions in its layers and a candidate selector."""
+        return self.selector_rank > 0
+
     @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids)
 
     @property
     def architecture(self) -> str:
-        """config.json's `architectures[0]`: DSparkDraftModel with a Markov head, else DFlashDraftModel."""
+        """config.json's `architectures[0]`: DSparkDraftModel with a Markov head, DFlash2DraftModel
+        with a selector, else DFlashDraftModel."""
+        if self.dflash2:
+            return DFLASH2_ARCHITECTURE
         return DSPARK_ARCHITECTURE if self.markov_rank > 0 else DFLASH_ARCHITECTURE
 
     @classmethod
@@ -192,7 +246,9 @@ class DrafterConfig:
         Qwen3 layers (q/k norms, SiLU MLP), as published drafters and the engines that
         serve them (docs/drafters.md) have it. Rope settings are written for transformers
         4 and 5 alike (`rope_keys`). A DSpark drafter (`markov_rank` > 0) is a
-        DSparkDraftModel with the keys of `_DSPARK_KEYS` and no `auto_map`.
+        DSparkDraftModel with the keys of `_DSPARK_KEYS` and no `auto_map`; a DFlash2 drafter
+        (`selector_rank` > 0) a DFlash2DraftModel with `_DFLASH2_KEYS` in `dflash_config` and no
+        `auto_map`.
         """
         dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS + _DSPARK_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
@@ -206,9 +262,11 @@ class DrafterConfig:
             dflash["mask_token"] = self.mask_token
         if not self.use_target_features:
             dflash["use_target_features"] = False
-        if self.markov_rank == 0:  # the shipped dflash.py has no DSpark heads: no auto_map for them
+        if self.dflash2:  # inside dflash_config, where llama.cpp reads them (qwen.py:770-774)
+            dflash.update({key: getattr(self, key) for key in _DFLASH2_KEYS})
+        if self.architecture == DFLASH_ARCHITECTURE:  # the shipped dflash.py has neither head: no auto_map for them
             out["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
-        else:  # our layout is the bonus anchor: written, since llama.cpp reads a missing key as true
+        elif self.markov_rank > 0:  # our layout is the bonus anchor: written, since llama.cpp reads a missing key as true
             out.update(
                 sample_from_anchor=False,
                 markov_head_type="vanilla",
@@ -252,6 +310,7 @@ class DrafterConfig:
                 raise KeyError("block_size" if block_size is None else "num_target_layers")
             _require_supported_layers(data)
             dspark = _dspark_heads(data)
+            dflash2 = _dflash2_parts(data)
             return cls(
                 hidden_size=data["hidden_size"],
                 num_hidden_layers=data["num_hidden_layers"],
@@ -271,6 +330,7 @@ class DrafterConfig:
                 attn_implementation=attn_implementation,
                 use_target_features=bool(dflash.get("use_target_features", True)),
                 **dspark,
+                **dflash2,
             )
         except KeyError as missing:
             raise ConfigError("path", f"config.json is not a DFlash drafter config (missing {missing})") from None
@@ -335,6 +395,16 @@ def _dspark_heads(data: dict) -> dict:
     rank = data.get("markov_rank")
     require(isinstance(rank, int) and rank >= 1, "path", f"a DSparkDraftModel config needs markov_rank >= 1, got {rank!r}")
     return {"markov_rank": rank, "confidence_head": bool(data.get("enable_confidence_head", False))}
+
+
+def _dflash2_parts(data: dict) -> dict:
+    """The four `dflash_config` keys of a DFlash2DraftModel config.json (none for the others)."""
+    if (data.get("architectures") or [DFLASH_ARCHITECTURE])[0] != DFLASH2_ARCHITECTURE:
+        return {}
+    dflash = data["dflash_config"]
+    missing = [key for key in _DFLASH2_KEYS if not isinstance(dflash.get(key), int)]
+    require(not missing, "path", f"a DFlash2DraftModel config needs dflash_config.{missing[0] if missing else ''} (an integer)")
+    return {key: dflash[key] for key in _DFLASH2_KEYS}
 
 
 def _require_supported_layers(data: dict) -> None:

@@ -12,6 +12,10 @@ Per layer: context c = hidden_norm(fc(concat target features)) is projected by t
 layer's own k/v projections (and k_norm, rope at the context positions) and placed in
 front of the block's keys/values. Block queries attend to context and block alike,
 bidirectionally inside the block.
+
+A DFlash2 drafter (`DrafterConfig.dflash2`) convolves each layer's block rows around attention
+and around the MLP, one block of B rows at a time (query rows j·B .. j·B + B - 1; context rows
+never), where llama.cpp does (src/models/dflash.cpp:704-796; `heads.GroupedDynamicConv`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import nn
 
 from dflash.drafter.attention import attend
 from dflash.drafter.config import DrafterConfig
-from dflash.drafter.heads import ConfidenceHead, MarkovHead
+from dflash.drafter.heads import CandidateSelector, ConfidenceHead, GroupedDynamicConv, MarkovHead
 from dflash.engine import apply_rope
 
 
@@ -125,10 +129,24 @@ class DrafterLayer(nn.Module):
         self.mlp = DrafterMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.block_size = config.block_size
+        # DFlash2's convolutions, set by `DFlashDrafter` after the DFlash weights are drawn.
+        self.attention_conv: GroupedDynamicConv | None = None
+        self.mlp_conv: GroupedDynamicConv | None = None
 
     def forward(self, hidden, context, rope_q, rope_kv, mask=None, cache=None):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, rope_q, rope_kv, mask, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        x = self.input_layernorm(hidden)
+        if self.attention_conv is None:
+            hidden = hidden + self.self_attn(x, context, rope_q, rope_kv, mask, cache)
+        else:
+            x, coefficients = self.attention_conv.pre(x, self.block_size)
+            out = self.self_attn(x, context, rope_q, rope_kv, mask, cache)
+            hidden = hidden + self.attention_conv.post(out, coefficients, self.block_size)
+        x = self.post_attention_layernorm(hidden)
+        if self.mlp_conv is None:
+            return hidden + self.mlp(x)
+        x, coefficients = self.mlp_conv.pre(x, self.block_size)
+        return hidden + self.mlp_conv.post(self.mlp(x), coefficients, self.block_size)
 
 
 class DFlashDrafter(nn.Module):
@@ -150,6 +168,8 @@ class DFlashDrafter(nn.Module):
         # weights and their initialisation stay what they were. Applied by DSpark's objective
         # and proposer to the hidden states `forward` returns.
         self.markov_head, self.confidence_head = _dspark_heads(config)
+        # DFlash2's convolutions (identity at first) and selector, drawn after the DFlash weights.
+        self.candidate_selector = _add_dflash2_parts(self, config)
         self.draft_vocab: torch.Tensor | None = None
         """(K,) ascending token ids the drafter drafts over at decode, the vocabulary its training
         scored (`training.draft_vocab_size`; `dflash.drafter.io` keeps it beside the weights), or
@@ -216,6 +236,18 @@ def _dspark_heads(config: DrafterConfig) -> tuple[MarkovHead | None, ConfidenceH
     rank = config.markov_rank
     markov = MarkovHead(config.vocab_size, rank) if rank else None
     return markov, ConfidenceHead(config.hidden_size, rank) if config.confidence_head else None
+
+
+def _add_dflash2_parts(drafter: DFlashDrafter, config: DrafterConfig) -> CandidateSelector | None:
+    """Give `drafter`'s layers DFlash2's convolutions and return its selector, as `config` asks
+    (None: a DFlash or DSpark drafter)."""
+    if not config.dflash2:
+        return None
+    d = config.hidden_size
+    for layer in drafter.layers:
+        layer.attention_conv = GroupedDynamicConv(d, config.conv_kernel_size, config.conv_group_size)
+        layer.mlp_conv = GroupedDynamicConv(d, config.conv_kernel_size, config.conv_group_size)
+    return CandidateSelector(d, config.vocab_size, config.selector_rank)
 
 
 def _build_rotary(config: DrafterConfig) -> nn.Module:

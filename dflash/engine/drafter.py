@@ -34,6 +34,12 @@ def _linear(dtype: torch.dtype, *modules) -> Linear:
     return Linear(weight, bias)
 
 
+def refuse_dflash2(drafter) -> None:
+    """ValueError for a DFlash2 drafter: this forward does not compute its convolutions."""
+    if getattr(drafter.config, "dflash2", False):
+        raise ValueError("a DFlash2 drafter decodes with its module forward: the lean and graphed forwards have no convolutions")
+
+
 def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     return module.weight.detach().to(dtype), module.eps
 
@@ -42,6 +48,7 @@ class FastDrafter:
     """`DFlashDrafter.forward` for decoding (module invariants); called like the module."""
 
     def __init__(self, drafter: torch.nn.Module, dtype: torch.dtype):  # a DFlashDrafter
+        refuse_dflash2(drafter)
         self.config = drafter.config
         self.dtype = dtype
         self.rotary = drafter.rotary_emb

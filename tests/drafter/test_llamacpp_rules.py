@@ -39,6 +39,18 @@ DSpark (docs/frontier.md 1.1), class DSparkModel (qwen.py:924-1012), a DFlashMod
   src/models/dflash.cpp:127-134 checks their ggml shapes at load: markov_w1 {R, n_vocab} (R read
   from it), markov_w2 {R, n_vocab}, conf_proj {n_embd + R, 1} and its bias {1}; ggml lists
   dimensions innermost first, so torch's (V, R) is ggml's {R, V}.
+
+DFlash2 (docs/frontier.md 1.2), class DFlashModel, registered for "DFlash2DraftModel" too
+(qwen.py:721; conversion/__init__.py:59):
+- qwen.py:770-774: once `dflash_config.conv_kernel_size` is there, `conv_group_size`,
+  `selector_rank` and `selector_top_k` are read from `dflash_config` too (a missing one stops the
+  conversion); src/models/dflash.cpp:32-35 reads them back;
+- qwen.py:915-919: the two selector codebooks, bare parameters, get a ".weight" suffix; then
+  tensor_mapping.py:1491-1517 (names constants.py:2047-2053) maps them;
+- src/models/dflash.cpp:139-155 and 251-257: a draft with `selector_hidden.weight` needs all four
+  keys and block_size > 0, n_embd % conv_group_size == 0, n_embd >= top_k·(top_k + 1); the
+  codebooks are {R, n_vocab}, the hidden projection {n_embd, R}, each layer's conv bases
+  {n_embd, K, 2} and projections {n_embd, 2·K·n_embd/g}.
 """
 
 from __future__ import annotations
@@ -74,13 +86,23 @@ GGUF_NAMES = {
     r"model\.markov_head\.markov_w2\.weight": "markov_w2.weight",
     r"model\.confidence_head\.proj\.weight": "conf_proj.weight",
     r"model\.confidence_head\.proj\.bias": "conf_proj.bias",
+    r"model\.layers\.(\d+)\.attention_conv\.base_kernel": "blk.{}.attn_conv_base",
+    r"model\.layers\.(\d+)\.attention_conv\.kernel_projection\.weight": "blk.{}.attn_conv_proj.weight",
+    r"model\.layers\.(\d+)\.mlp_conv\.base_kernel": "blk.{}.ffn_conv_base",
+    r"model\.layers\.(\d+)\.mlp_conv\.kernel_projection\.weight": "blk.{}.ffn_conv_proj.weight",
+    r"model\.candidate_selector\.predecessor_codebook\.weight": "selector_predecessor.weight",
+    r"model\.candidate_selector\.successor_codebook\.weight": "selector_successor.weight",
+    r"model\.candidate_selector\.hidden_projection\.weight": "selector_hidden.weight",
 }
+SUFFIXED = ("model.candidate_selector.predecessor_codebook", "model.candidate_selector.successor_codebook")  # qwen.py:915-919
 
 
 def gguf_name(name: str) -> str:
     """The GGUF name llama.cpp's converter gives tensor `name` of a draft (ValueError: it stops)."""
     if not name.startswith("model."):
         name = "model." + name
+    if name in SUFFIXED:
+        name += ".weight"
     for pattern, gguf in GGUF_NAMES.items():
         found = re.fullmatch(pattern, name)
         if found:
@@ -103,6 +125,8 @@ def llama_cpp_reading(config: dict) -> dict:
         dspark = {"sample_from_anchor": config.get("sample_from_anchor", not nested)}
     else:
         dspark = {}
+    if "conv_kernel_size" in dflash:  # qwen.py:770-774: KeyError for a missing one
+        dspark.update({key: int(dflash[key]) for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
     return {
         "architecture": {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash"}.get(
             architecture, "dflash" if dspark else None
@@ -131,6 +155,26 @@ def dspark_tensors(names: dict, hidden: int, vocab: int) -> tuple[int, bool]:
     if "conf_proj.bias" in ggml:
         assert ggml["conf_proj.bias"] == [1]  # dflash.cpp:134
     return rank, has_confidence
+
+
+def dflash2_tensors(names: dict, read: dict, hidden: int, vocab: int, layers: int) -> None:
+    """llama.cpp's load of a DFlash2 draft's GGUF tensor `names` ({gguf name: torch shape}) with
+    the keys `read` (`llama_cpp_reading`): AssertionError where a check fails
+    (src/models/dflash.cpp:139-155, 251-257; ggml shapes innermost first)."""
+    ggml = {name: list(reversed(shape)) for name, shape in names.items()}
+    k, g, rank, top_k = (read.get(key, 0) for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"))
+    assert min(rank, read["block_size"], top_k, k, g) > 0  # dflash.cpp:142-145
+    assert hidden % g == 0  # dflash.cpp:146-148
+    assert hidden >= top_k * (top_k + 1)  # dflash.cpp:149-151
+    assert ggml["selector_predecessor.weight"] == [rank, vocab]  # dflash.cpp:153
+    assert ggml["selector_successor.weight"] == [rank, vocab]  # dflash.cpp:154
+    assert ggml["selector_hidden.weight"] == [hidden, rank]  # dflash.cpp:155
+    projected = 2 * k * (hidden // g)
+    for i in range(layers):  # dflash.cpp:251-257
+        assert ggml[f"blk.{i}.attn_conv_base"] == [hidden, k, 2]
+        assert ggml[f"blk.{i}.attn_conv_proj.weight"] == [hidden, projected]
+        assert ggml[f"blk.{i}.ffn_conv_base"] == [hidden, k, 2]
+        assert ggml[f"blk.{i}.ffn_conv_proj.weight"] == [hidden, projected]
 
 
 @pytest.mark.parametrize("block_size, taps", [(4, None), (3, [0, 1])])
@@ -255,3 +299,106 @@ def test_a_dflash_drafter_is_written_as_before(qwen3_target, tmp_path):
 def test_a_confidence_head_needs_a_markov_head(qwen3_target):
     with pytest.raises(ConfigError, match="confidence_head: .*markov_rank"):
         dspark_drafter(qwen3_target, rank=0, confidence=True)
+
+
+def dflash2_drafter(target, kernel: int = 2, group: int = 16, rank: int = 8, top_k: int = 4, block_size: int = 4):
+    from dflash.drafter import DFlashDrafter
+    from dflash.specs import DrafterSpec, build_drafter
+
+    config = build_drafter(DrafterSpec(num_layers=2, block_size=block_size), target).config
+    return DFlashDrafter(
+        dataclasses.replace(config, conv_kernel_size=kernel, conv_group_size=group, selector_rank=rank, selector_top_k=top_k)
+    )
+
+
+def test_llama_cpp_reads_our_dflash2_drafter_as_we_mean_it(qwen3_target, tmp_path):
+    drafter = dflash2_drafter(qwen3_target, kernel=2, group=16, rank=8, top_k=4)
+    save_drafter(drafter, str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    read = llama_cpp_reading(config)
+    assert config["architectures"] == ["DFlash2DraftModel"] and "auto_map" not in config
+    assert read["architecture"] == "dflash" and read["block_size"] == 4 and read["causal"] is False
+    assert {key: read[key] for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")} == {
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": 8,
+        "selector_top_k": 4,
+    }
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as weights:
+        names = {gguf_name(name): weights.get_slice(name).get_shape() for name in weights.keys()}
+    dflash2_tensors(names, read, config["hidden_size"], config["vocab_size"], layers=2)
+    loaded = load_drafter(str(tmp_path))
+    assert (loaded.config.conv_kernel_size, loaded.config.selector_top_k) == (2, 4)
+    assert json.loads(json.dumps(loaded.config.to_hf_dict())) == config  # round trip
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    del config["dflash_config"]["selector_top_k"]
+    with pytest.raises(KeyError):  # the converter stops without it
+        llama_cpp_reading(config)
+    with pytest.raises(ConfigError, match="dflash_config.selector_top_k"):
+        DrafterConfig.from_hf_dict(config)
+
+
+def test_a_renamed_dflash2_tensor_is_refused():
+    assert gguf_name("candidate_selector.successor_codebook") == "selector_successor.weight"
+    assert gguf_name("layers.1.mlp_conv.base_kernel") == "blk.1.ffn_conv_base"
+    for renamed in (
+        "candidate_selector.successor.weight",
+        "layers.0.attn_conv.base_kernel",
+        "layers.0.mlp_conv.kernel_proj.weight",
+    ):
+        with pytest.raises(ValueError, match="Can not map tensor"):
+            gguf_name(renamed)
+
+
+def test_a_dflash2_tensor_of_the_wrong_shape_fails_llama_cpps_check(qwen3_target, tmp_path):
+    drafter = dflash2_drafter(qwen3_target)
+    config = drafter.config.to_hf_dict()
+    read, hidden, vocab = llama_cpp_reading(config), config["hidden_size"], config["vocab_size"]
+    names = {gguf_name(name): list(tensor.shape) for name, tensor in drafter.state_dict().items()}
+    dflash2_tensors(names, read, hidden, vocab, layers=2)
+    with pytest.raises(AssertionError):  # the projection's output laid out per channel, not per group
+        dflash2_tensors({**names, "blk.0.attn_conv_proj.weight": [2 * 2 * hidden, hidden]}, read, hidden, vocab, layers=2)
+    with pytest.raises(AssertionError):  # a one-sided base kernel
+        dflash2_tensors({**names, "blk.1.ffn_conv_base": [1, 2, hidden]}, read, hidden, vocab, layers=2)
+    with pytest.raises(AssertionError):  # the hidden projection stored transposed
+        dflash2_tensors({**names, "selector_hidden.weight": [hidden, 8]}, read, hidden, vocab, layers=2)
+
+
+def test_a_dflash_drafter_has_the_weights_of_a_dflash2_drafter_of_the_same_seed(qwen3_target):
+    """The DFlash2 parts drawn after the DFlash weights: a DFlash drafter's weights and config.json
+    are those it had before they existed; the new parts start as the identity and a zero successor."""
+    torch.manual_seed(0)
+    plain = dspark_drafter(qwen3_target, rank=0, confidence=False)
+    torch.manual_seed(0)
+    dflash2 = dflash2_drafter(qwen3_target)
+    config = plain.config.to_hf_dict()
+    assert not {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"} & set(config["dflash_config"])
+    assert config["architectures"] == ["DFlashDraftModel"] and "auto_map" in config
+    extra = set(dflash2.state_dict()) - set(plain.state_dict())
+    assert extra and all("conv" in name or "candidate_selector" in name for name in extra)
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(tensor, dflash2.state_dict()[name]), name
+    assert not dflash2.candidate_selector.successor_codebook.any()
+    for layer in dflash2.layers:
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            assert not conv.kernel_projection.weight.any()
+            assert torch.equal(conv.base_kernel[:, 0], torch.ones_like(conv.base_kernel[:, 0]))
+            assert not conv.base_kernel[:, 1:].any()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"conv_group_size": 24}, "conv_group_size: 24 does not divide hidden_size 64"),
+        ({"selector_top_k": 8}, "selector_top_k: 8 needs hidden_size >= k\\*\\(k\\+1\\) = 72"),
+        ({"selector_top_k": 16, "hidden_size": 4096, "vocab_size": 10}, "selector_top_k: 16 is above the vocabulary size 10"),
+        ({"markov_rank": 4}, "selector_rank: DSpark .* cannot be combined"),
+        ({"selector_rank": 0}, "selector_rank: must be >= 1"),
+        ({"conv_kernel_size": 0}, "conv_kernel_size: must be >= 1"),
+    ],
+)
+def test_a_bad_dflash2_setting_is_refused_naming_its_key(qwen3_target, changes, message):
+    config = dflash2_drafter(qwen3_target).config
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(config, **changes)
