@@ -73,7 +73,7 @@ def evaluate(
     if not samples:
         raise ValueError("no prompts to evaluate")  # load_benchmark never returns none
     decoding = settings.decoding
-    context = EvalContext(drafter, drafter_label, decoding.block_size, decoding.draft_threshold)
+    context = EvalContext(drafter, drafter_label, decoding.block_size, decoding.draft_threshold, decoding.temperature)
     setups = {name: build_method(name, target, _own_settings(name, settings), context) for name in settings.methods}
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None), decoding.stop_tokens)
     methods = _Methods(target, setups, decoding.sampling, stops, settings.hf_generate)

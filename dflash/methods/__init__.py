@@ -11,11 +11,12 @@ functions, so reading the registry loads no model code.
 from __future__ import annotations
 
 from dflash.errors import require
-from dflash.methods import dflash, dflash_lookup, dflash_tree, dspark, eagle3, ngram
+from dflash.methods import dflash, dflash2, dflash_lookup, dflash_tree, dspark, eagle3, ngram
 from dflash.methods.base import EvalContext, Method, MethodSetup
 
 BUILTIN: tuple[Method, ...] = (
     dflash.METHOD,
+    dflash2.METHOD,
     dflash_lookup.METHOD,
     dflash_tree.METHOD,
     dspark.METHOD,

@@ -57,14 +57,15 @@ class EvalContext:
 
     drafter: the DFlash drafter built from `drafter.*` (None unless a listed method has
         `uses_dflash_drafter`); drafter_label: its path, or "random".
-    block_size / draft_threshold: `decoding.block_size` (None: the drafter's trained one)
-        and `decoding.draft_threshold`.
+    block_size / draft_threshold / temperature: `decoding.block_size` (None: the drafter's
+        trained one), `decoding.draft_threshold` and `decoding.temperature`.
     """
 
     drafter: Any = None
     drafter_label: str = "unspecified"
     block_size: int | None = None
     draft_threshold: float = 0.0
+    temperature: float = 0.0
 
 
 def _drafts_per_step(block_size: int, settings: dict) -> str:

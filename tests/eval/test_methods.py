@@ -107,7 +107,7 @@ def test_registry_names_are_one_line_errors():
         with pytest.raises(ConfigError, match=text) as info:
             check_method_names(names)
         assert info.value.key == "methods"
-    assert list(METHODS) == ["dflash", "dflash_lookup", "dflash_tree", "dspark", "eagle3", "ngram"]
+    assert list(METHODS) == ["dflash", "dflash2", "dflash_lookup", "dflash_tree", "dspark", "eagle3", "ngram"]
 
 
 def test_eagle3_entry_builds_through_the_packages_builder_lazily(qwen3_target, monkeypatch):
