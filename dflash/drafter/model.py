@@ -194,6 +194,17 @@ class DFlashDrafter(nn.Module):
         heads = [head.to(like.device, like.dtype) if head is not None else None for head in _dspark_heads(self.config)]
         self.markov_head, self.confidence_head = heads
 
+    def add_dflash2_parts(self, kernel_size: int, group_size: int, rank: int, top_k: int) -> None:
+        """Give this drafter new DFlash2 parts (identity convolutions, a selector with a zero
+        successor codebook) on its weights' device and dtype; its config says so from now on
+        (ConfigError naming the key where llama.cpp would refuse the draft)."""
+        self.config = dataclasses.replace(
+            self.config, conv_kernel_size=kernel_size, conv_group_size=group_size, selector_rank=rank, selector_top_k=top_k
+        )
+        self.candidate_selector = _add_dflash2_parts(self, self.config)
+        like = self.norm.weight
+        self.to(like.device, like.dtype)
+
     def forward(
         self,
         block_embeds: torch.Tensor,

@@ -3,7 +3,8 @@
 selector) drafts a block in one pass, the slots chosen by the selector's greedy walk from the
 anchor (`dflash.dflash2.proposer`), stopped by `dflash2.p_min`; the target verifies at
 `decoding.block_size` (None: the drafter's trained block size). Greedy decoding only. Evaluation
-group `dflash2`; exported as a DFlash2DraftModel that llama.cpp serves with
+group `dflash2`; training group `method=dflash2` (`DFlash2TrainSettings`, the objective
+`dflash.dflash2.objective`); exported as a DFlash2DraftModel that llama.cpp serves with
 --spec-type draft-dflash."""
 
 from __future__ import annotations
@@ -26,6 +27,31 @@ class DFlash2Settings:
 
     def __post_init__(self):
         require(0 <= self.p_min < 1, "p_min", f"must be in [0, 1), got {self.p_min}")
+
+
+@dataclass
+class DFlash2TrainSettings:
+    """The `method` group of `method=dflash2` (dflash/conf/method/dflash2.yaml); the drafter's
+    layers are the `drafter` group's, as for DFlash. Defaults: the released checkpoints'
+    (docs/frontier.md 1.2, 5.4). llama.cpp needs hidden_size % conv_group_size == 0 and
+    hidden_size >= selector_top_k·(selector_top_k + 1): the target decides, checked when it loads."""
+
+    name: str = "dflash2"
+    conv_kernel_size: int = 2
+    """Taps of the block-local convolution around attention and around the MLP of every layer."""
+    conv_group_size: int = 16
+    """Channels sharing one dynamic coefficient."""
+    selector_rank: int = 256
+    """R of the selector (two V x R codebooks: 25M parameters at SmolLM2's V = 49,152)."""
+    selector_top_k: int = 16
+    """Candidates per slot the selector scores (SmolLM2's hidden 576 allows up to 23, the tiny targets' 64 up to 7)."""
+    selector_alpha: float = 1.0
+    """Weight of the selector's cross-entropy over the K candidates (unknown upstream default)."""
+
+    def __post_init__(self):
+        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.selector_alpha >= 0, "selector_alpha", f"must be >= 0, got {self.selector_alpha}")
 
 
 def check_dflash2_drafter(drafter, context: EvalContext) -> None:
@@ -52,6 +78,36 @@ def recorded(settings: DFlash2Settings, context: EvalContext) -> dict:
     return {"block_size": context.block_size, "p_min": settings.p_min}
 
 
+def check_training(settings, drafter, data, training) -> None:
+    """DFlash's checks, then what DFlash2's loss does not read, refused before any model loads."""
+    from dflash.methods.dflash import check_training as check_dflash_training
+
+    check_dflash_training(settings, drafter, data, training)
+    with config_key("training"):
+        require(not training.agreement_mask, "agreement_mask", "is not supported with method=dflash2")
+        require(
+            training.draft_vocab_size is None,
+            "draft_vocab_size",
+            "must be null with method=dflash2 (its selector's candidates are ids of the whole vocabulary, as llama.cpp's)",
+        )
+
+
+def build_objective(target, settings: DFlash2TrainSettings, drafter, training):
+    from dflash.dflash2.objective import DFlash2Objective
+
+    return DFlash2Objective(target, drafter, training, settings)
+
+
+def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
+    from dflash.training.export import export_state
+
+    return export_state(checkpoint, out_dir, dtype=dtype)
+
+
+def evaluation(drafter_dir: str, settings: DFlash2TrainSettings) -> tuple[str, DFlash2Settings]:
+    return "dflash2", DFlash2Settings()
+
+
 METHOD = Method(
     name="dflash2",
     label="DFlash2",
@@ -60,5 +116,10 @@ METHOD = Method(
     recorded=recorded,
     uses_dflash_drafter=True,
     width_label=width_label,
+    train_settings=DFlash2TrainSettings,
+    check_training=check_training,
+    build_objective=build_objective,
+    export=export,
     architectures=("DFlash2DraftModel",),
+    evaluation=evaluation,
 )

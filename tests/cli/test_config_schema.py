@@ -20,7 +20,7 @@ from dflash.schema import APP_SCHEMAS, METHOD_SCHEMAS
 from dflash.structured import build
 
 # the override that selects the schema of the `method` group (TrainAppConfig.method is Any)
-METHOD_OVERRIDES = {"dflash": [], "dspark": ["method=dspark"], "eagle3": ["method=eagle3"]}
+METHOD_OVERRIDES = {"dflash": [], "dflash2": ["method=dflash2"], "dspark": ["method=dspark"], "eagle3": ["method=eagle3"]}
 
 
 def _bad_value(hint) -> str | None:

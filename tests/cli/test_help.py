@@ -68,6 +68,12 @@ REFUSED_BEFORE_TORCH = {
     "an evaluation setting": ("evaluate", ["decoding.block_size=0"], "decoding.block_size: must be >= 1, got 0"),
     "a demo setting": ("demo", ["evaluation.math=0"], "evaluation.math: must be an integer >= 1, got 0"),
     "a DSpark setting": ("evaluate", ["dspark.confidence_threshold=1.5"], "dspark.confidence_threshold: "),
+    "a DFlash2 setting": ("evaluate", ["dflash2.p_min=1.5"], "dflash2.p_min: must be in [0, 1)"),
+    "a DFlash2 training setting": (
+        "train",
+        [f"data.path={PROMPTS}", "method=dflash2", "method.selector_rank=0"],
+        "method.selector_rank: ",
+    ),
 }
 
 

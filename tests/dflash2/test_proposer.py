@@ -6,21 +6,18 @@ the settings it refuses."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.dflash2.proposer import DFlash2Proposer
-from dflash.drafter import DFlashDrafter
 from dflash.errors import ConfigError
 from dflash.methods import EvalContext, build_method
 from dflash.methods.dflash2 import DFlash2Settings
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
-from helpers.decoding import PROMPTS, RecordingProposer, hf_greedy, random_drafter
+from helpers.decoding import PROMPTS, RecordingProposer, dflash2_drafter, hf_greedy, random_drafter
 
 MORE_ARCHS = [
     "mistral",
@@ -38,25 +35,6 @@ MORE_ARCHS = [
     "cohere",
 ]
 TOP_K = 4
-
-
-def dflash2_drafter(target: TargetModel, block_size: int = 8, seed: int = 0, scale: float = 0.0) -> DFlashDrafter:
-    """`random_drafter`'s layers as a DFlash2 drafter: convolutions and the successor codebook drawn
-    with std `scale` (0: a new drafter's identity convolutions and zero successor codebook)."""
-    backbone = random_drafter(target, block_size=block_size, seed=seed)
-    config = replace(backbone.config, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=TOP_K)
-    drafter = DFlashDrafter(config).eval()
-    missing, unexpected = drafter.load_state_dict(backbone.state_dict(), strict=False)
-    assert not unexpected and all("conv" in name or "candidate_selector" in name for name in missing)
-    if scale:
-        generator = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, parameter in drafter.named_parameters():
-                if "conv" in name or "successor" in name:
-                    parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
-                if "predecessor" in name or "hidden_projection" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator))
-    return drafter
 
 
 def run(target, proposer, prompts=PROMPTS[:2], max_new=20, block_size=8):

@@ -211,6 +211,27 @@ def dspark_drafter(target, rank=8, confidence=True, block_size=16, seed=0, marko
     return drafter
 
 
+def dflash2_drafter(target, block_size=8, seed=0, scale=0.0, top_k=4):
+    """`random_drafter`'s layers as a DFlash2 drafter (kernel 2, group 16, rank 8, `top_k`): the
+    convolutions and the successor codebook perturbed with std `scale` and the predecessor codebook
+    and hidden projection redrawn at std 1 (0: a new drafter's identity convolutions and zero
+    successor codebook, which score each candidate by its unary logit)."""
+    backbone = random_drafter(target, block_size=block_size, seed=seed)
+    config = replace(backbone.config, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=top_k)
+    drafter = DFlashDrafter(config).eval()
+    missing, unexpected = drafter.load_state_dict(backbone.state_dict(), strict=False)
+    assert not unexpected and all("conv" in name or "candidate_selector" in name for name in missing)
+    if scale:
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, parameter in drafter.named_parameters():
+                if "conv" in name or "successor" in name:
+                    parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+                if "predecessor" in name or "hidden_projection" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return drafter
+
+
 class RecordingProposer:
     """A proposer that keeps the tokens of every draft it returns (`drafts`)."""
 
