@@ -9,7 +9,9 @@ The target is the drafter's, read from the training run whose `drafter/` directo
 (`--target` names another), and llama.cpp drafts its block size less one tokens per step, with the
 speculative type of the drafter's `architectures` (`spec_type`): a DSparkDraftModel is served as
 `draft-dspark` cut at `--confidence-threshold` (llama.cpp's --spec-draft-p-min) and ours decodes it
-with method dspark at the same threshold; every other drafter as `draft-dflash`, ours as dflash.
+with method dspark at the same threshold; a DFlash2DraftModel as `draft-dflash` (llama.cpp detects
+its selector, speculative.cpp:1054-1055) stopped at the same --spec-draft-p-min, ours with method
+dflash2 at `dflash2.p_min` = the threshold; every other drafter as `draft-dflash`, ours as dflash.
 Each step is cached under the artifacts root (`DFLASH_ARTIFACTS`, else ./artifacts), in
 `llama.cpp/b11434/`, and reused when its output is there (steps 1-3 are `dflash.bench`'s, whose
 llama.cpp row uses them too):
@@ -40,7 +42,7 @@ import subprocess
 import time
 
 from dflash.bench import cpu_model, target_spec
-from dflash.drafter.config import DSPARK_ARCHITECTURE
+from dflash.drafter.config import DFLASH2_ARCHITECTURE, DSPARK_ARCHITECTURE
 from dflash.layout import DRAFTER_CONFIG, artifacts_root
 from dflash.llamacpp import LLAMA_BENCH, SDIST, build, convert, fetch_source, llama_cpp_root
 
@@ -58,7 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--confidence-threshold", type=float, default=0.0, help="DSpark drafters: where a draft stops, in [0, 1) (0: never)"
+        "--confidence-threshold",
+        type=float,
+        default=0.0,
+        help="DSpark and DFlash2 drafters: where a draft stops (llama.cpp's --spec-draft-p-min), in [0, 1) (0: never)",
     )
     parser.add_argument("--out", default=None, help="the JSON report (default: <artifacts>/serve_check/<drafter>.json)")
     args = parser.parse_args(argv)
@@ -124,6 +129,8 @@ def spec_type(architecture: str, confidence_threshold: float) -> list[str]:
     the confidence cut is --spec-draft-p-min, speculative.cpp:1326-1336, arg.cpp:4273-4282)."""
     if architecture == DSPARK_ARCHITECTURE:
         return ["--spec-type", "draft-dspark", "--spec-draft-p-min", str(confidence_threshold)]
+    if architecture == DFLASH2_ARCHITECTURE:  # the selector's walk stops at p_min (speculative.cpp:1307-1316)
+        return ["--spec-type", "draft-dflash", "--spec-draft-p-min", str(confidence_threshold)]
     return ["--spec-type", "draft-dflash"]
 
 
@@ -188,17 +195,20 @@ def check(args) -> dict:
     torch.set_num_threads(args.threads)
     target = load_target(spec)  # converts an offline target first: its HF directory is the converter's input
     drafter = build_drafter(DrafterSpec(path=args.drafter, dtype="auto"), target).eval()
-    dspark = drafter.config.architecture == DSPARK_ARCHITECTURE
-    why = f"is for DSpark drafters; {args.drafter} holds a {drafter.config.architecture}"
-    require(dspark or args.confidence_threshold == 0, "--confidence-threshold", why)
+    method = {DSPARK_ARCHITECTURE: "dspark", DFLASH2_ARCHITECTURE: "dflash2"}.get(drafter.config.architecture, "dflash")
+    why = f"is for DSpark and DFlash2 drafters; {args.drafter} holds a {drafter.config.architecture}"
+    require(method != "dflash" or args.confidence_threshold == 0, "--confidence-threshold", why)
     block_size = drafter.config.block_size
     source = fetch_source(root)
     bindir = build(root, source, BINARIES)
     target_gguf = convert(root, source, spec.path, args.dtype)
     drafter_gguf = convert(root, source, args.drafter, args.dtype, target_dir=spec.path)
 
-    method = "dspark" if dspark else "dflash"
-    settings = METHODS["dspark"].settings(confidence_threshold=args.confidence_threshold) if dspark else None
+    settings = {
+        "dspark": lambda: METHODS["dspark"].settings(confidence_threshold=args.confidence_threshold),
+        "dflash2": lambda: METHODS["dflash2"].settings(p_min=args.confidence_threshold),
+        "dflash": lambda: None,
+    }[method]()
     dflash = build_method(method, target, settings, EvalContext(drafter, args.drafter))
     spec_flags = spec_type(drafter.config.architecture, args.confidence_threshold)
     stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None))

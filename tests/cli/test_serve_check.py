@@ -158,13 +158,19 @@ cat "$0.stderr" >&2
 
 
 # the drafter's architecture -> how llama.cpp serves it, with --confidence-threshold 0.25
-SERVED = {"dflash": ["--spec-type", "draft-dflash"], "dspark": ["--spec-type", "draft-dspark", "--spec-draft-p-min", "0.25"]}
+SERVED = {
+    "dflash": ["--spec-type", "draft-dflash"],
+    "dspark": ["--spec-type", "draft-dspark", "--spec-draft-p-min", "0.25"],
+    "dflash2": ["--spec-type", "draft-dflash", "--spec-draft-p-min", "0.25"],
+}
 
 
 def served_drafter(target, method: str):
     built = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), target)
     if method == "dspark":
         built.add_dspark_heads(rank=4, confidence=True)
+    if method == "dflash2":
+        built.add_dflash2_parts(kernel_size=2, group_size=16, rank=4, top_k=4)
     return built
 
 
@@ -193,7 +199,7 @@ def test_a_drafter_is_served_with_its_runs_target_drafting_its_block_less_one(qw
         serve_check, "convert", lambda *args, **kwargs: converted.append((args, kwargs)) or f"m{len(converted)}.gguf"
     )
     out = tmp_path / "check.json"
-    threshold = ["--confidence-threshold", "0.25"] if method == "dspark" else []
+    threshold = ["--confidence-threshold", "0.25"] if method != "dflash" else []
     serve_check.main(["--drafter", str(drafter), "--families", "chat", "--prompts-per-family", "1", "--max-new-tokens", "4", "--threads", "1", "--out", str(out), *threshold])  # fmt: skip
     summary = json.loads(out.read_text())
     assert (summary["target"], summary["block_size"], summary["prompts"], summary["method"]) == (str(target_dir), 4, 1, method)
@@ -218,4 +224,4 @@ def test_a_confidence_threshold_for_a_dflash_drafter_is_one_line(qwen3_target, t
     with pytest.raises(SystemExit) as exit_info:
         serve_check.main(["--drafter", str(drafter), "--confidence-threshold", "0.5"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and err[-1].startswith("error: --confidence-threshold: is for DSpark drafters")
+    assert exit_info.value.code == 2 and err[-1].startswith("error: --confidence-threshold: is for DSpark and DFlash2 drafters")
