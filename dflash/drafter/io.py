@@ -37,6 +37,14 @@ from dflash.fileio import atomic_write, write_json
 from dflash.layout import DRAFT_VOCAB_FILE, DRAFTER_CONFIG, DRAFTER_MODULE, DRAFTER_WEIGHTS
 
 _HEADS = ("markov_head.", "confidence_head.")  # DSpark's optional heads (`dflash.drafter.heads`)
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def _optional_part(name: str) -> bool:
+    """Whether weight `name` belongs to DSpark's heads or DFlash2's convolutions and selector."""
+    return name.startswith((*_HEADS, "candidate_selector.")) or ".attention_conv." in name or ".mlp_conv." in name
+
+
 _FIX = "point drafter.path at a directory that save_drafter or python -m dflash.export wrote"
 _MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_modeling.py")
 
@@ -163,7 +171,8 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
     taps and mask token id equal; a mismatch is a ConfigError naming the key to change.
     The block size may differ: it does not shape the weights. DSpark's heads are copied where
     both have them (of the same rank); a head only one side has is left as it is (a DFlash
-    drafter starts a DSpark drafter's layers, its new heads stay new).
+    drafter starts a DSpark drafter's layers, its new heads stay new). DFlash2's convolutions and
+    selector likewise, where both have them with the same four settings.
     """
     try:
         source = load_drafter(directory)
@@ -181,7 +190,11 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
         "init_from",
         f"markov_rank is {theirs} in {directory!r} but {ours} here; set method.markov_rank={theirs}",
     )
+    if source.config.dflash2 and drafter.config.dflash2:
+        for name in _DFLASH2_KEYS:
+            theirs, ours = getattr(source.config, name), getattr(drafter.config, name)
+            require(theirs == ours, "init_from", f"{name} is {theirs} in {directory!r} but {ours} here; set method.{name}={theirs}")
     state = {name: tensor for name, tensor in source.state_dict().items() if name in drafter.state_dict()}
     missing = drafter.load_state_dict(state, strict=False).missing_keys
-    if any(not name.startswith(_HEADS) for name in missing):  # the fields above fix every other weight
+    if any(not _optional_part(name) for name in missing):  # the fields above fix every other weight
         raise RuntimeError(f"init_from left {missing[:3]} unset")

@@ -153,3 +153,33 @@ def test_dflash2_settings_are_one_line_errors(tmp_path):
             TrainingSettings(num_anchors=4),
         )
     assert info.value.key == "method.selector_top_k"
+
+
+def test_init_from_copies_a_dflash2_directorys_parts_and_a_dflash_directorys_layers(tmp_path):
+    from dflash.drafter import save_drafter
+
+    source = dflash2_module(tmp_path).drafter
+    with torch.no_grad():
+        source.candidate_selector.successor_codebook.normal_(generator=torch.Generator().manual_seed(2))
+        source.layers[0].mlp_conv.kernel_projection.weight.normal_(generator=torch.Generator().manual_seed(3))
+    save_drafter(source, str(tmp_path / "dflash2"))
+    dflash = METHODS["dflash"].build_objective(
+        dflash2_module(tmp_path).target, None, DrafterSpec(num_layers=1, block_size=4), TrainingSettings()
+    )
+    save_drafter(dflash.drafter, str(tmp_path / "dflash"))
+
+    def started_from(directory, rank=8):
+        spec = TargetSpec(path=str(tmp_path / "target"), build={"arch": "qwen3"})
+        drafter = DrafterSpec(num_layers=1, block_size=4, seed=5, init_from=str(tmp_path / directory))
+        method = METHODS["dflash2"].train_settings(selector_rank=rank, selector_top_k=4)
+        return training_module(spec, "dflash2", method, drafter, TrainingSettings(num_anchors=4)).drafter.state_dict()
+
+    for name, tensor in started_from("dflash2").items():
+        assert torch.equal(tensor, source.state_dict()[name]), name
+    from_dflash = started_from("dflash")
+    assert all(torch.equal(from_dflash[name], tensor) for name, tensor in dflash.drafter.state_dict().items())
+    assert not from_dflash["candidate_selector.successor_codebook"].any()  # its new parts
+    assert not from_dflash["layers.0.mlp_conv.kernel_projection.weight"].any()
+    with pytest.raises(ConfigError, match="set method.selector_rank=8") as info:
+        started_from("dflash2", rank=4)
+    assert info.value.key == "drafter.init_from"
