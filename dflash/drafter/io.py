@@ -13,6 +13,9 @@ LM head: those are the target's. dflash.py is `dflash.drafter.hf_modeling`, the 
 A DSpark drafter (`DrafterConfig.markov_rank` > 0) is the same directory with
 `architectures: ["DSparkDraftModel"]`, its heads' keys and tensors
 (`dflash.drafter.heads`) and no `auto_map` (dflash.py has no heads); llama.cpp serves it.
+A DFlash2 drafter (`DrafterConfig.selector_rank` > 0) likewise: `architectures:
+["DFlash2DraftModel"]`, the four DFlash2 keys in `dflash_config`, its convolutions' and selector's
+tensors, no `auto_map`.
 
 A drafter trained over a draft vocabulary (`training.draft_vocab_size`) also keeps it in
 draft_vocab.json (`{"token_ids": [...]}`, ascending), which our decoding drafts over
