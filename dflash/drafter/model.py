@@ -14,8 +14,10 @@ front of the block's keys/values. Block queries attend to context and block alik
 bidirectionally inside the block.
 
 A DFlash2 drafter (`DrafterConfig.dflash2`) convolves each layer's block rows around attention
-and around the MLP, one block of B rows at a time (query rows j·B .. j·B + B - 1; context rows
-never), where llama.cpp does (src/models/dflash.cpp:704-796; `heads.GroupedDynamicConv`).
+and around the MLP, one block at a time, where llama.cpp does (src/models/dflash.cpp:704-796;
+`heads.GroupedDynamicConv`); context rows never. In training (a mask given) the blocks are the
+query rows j·B .. j·B + B - 1; in decoding (no mask) all query rows are one block, whatever the
+verify width, as llama.cpp's draft block is.
 """
 
 from __future__ import annotations
@@ -129,24 +131,24 @@ class DrafterLayer(nn.Module):
         self.mlp = DrafterMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.block_size = config.block_size
         # DFlash2's convolutions, set by `DFlashDrafter` after the DFlash weights are drawn.
         self.attention_conv: GroupedDynamicConv | None = None
         self.mlp_conv: GroupedDynamicConv | None = None
 
-    def forward(self, hidden, context, rope_q, rope_kv, mask=None, cache=None):
+    def forward(self, hidden, context, rope_q, rope_kv, mask=None, cache=None, block_rows: int = 0):
+        """`block_rows`: the rows of one block, which DFlash2's convolutions stay within."""
         x = self.input_layernorm(hidden)
         if self.attention_conv is None:
             hidden = hidden + self.self_attn(x, context, rope_q, rope_kv, mask, cache)
         else:
-            x, coefficients = self.attention_conv.pre(x, self.block_size)
+            x, coefficients = self.attention_conv.pre(x, block_rows)
             out = self.self_attn(x, context, rope_q, rope_kv, mask, cache)
-            hidden = hidden + self.attention_conv.post(out, coefficients, self.block_size)
+            hidden = hidden + self.attention_conv.post(out, coefficients, block_rows)
         x = self.post_attention_layernorm(hidden)
         if self.mlp_conv is None:
             return hidden + self.mlp(x)
-        x, coefficients = self.mlp_conv.pre(x, self.block_size)
-        return hidden + self.mlp_conv.post(self.mlp(x), coefficients, self.block_size)
+        x, coefficients = self.mlp_conv.pre(x, block_rows)
+        return hidden + self.mlp_conv.post(self.mlp(x), coefficients, block_rows)
 
 
 class DFlashDrafter(nn.Module):
@@ -237,8 +239,9 @@ class DFlashDrafter(nn.Module):
         hidden = block_embeds.to(dtype)
         rope_q = self.rotary_emb(hidden, block_positions)
         rope_kv = self.rotary_emb(hidden, torch.cat([context_positions, block_positions], dim=1))
+        block_rows = hidden.shape[1] if mask is None else self.config.block_size
         for layer in self.layers:
-            hidden = layer(hidden, context, rope_q, rope_kv, mask, cache)
+            hidden = layer(hidden, context, rope_q, rope_kv, mask, cache, block_rows)
         return self.norm(hidden)
 
 

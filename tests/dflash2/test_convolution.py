@@ -109,11 +109,27 @@ def test_blocks_side_by_side_give_each_block_what_it_gives_alone(qwen3_target, s
         for j in range(3)
     ]
     if seeded_bug:  # a convolution that reads across blocks: row 0 of a block sees the previous block's last row
-        for layer in drafter.layers:
-            layer.block_size = 3 * BLOCK
+        drafter.config = dataclasses.replace(drafter.config, block_size=3 * BLOCK)
     together = drafter(embeds, positions, features, context_positions, mask=side_by_side_mask(3, 5))
     equal = all(torch.allclose(together[:, j * BLOCK : (j + 1) * BLOCK], alone[j], atol=1e-5) for j in range(3))
     assert equal is not seeded_bug
+
+
+def test_decoding_convolves_all_its_rows_as_one_block(qwen3_target, monkeypatch):
+    """Training (a mask) convolves blocks of the trained B rows; decoding (no mask) all query rows
+    as one block, whatever the verify width, as llama.cpp's draft block of --spec-draft-n-max + 1
+    rows is."""
+    drafter = DFlashDrafter(dflash2_config(qwen3_target))
+    seen, convolve = [], GroupedDynamicConv.convolve
+    monkeypatch.setattr(
+        GroupedDynamicConv, "convolve", lambda self, x, c, side, rows: seen.append(rows) or convolve(self, x, c, side, rows)
+    )
+    inputs = block_inputs(qwen3_target, num_blocks=2)
+    drafter(*inputs)  # a decoding block of 2B rows
+    assert set(seen) == {2 * BLOCK} and len(seen) == 2 * 2 * 2  # 2 layers x (attention, MLP) x 2 sides
+    seen.clear()
+    drafter(*inputs, mask=side_by_side_mask(2, 5))  # two training blocks
+    assert set(seen) == {BLOCK}
 
 
 def test_a_dflash2_drafter_decodes_on_its_module_forward(qwen3_target, caplog):
