@@ -23,7 +23,7 @@ GROUPS = {
     "drafter": "the drafter's shape, or drafter.path=DIR of a trained one",
     "data": "training conversations or prompts: a local .jsonl, a hub dataset, a mix",
     "training": "optimizer, schedule, anchors and loss of drafter training",
-    "method": "the trained drafting method: dflash or eagle3",
+    "method": "the trained drafting method: dflash, dspark, dflash2 or eagle3",
     "trainer": "devices and precision: cpu, gpu, ddp (one node, all GPUs), fsdp",
     "logger": "where metrics go: csv, tensorboard, wandb or none",
     "eval": "the evaluation after training (eval.after_train=true) and val/tau_real",
@@ -35,6 +35,7 @@ GROUPS = {
     "dflash_tree": "tree verification with the DFlash drafter, when methods=[...] lists dflash_tree",
     "dflash_lookup": "prompt lookup first, else the DFlash drafter, when methods=[...] lists dflash_lookup",
     "dspark": "a DSpark drafter of drafter.*, when methods=[...] lists dspark",
+    "dflash2": "a DFlash2 drafter of drafter.*, when methods=[...] lists dflash2",
 }
 _EXAMPLE = re.compile(r"^#\s+((?:make \S+|python -m dflash\.\S+).*)$")
 _KEY_WITH_COMMENT = re.compile(r"^([a-z_]+):.*?#\s*(.+)$")

@@ -51,9 +51,12 @@ def exits_on_config_error(task: Callable) -> Callable:
             return task(*args, **kwargs)
         except ConfigError as err:
             from hydra.core.hydra_config import HydraConfig
+            from omegaconf import OmegaConf
 
-            if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:  # not when a test calls the task
-                remove_hydra_only_dir(HydraConfig.get().runtime.output_dir)
+            # None when the task is called without Hydra running it (a test; the singleton may be left from an earlier run)
+            run_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir") if HydraConfig.initialized() else None
+            if run_dir:
+                remove_hydra_only_dir(run_dir)
             fail(err)
 
     return wrapper
