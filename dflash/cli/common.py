@@ -51,7 +51,6 @@ def exits_on_config_error(task: Callable) -> Callable:
             return task(*args, **kwargs)
         except ConfigError as err:
             from hydra.core.hydra_config import HydraConfig
-            from omegaconf import OmegaConf
 
             # None when the task is called without Hydra running it (a test; the singleton may be left from an earlier run)
             run_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir") if HydraConfig.initialized() else None
