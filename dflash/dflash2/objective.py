@@ -35,16 +35,11 @@ from dflash.errors import require
 from dflash.specs import DrafterSpec
 from dflash.structured import config_key
 from dflash.target import TargetModel
+from dflash.training.blocks import previous_tokens
 from dflash.training.config import TrainingSettings
 from dflash.training.loss import BlockLoss, block_loss
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-
-
-def previous_tokens(labels: torch.Tensor) -> torch.Tensor:
-    """(b, N*B) the token before each slot's label: the label one slot to the left (for slot
-    k >= 1 the same block's slot k - 1, slot 0's label being the anchor; slot 0's entry is never scored)."""
-    return torch.cat([labels[:, :1], labels[:, :-1]], dim=1)
 
 
 def selector_terms(selector, logits: torch.Tensor, rows: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor, top_k: int):

@@ -30,14 +30,9 @@ from dflash.errors import require
 from dflash.specs import DrafterSpec
 from dflash.structured import config_key
 from dflash.target import TargetModel
+from dflash.training.blocks import previous_tokens
 from dflash.training.config import TrainingSettings
 from dflash.training.loss import BlockLoss, dpace_weights
-
-
-def previous_tokens(labels: torch.Tensor) -> torch.Tensor:
-    """(b, N*B) the token before each slot's label: the label one slot to the left (for slot
-    k >= 1 the same block's slot k - 1; slot 0's entry is meaningless, it is never scored)."""
-    return torch.cat([labels[:, :1], labels[:, :-1]], dim=1)
 
 
 def biased_logits(drafter, to_logits, rows: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,3 +92,11 @@ def on_policy_blocks(blocks: Blocks, greedy: torch.Tensor, block_size: int) -> B
     label_valid = (valid & prefix_agrees).view_as(blocks.label_valid)
     labels = torch.where(label_valid, greedy, blocks.labels)
     return Blocks(blocks.token_ids, blocks.positions, labels, label_valid, blocks.slots)
+
+
+def previous_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """(b, N*B) the token before each slot's label: the label one slot to the left (for slot
+    k >= 1 the same block's slot k - 1, slot 0's label being the anchor; slot 0's entry is
+    never scored). The teacher-forced previous token of the heads that read it (DSpark's
+    Markov head, DFlash2's selector)."""
+    return torch.cat([labels[:, :1], labels[:, :-1]], dim=1)
