@@ -6,22 +6,17 @@ The names below are imported on first use (PEP 562): the config schemas of its m
 (`dflash.schema`) are read without importing torch. `regenerate` is the submodule's name, so its
 function is imported from `dflash.data.regenerate`."""
 
-import importlib
+from dflash import lazy_exports
 
-_EXPORTS = {
-    "dflash.data.chat": ["has_chat_template", "prompt_token_ids"],
-    "dflash.data.config": ["DataSpec", "RegenerateSettings"],
-    "dflash.data.generators": ["Generated", "HFGenerator", "ServerGenerator"],
-    "dflash.data.regenerate": ["shard_paths"],
-    "dflash.data.sources": ["SourceSpec", "iter_conversations", "load_conversations", "split_prompt"],
-    "dflash.data.token_ids": ["TOKEN_IDS", "sequence_from_token_ids", "tokenizer_fingerprint"],
-    "dflash.data.tokenize": ["TokenizedRows", "TokenizeSettings", "tokenize_conversation", "tokenize_conversations"],
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'dflash.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULE_OF[name]), name)
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "dflash.data.chat": ["has_chat_template", "prompt_token_ids"],
+        "dflash.data.config": ["DataSpec", "RegenerateSettings"],
+        "dflash.data.generators": ["Generated", "HFGenerator", "ServerGenerator"],
+        "dflash.data.regenerate": ["shard_paths"],
+        "dflash.data.sources": ["SourceSpec", "iter_conversations", "load_conversations", "split_prompt"],
+        "dflash.data.token_ids": ["TOKEN_IDS", "sequence_from_token_ids", "tokenizer_fingerprint"],
+        "dflash.data.tokenize": ["TokenizedRows", "TokenizeSettings", "tokenize_conversation", "tokenize_conversations"],
+    },
+)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.methods.dflash import export as export_dflash
 from dflash.methods.dflash import width_label
 from dflash.structured import config_key
 
@@ -98,12 +99,6 @@ def build_objective(target, settings: DFlash2TrainSettings, drafter, training):
     return DFlash2Objective(target, drafter, training, settings)
 
 
-def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
-    from dflash.training.export import export_state
-
-    return export_state(checkpoint, out_dir, dtype=dtype)
-
-
 def evaluation(drafter_dir: str, settings: DFlash2TrainSettings) -> tuple[str, DFlash2Settings]:
     return "dflash2", DFlash2Settings()
 
@@ -119,7 +114,7 @@ METHOD = Method(
     train_settings=DFlash2TrainSettings,
     check_training=check_training,
     build_objective=build_objective,
-    export=export,
+    export=export_dflash,  # the same state dict layout: heads are drafter parameters
     architectures=("DFlash2DraftModel",),
     evaluation=evaluation,
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.methods.dflash import export as export_dflash
 from dflash.methods.dflash import width_label
 from dflash.structured import config_key
 
@@ -105,12 +106,6 @@ def build_objective(target, settings: DSparkTrainSettings, drafter, training):
     return DSparkObjective(target, drafter, training, settings)
 
 
-def export(checkpoint: dict, out_dir: str, dtype=None) -> str:
-    from dflash.training.export import export_state
-
-    return export_state(checkpoint, out_dir, dtype=dtype)
-
-
 def evaluation(drafter_dir: str, settings: DSparkTrainSettings) -> tuple[str, DSparkSettings]:
     return "dspark", DSparkSettings()
 
@@ -126,7 +121,7 @@ METHOD = Method(
     train_settings=DSparkTrainSettings,
     check_training=check_training,
     build_objective=build_objective,
-    export=export,
+    export=export_dflash,  # the same state dict layout: heads are drafter parameters
     architectures=("DSparkDraftModel",),
     evaluation=evaluation,
 )

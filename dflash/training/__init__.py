@@ -5,24 +5,19 @@ The names below are imported on first use (PEP 562): reading the settings of
 `dflash.training.config` or `dflash.training.settings` imports no Lightning.
 """
 
-import importlib
+from dflash import lazy_exports
 
-_EXPORTS = {
-    "dflash.training.anchors": ["Anchors", "sample_anchors", "valid_anchor_mask"],
-    "dflash.training.blocks": ["Blocks", "build_blocks"],
-    "dflash.training.config": ["TrainingSettings"],
-    "dflash.training.export": ["drafter_from_checkpoint", "export_drafter"],
-    "dflash.training.loss": ["LossSettings", "block_loss", "default_gamma", "dpace_weights", "position_weights"],
-    "dflash.training.masks": ["block_attention_rule", "dense_block_mask", "factored_block_mask", "flex_block_mask"],
-    "dflash.training.metrics": ["BlockMetrics", "simulated_acceptance_length"],
-    "dflash.training.module": ["DrafterTrainingModule"],
-    "dflash.training.objective": ["Objective"],
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'dflash.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULE_OF[name]), name)
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "dflash.training.anchors": ["Anchors", "sample_anchors", "valid_anchor_mask"],
+        "dflash.training.blocks": ["Blocks", "build_blocks"],
+        "dflash.training.config": ["TrainingSettings"],
+        "dflash.training.export": ["drafter_from_checkpoint", "export_drafter"],
+        "dflash.training.loss": ["LossSettings", "block_loss", "default_gamma", "dpace_weights", "position_weights"],
+        "dflash.training.masks": ["block_attention_rule", "dense_block_mask", "factored_block_mask", "flex_block_mask"],
+        "dflash.training.metrics": ["BlockMetrics", "simulated_acceptance_length"],
+        "dflash.training.module": ["DrafterTrainingModule"],
+        "dflash.training.objective": ["Objective"],
+    },
+)
