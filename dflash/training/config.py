@@ -14,7 +14,10 @@ from dflash.errors import require
 
 ANCHOR_SAMPLING_MODES = ("random", "stride")
 BLOCK_SIZE_MESSAGE = "must be >= 2 for training (slot 0 is the anchor; at least one masked slot), got {}"
+MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")  # torch.optim.Muon's adjust_lr_fn
+MUON_MAX_NS_STEPS = 99  # torch.optim.Muon refuses 100 or more
 OBJECTIVES = ("ce", "kl", "ce_target_argmax")  # dflash.training.loss
+OPTIMIZERS = ("adamw", "muon")  # dflash.training.optimizers
 POSITION_WEIGHTS = ("gamma", "uniform", "dpace")  # dflash.training.loss
 TARGET_CACHE_DTYPES = ("bfloat16", "float32")  # the keys of dflash.training.disk_cache.STORAGE_DTYPES
 TRAINING_ATTENTION = ("auto", "flex_attention", "sdpa")
@@ -57,6 +60,11 @@ class TrainingSettings:
     or "sdpa" (the factored mask everywhere: slower and larger than flex on a GPU;
     docs/design.md, "Measured figures"). The drafter's own `attn_implementation` is its
     decoding kernel."""
+    optimizer: str = "adamw"
+    """"adamw" (every parameter, the published recipe) or "muon" (`torch.optim.Muon` with the
+    muon_* keys on the drafter's hidden matrices, AdamW with the keys below on the rest: token
+    tables, norms, biases; the split rule is in `dflash.training.optimizers`; the converged
+    recipe of docs/frontier.md section 4). Refused under trainer=fsdp (untested there)."""
     learning_rate: float = 6e-4
     """AdamW's learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -65,6 +73,20 @@ class TrainingSettings:
     """AdamW's weight decay."""
     eps: float = 1e-8
     """AdamW's eps."""
+    muon_lr: float | None = None
+    """With optimizer=muon: Muon's peak learning rate (the warm-up and cosine scale it as they
+    scale learning_rate); None is 10 x learning_rate (speculators' default)."""
+    muon_momentum: float = 0.95
+    """With optimizer=muon: Muon's momentum in [0, 1) (Nesterov)."""
+    muon_weight_decay: float = 0.1
+    """With optimizer=muon: Muon's decoupled weight decay (each step multiplies its matrices by
+    1 - lr * muon_weight_decay)."""
+    muon_ns_steps: int = 5
+    """With optimizer=muon: Newton-Schulz iterations that orthogonalise each update."""
+    muon_adjust_lr_fn: str = "match_rms_adamw"
+    """With optimizer=muon: how Muon scales its lr per matrix shape (A, B): "match_rms_adamw"
+    (0.2 * sqrt(max(A, B)), so an update's RMS is an AdamW update's at the same lr; Moonshot's)
+    or "original" (sqrt(max(1, A / B)); Keller Jordan's)."""
     warmup_ratio: float = 0.04
     """Fraction of the trainer's estimated total steps spent in linear warm-up before the
     cosine decay."""
@@ -129,7 +151,25 @@ class TrainingSettings:
             "attention",
             f"unknown {self.attention!r}; choose one of {list(TRAINING_ATTENTION)}",
         )
+        require(self.optimizer in OPTIMIZERS, "optimizer", f"unknown {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        require(
+            self.muon_lr is None or self.muon_lr > 0,
+            "muon_lr",
+            f"must be > 0 or null (10 x learning_rate), got {self.muon_lr}",
+        )
+        require(0.0 <= self.muon_momentum < 1.0, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
+        require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
+        require(
+            1 <= self.muon_ns_steps <= MUON_MAX_NS_STEPS,
+            "muon_ns_steps",
+            f"must be in [1, {MUON_MAX_NS_STEPS}], got {self.muon_ns_steps}",
+        )
+        require(
+            self.muon_adjust_lr_fn in MUON_LR_ADJUSTMENTS,
+            "muon_adjust_lr_fn",
+            f"unknown {self.muon_adjust_lr_fn!r}; choose one of {list(MUON_LR_ADJUSTMENTS)}",
+        )
         require(len(self.betas) == 2, "betas", f"needs two values, got {self.betas!r}")
         self.betas = tuple(float(b) for b in self.betas)
         require(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")

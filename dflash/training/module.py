@@ -24,13 +24,14 @@ Invariants:
   under FSDP the clipping norm is the whole gradient's, over all ranks' shards
   (`configure_gradient_clipping`).
 - AdamW decays the drafter's matrices only; which parameters those are is recorded in
-  `setup`, before a strategy wraps the drafter (FSDP shows every parameter as 1-D).
+  `setup`, before a strategy wraps the drafter (FSDP shows every parameter as 1-D). With
+  `training.optimizer=muon` Muon steps the hidden matrices (`dflash.training.optimizers`).
 
 Logged metrics: `train/loss`, `train/acc_01`.., `train/tau_sim` (`dflash.training.metrics`)
 every `trainer.log_every_n_steps` optimizer steps, from the sums over that window and all
 ranks; `val/...` the same over the whole validation set. At the same steps the
 `dflash.training.monitor` values and, from Lightning's LearningRateMonitor,
-`train/lr/matrices` and `train/lr/norms_biases`.
+`train/lr/matrices` and `train/lr/norms_biases` (and `train/lr/muon` with Muon).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from dflash.training.metrics import BlockMetrics
 from dflash.training.monitor import StepMonitor
 from dflash.training.normalisation import GlobalLossScale
 from dflash.training.objective import Objective
+from dflash.training.optimizers import build_optimizer
 
 
 class DrafterTrainingModule(L.LightningModule):
@@ -207,20 +209,23 @@ class DrafterTrainingModule(L.LightningModule):
         )
 
     def configure_optimizers(self):
-        """AdamW (weight decay on matrices only, not on norms and biases) with linear warm-up
-        then cosine decay, per step."""
+        """`training.optimizer` (`dflash.training.optimizers`: AdamW, weight decay on matrices
+        only, or Muon + AdamW) with linear warm-up then cosine decay of every group, per step."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
         config = self.training_config
+        require(
+            config.optimizer != "muon" or not isinstance(self.trainer.strategy, FSDPStrategy),
+            "training.optimizer",
+            "muon is untested under trainer=fsdp (it needs whole matrices); use trainer=ddp or training.optimizer=adamw",
+        )
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         matrices = self._matrices
         if matrices is None:  # no trainer setup (nothing wraps the drafter): the shapes are the real ones
             matrices = {id(p) for p in params if p.dim() >= 2}
         elif not {id(p) for p in params} <= self._parameters_at_setup:
             raise RuntimeError("the strategy replaced the drafter's parameters after setup; their weight-decay groups are unknown")
-        groups = [
-            {"params": [p for p in params if id(p) in matrices], "weight_decay": config.weight_decay, "name": "matrices"},
-            {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0, "name": "norms_biases"},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas, eps=config.eps)
+        optimizer = build_optimizer(self.drafter, config, matrices)
         total_steps = self.trainer.estimated_stepping_batches
         time_fraction = training_time_fraction(self.trainer)
         require(
@@ -231,7 +236,7 @@ class DrafterTrainingModule(L.LightningModule):
         total = int(total_steps) if math.isfinite(total_steps) else None
         schedule = warmup_cosine_schedule(total, config.warmup_ratio, config.min_lr_ratio, time_fraction)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        # named for LearningRateMonitor: train/lr/matrices, train/lr/norms_biases (dflash.training.run)
+        # named for LearningRateMonitor: train/lr/matrices, train/lr/norms_biases, with Muon train/lr/muon (dflash.training.run)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
