@@ -92,6 +92,13 @@ class DrafterSpec:
     init_from_target: bool = False
     """Start a new drafter from the target's top layers and final norm
     (`dflash.drafter.target_init`) instead of random weights."""
+    attention_window: int | None = None
+    """A new drafter's sliding window, llama.cpp's rule in every layer: a query at position p1 does
+    not see a key at p0 when p1 - p0 >= attention_window (slot k of the block at anchor a is at
+    a + k; context and block keys alike); None: no window. A loaded drafter keeps its own."""
+    block_causal: bool = False
+    """A new drafter's block is causal: slot k sees slots 0..k (and the context); False: every slot
+    sees the whole block. A loaded drafter keeps its own."""
     draft_vocab: bool = True
     """Draft over the directory's draft vocabulary (draft_vocab.json: the tokens its training
     scored, `training.draft_vocab_size`) where it has one: the head reads those rows only.
@@ -100,6 +107,8 @@ class DrafterSpec:
     def __post_init__(self):
         # now, not after the target has loaded
         check_attn_implementation(self.attn_implementation)
+        window = self.attention_window
+        require(window is None or window >= 1, "attention_window", f"must be >= 1 (or null: no window), got {window}")
         require(
             not self.init_from_target or (self.path is None and self.init_from is None),
             "init_from_target",
@@ -209,6 +218,8 @@ def build_drafter(spec: DrafterSpec, target: TargetModel) -> DFlashDrafter:
         intermediate_size=spec.intermediate_size,
         attn_implementation=spec.attn_implementation,
         use_target_features=spec.use_target_features,
+        attention_window=spec.attention_window,
+        block_causal=spec.block_causal,
     )
     config.mask_token = target.tokenizer.convert_ids_to_tokens(mask_token_id)
     torch.manual_seed(0 if spec.seed is None else spec.seed)  # training passes the run's seed (cli/train.py)

@@ -38,9 +38,10 @@ class DFlashProposer:
         graphed: bool = False,
     ):
         self.drafter = drafter.eval()
-        if drafter.config.dflash2 and (graphed or lean_dtype is not None):
-            # The lean and graphed forwards do not know DFlash2's convolutions (docs/frontier.md R5).
-            log.info("DFlash2 drafter: proposing with the module's forward (the lean and graphed ones have no convolutions)")
+        if (drafter.config.dflash2 or drafter.config.masked_decoding) and (graphed or lean_dtype is not None):
+            # The lean and graphed forwards know neither DFlash2's convolutions (docs/frontier.md R5)
+            # nor a window or a causal block (`dflash.engine.drafter.refuse_module_only`).
+            log.info("proposing with the drafter module's forward: the lean and graphed ones have no convolutions and no mask")
             graphed, lean_dtype = False, None
         if graphed:
             self.forward = GraphedDrafter(self.drafter)

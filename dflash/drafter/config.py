@@ -30,6 +30,11 @@ DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 # `conv_kernel_size` is there (conversion/qwen.py:770-774) and its loader refuses a draft with a
 # selector unless each is > 0 (src/models/dflash.cpp:141-145).
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# The window and in-block causality in config.json, as llama.cpp's converter reads them
+# (conversion/qwen.py:803-816): a window needs `use_sliding_window`, `sliding_window` and
+# `layer_types` "sliding_attention" (per layer; ours are all sliding); `is_causal` else
+# `dflash_config.causal`. The rule they mean: src/llama-hparams.h:480-491 (`masks.py`).
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -95,9 +100,16 @@ class DrafterConfig:
     """DFlash2's candidate selector (`dflash.drafter.heads.CandidateSelector`) of this rank; 0: none."""
     selector_top_k: int = 0
     """Candidates per slot the selector scores; hidden_size >= k·(k+1) (dflash.cpp:149-151)."""
+    attention_window: int | None = None
+    """llama.cpp's sliding window in every layer: a query at position p1 does not see a key at p0
+    when p1 - p0 >= attention_window, context and block keys alike; None: no window."""
+    block_causal: bool = False
+    """Block slot k sees slots 0..k only (and the context); False: the whole block (bidirectional)."""
 
     def __post_init__(self):
         self._check_dflash2()
+        window = self.attention_window
+        require(window is None or window >= 1, "attention_window", f"must be >= 1 (or null: no window), got {window}")
         require(self.markov_rank >= 0, "markov_rank", f"must be >= 0, got {self.markov_rank}")
         require(
             not self.confidence_head or self.markov_rank > 0,
@@ -164,6 +176,12 @@ class DrafterConfig:
         return self.selector_rank > 0
 
     @property
+    def masked_decoding(self) -> bool:
+        """Decoding masks the block's attention (a window or a causal block): only the module
+        forward computes it, the engine's lean and graphed forwards attend without a mask."""
+        return self.attention_window is not None or self.block_causal
+
+    @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids)
 
@@ -188,6 +206,8 @@ class DrafterConfig:
         intermediate_size: int | None = None,
         attn_implementation: str = "sdpa",
         use_target_features: bool = True,
+        attention_window: int | None = None,
+        block_causal: bool = False,
     ) -> DrafterConfig:
         """A drafter as wide as the target, with `num_layers` layers.
 
@@ -236,6 +256,8 @@ class DrafterConfig:
             attention_bias=bool(getattr(tc, "attention_bias", False)),
             attn_implementation=attn_implementation,
             use_target_features=use_target_features,
+            attention_window=attention_window,
+            block_causal=block_causal,
         )
 
     def to_hf_dict(self) -> dict:
@@ -248,7 +270,8 @@ class DrafterConfig:
         4 and 5 alike (`rope_keys`). A DSpark drafter (`markov_rank` > 0) is a
         DSparkDraftModel with the keys of `_DSPARK_KEYS` and no `auto_map`; a DFlash2 drafter
         (`selector_rank` > 0) a DFlash2DraftModel with `_DFLASH2_KEYS` in `dflash_config` and no
-        `auto_map`.
+        `auto_map`. A window or a causal block is written where llama.cpp reads it, without
+        `auto_map` too (the shipped dflash.py attends to the whole block and context).
         """
         dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS + _DSPARK_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
@@ -264,7 +287,7 @@ class DrafterConfig:
             dflash["use_target_features"] = False
         if self.dflash2:  # inside dflash_config, where llama.cpp reads them (qwen.py:770-774)
             dflash.update({key: getattr(self, key) for key in _DFLASH2_KEYS})
-        if self.architecture == DFLASH_ARCHITECTURE:  # the shipped dflash.py has neither head: no auto_map for them
+        if self.architecture == DFLASH_ARCHITECTURE and not self.masked_decoding:  # dflash.py has no heads, no mask
             out["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
         elif self.markov_rank > 0:  # our layout is the bonus anchor: written, since llama.cpp reads a missing key as true
             out.update(
@@ -287,15 +310,17 @@ class DrafterConfig:
             rms_norm_eps=self.rms_norm_eps,
             vocab_size=self.vocab_size,
             attention_bias=self.attention_bias,
-            # Block attention is bidirectional; vLLM makes every layer causal when is_causal
+            # What we trained (docs/frontier.md 4); vLLM makes every layer causal when is_causal
             # is true or a layer is a sliding-window one.
-            is_causal=False,
-            layer_types=["full_attention"] * self.num_hidden_layers,
-            use_sliding_window=False,
+            is_causal=self.block_causal,
+            layer_types=[FULL_ATTENTION if self.attention_window is None else SLIDING_ATTENTION] * self.num_hidden_layers,
+            use_sliding_window=self.attention_window is not None,
             block_size=self.block_size,
             num_target_layers=self.num_target_layers,
             dflash_config=dflash,
         )
+        if self.attention_window is not None:
+            out["sliding_window"] = self.attention_window
         return out
 
     @classmethod
@@ -309,6 +334,9 @@ class DrafterConfig:
             if block_size is None or num_target_layers is None:
                 raise KeyError("block_size" if block_size is None else "num_target_layers")
             _require_supported_layers(data)
+            window = _attention_window(data)
+            causal = data.get("is_causal")
+            causal = dflash.get("causal", False) if causal is None else causal  # llama.cpp's reading
             dspark = _dspark_heads(data)
             dflash2 = _dflash2_parts(data)
             return cls(
@@ -329,6 +357,8 @@ class DrafterConfig:
                 attention_bias=bool(data.get("attention_bias", False)),
                 attn_implementation=attn_implementation,
                 use_target_features=bool(dflash.get("use_target_features", True)),
+                attention_window=window,
+                block_causal=bool(causal),
                 **dspark,
                 **dflash2,
             )
@@ -409,7 +439,31 @@ def _dflash2_parts(data: dict) -> dict:
 
 def _require_supported_layers(data: dict) -> None:
     """ConfigError for published drafter variants that this drafter cannot compute."""
-    kinds = sorted(set(data.get("layer_types") or []) - {"full_attention"})
-    require(not kinds, "path", f"drafter layer types {kinds} are not supported; only full_attention layers are")
+    kinds = sorted(set(data.get("layer_types") or []) - {FULL_ATTENTION, SLIDING_ATTENTION})
+    require(not kinds, "path", f"drafter layer types {kinds} are not supported; only full_attention and sliding_attention are")
     act = data.get("hidden_act", "silu")
     require(act == "silu", "path", f"hidden_act {act!r} is not supported; DFlash drafter MLPs use silu")
+
+
+def _attention_window(data: dict) -> int | None:
+    """The window of a drafter config.json as llama.cpp's converter reads it (qwen.py:803-810);
+    ConfigError where it would window some layers only, or where the layer types say sliding and
+    it reads no window."""
+    dflash = data["dflash_config"]
+    size = dflash.get("swa_window_size") or data.get("sliding_window")
+    on = bool(data.get("use_sliding_window", False) or dflash.get("use_swa", False)) and bool(size)
+    types = data.get("layer_types") or []
+    sliding = [True] * data["num_hidden_layers"] if dflash.get("use_swa", False) else [kind == SLIDING_ATTENTION for kind in types]
+    if not any(sliding):
+        return None
+    require(
+        on and isinstance(size, int) and size >= 1,
+        "path",
+        f"sliding_attention layers need use_sliding_window true and sliding_window >= 1, got {data.get('use_sliding_window')!r}, {size!r}",
+    )
+    require(
+        len(sliding) == data["num_hidden_layers"] and all(sliding),
+        "path",
+        "a window on some layers only (sliding_attention mixed with full_attention) is not supported",
+    )
+    return size

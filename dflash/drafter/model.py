@@ -13,6 +13,11 @@ layer's own k/v projections (and k_norm, rope at the context positions) and plac
 front of the block's keys/values. Block queries attend to context and block alike,
 bidirectionally inside the block.
 
+A drafter with a window or a causal block (`DrafterConfig.masked_decoding`) decodes under a
+dense mask of llama.cpp's rule over positions (`attention.sees_by_position`), the rule its
+training mask applies (`dflash.training.masks`; docs/design.md invariant 6). The key positions
+are those of the `DrafterCache` (context [0, length)), the new context's and the block's.
+
 A DFlash2 drafter (`DrafterConfig.dflash2`) convolves each layer's block rows around attention
 and around the MLP, one block at a time, where llama.cpp does (src/models/dflash.cpp:704-796;
 `heads.GroupedDynamicConv`); context rows never. In training (a mask given) the blocks are the
@@ -28,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash.drafter.attention import attend
+from dflash.drafter.attention import attend, sees_by_position
 from dflash.drafter.config import DrafterConfig
 from dflash.drafter.heads import CandidateSelector, ConfidenceHead, GroupedDynamicConv, MarkovHead
 from dflash.engine import apply_rope
@@ -226,8 +231,9 @@ class DFlashDrafter(nn.Module):
                 context positions (c may be 0); (b, c, D) token embeddings of those
                 positions when `config.use_target_features` is False.
             context_positions: (b, c) their position ids.
-            mask: None (every block query sees all keys: decoding) or a mask over
-                (q, cache_len + c + q) keys, dense bool for sdpa or a flex BlockMask.
+            mask: None (decoding: every block query sees all keys, or, with a window or a
+                causal block, those `decoding_mask` leaves) or a mask over (q, cache_len + c + q)
+                keys, dense bool for sdpa or a flex BlockMask.
             cache: drafter KV cache holding earlier context; context and block keys are
                 appended to it (crop the block off afterwards).
         Returns:
@@ -240,9 +246,24 @@ class DFlashDrafter(nn.Module):
         rope_q = self.rotary_emb(hidden, block_positions)
         rope_kv = self.rotary_emb(hidden, torch.cat([context_positions, block_positions], dim=1))
         block_rows = hidden.shape[1] if mask is None else self.config.block_size
+        if mask is None and self.config.masked_decoding:
+            mask = decoding_mask(self.config, 0 if cache is None else cache.length, context_positions, block_positions)
         for layer in self.layers:
             hidden = layer(hidden, context, rope_q, rope_kv, mask, cache, block_rows)
         return self.norm(hidden)
+
+
+def decoding_mask(
+    config: DrafterConfig, cached: int, context_positions: torch.Tensor, block_positions: torch.Tensor
+) -> torch.Tensor:
+    """(b, 1, q, cached + c + q) bool: which keys a decoding block sees under `config`'s window
+    and causality. Keys: the cache's `cached` context positions [0, cached), the new context's
+    and the block's positions; queries: the block's."""
+    batch = block_positions.shape[0]
+    cached_positions = torch.arange(cached, device=block_positions.device).expand(batch, cached)
+    keys = torch.cat([cached_positions, context_positions, block_positions], dim=1)
+    sees = sees_by_position(block_positions[:, :, None], keys[:, None, :], config.attention_window, config.block_causal)
+    return sees.unsqueeze(1)
 
 
 def _dspark_heads(config: DrafterConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:

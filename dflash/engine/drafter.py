@@ -15,6 +15,9 @@ Invariants:
   output.
 - A snapshot: the weights are copied when it is built, so it is built only where they no
   longer change (a proposer for one evaluation).
+- It attends without a mask and knows no convolution: a DFlash2 drafter, or one with a window
+  or a causal block (`DrafterConfig.masked_decoding`), is refused (`refuse_module_only`, as by
+  `drafter_graphs`); its proposer decodes with the module's forward.
 """
 
 from __future__ import annotations
@@ -34,10 +37,16 @@ def _linear(dtype: torch.dtype, *modules) -> Linear:
     return Linear(weight, bias)
 
 
-def refuse_dflash2(drafter) -> None:
-    """ValueError for a DFlash2 drafter: this forward does not compute its convolutions."""
+def refuse_module_only(drafter) -> None:
+    """ValueError for a drafter only its module forward computes: DFlash2's convolutions, a window
+    or a causal block (this forward and the graphed one have no convolution and no mask)."""
     if getattr(drafter.config, "dflash2", False):
         raise ValueError("a DFlash2 drafter decodes with its module forward: the lean and graphed forwards have no convolutions")
+    if getattr(drafter.config, "masked_decoding", False):
+        raise ValueError(
+            "a drafter with an attention window or a causal block decodes with its module forward: "
+            "the lean and graphed forwards attend without a mask"
+        )
 
 
 def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -48,7 +57,7 @@ class FastDrafter:
     """`DFlashDrafter.forward` for decoding (module invariants); called like the module."""
 
     def __init__(self, drafter: torch.nn.Module, dtype: torch.dtype):  # a DFlashDrafter
-        refuse_dflash2(drafter)
+        refuse_module_only(drafter)
         self.config = drafter.config
         self.dtype = dtype
         self.rotary = drafter.rotary_emb

@@ -72,11 +72,9 @@ def draft_blocks(
     Returns:
         (b, N*B, D) hidden states; logits = `TargetModel.logits(hidden)`.
     """
-    block_size = drafter.block_size
-    if drafter.config.attn_implementation == "flex_attention":
-        mask = flex_block_mask(anchors.positions, key_is_real, block_size)
-    else:
-        mask = factored_block_mask(anchors.positions, key_is_real, block_size)
+    block_size, config = drafter.block_size, drafter.config
+    build = flex_block_mask if config.attn_implementation == "flex_attention" else factored_block_mask
+    mask = build(anchors.positions, key_is_real, block_size, config.attention_window, config.block_causal)
     batch, seq_len = key_is_real.shape
     context_positions = torch.arange(seq_len, device=key_is_real.device).expand(batch, seq_len)
     return drafter(embed(blocks.token_ids), blocks.positions, context_features, context_positions, mask=mask)

@@ -9,15 +9,22 @@ reference the other two are tested against).
 Invariant (docs/design.md invariant 5): a query of block j sees context position p iff
 p < anchor_j (STRICTLY before the anchor: at inference the target has not yet run on
 the anchor) and p is a real token; it sees every key of its own block
-(bidirectional) and nothing of other blocks. Every query sees at least its own block,
-so no row is empty (padding blocks included).
+(bidirectional) and nothing of other blocks.
+
+A drafter with a window W or a causal block (`DrafterConfig.attention_window`,
+`block_causal`) narrows this by llama.cpp's rule over positions, the one decoding applies
+(`dflash.drafter.attention.sees_by_position`; docs/design.md invariant 6): query slot s of
+block j is at position anchor_j + s (invariant 3), a context key at its own position p, key
+slot t of its own block at anchor_j + t. So the window hides context p when
+anchor_j + s - p >= W and key slot t when s - t >= W; causal hides key slots t > s. Every
+query still sees its own slot, so no row is empty (padding blocks included).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dflash.drafter.attention import FactoredBlockMask
+from dflash.drafter.attention import FactoredBlockMask, sees_by_position
 
 
 def block_attention_rule(
@@ -27,6 +34,8 @@ def block_attention_rule(
     anchor_positions: torch.Tensor,
     key_is_real: torch.Tensor,
     block_size: int,
+    window: int | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """May `query` attend to `key`? Elementwise over broadcastable index tensors.
 
@@ -36,6 +45,7 @@ def block_attention_rule(
         anchor_positions: (b, N) anchor position of each block.
         key_is_real: (b, S) bool, True on real (non-padding) context tokens.
         block_size: B.
+        window, causal: the drafter's `attention_window` and `block_causal`.
     Returns:
         bool tensor of the broadcast shape.
     """
@@ -46,32 +56,51 @@ def block_attention_rule(
     real = key_is_real[batch, key.clamp(max=seq_len - 1)]
     sees_context = is_context & (key < anchor) & real
     sees_own_block = ~is_context & ((key - seq_len) // block_size == block)
-    return sees_context | sees_own_block
+    sees = sees_context | sees_own_block
+    if window is None and not causal:
+        return sees
+    key_position = torch.where(is_context, key, anchor + (key - seq_len) % block_size)
+    return sees & sees_by_position(anchor + query % block_size, key_position, window, causal)
 
 
-def dense_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int) -> torch.Tensor:
+def dense_block_mask(
+    anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, window: int | None = None, causal: bool = False
+) -> torch.Tensor:
     """The rule as a dense bool mask for SDPA.
 
     Args:
-        anchor_positions: (b, N); key_is_real: (b, S).
+        anchor_positions: (b, N); key_is_real: (b, S); window, causal: as `block_attention_rule`.
     Returns:
         (b, 1, N*B, S + N*B) bool, True = may attend.
     """
     num_keys = key_is_real.shape[1] + anchor_positions.shape[1] * block_size
-    return _rule_grid(anchor_positions, key_is_real, block_size, num_keys)
+    return _rule_grid(anchor_positions, key_is_real, block_size, num_keys, window, causal)
 
 
-def factored_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int) -> FactoredBlockMask:
-    """The rule as a `FactoredBlockMask`: the dense mask's first S key columns, the
-    block columns left implied.
+def factored_block_mask(
+    anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, window: int | None = None, causal: bool = False
+) -> FactoredBlockMask:
+    """The rule as a `FactoredBlockMask`: the dense mask's first S key columns, and its block
+    columns as the (B, B) table of slots every block shares (None without window or causality).
 
     Args:
-        anchor_positions: (b, N); key_is_real: (b, S).
+        anchor_positions: (b, N); key_is_real: (b, S); window, causal: as `block_attention_rule`.
     """
-    return FactoredBlockMask(_rule_grid(anchor_positions, key_is_real, block_size, key_is_real.shape[1]), block_size)
+    seq_len = key_is_real.shape[1]
+    sees_context = _rule_grid(anchor_positions, key_is_real, block_size, seq_len, window, causal)
+    if window is None and not causal:
+        return FactoredBlockMask(sees_context, block_size)
+    slots = torch.arange(block_size, device=anchor_positions.device)  # block 0's queries and keys
+    first = torch.zeros((), dtype=torch.long, device=slots.device)
+    sees_block = block_attention_rule(
+        first, slots.view(-1, 1), seq_len + slots.view(1, -1), anchor_positions, key_is_real, block_size, window, causal
+    )
+    return FactoredBlockMask(sees_context, block_size, sees_block)
 
 
-def _rule_grid(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, num_keys: int) -> torch.Tensor:
+def _rule_grid(
+    anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, num_keys: int, window: int | None, causal: bool
+) -> torch.Tensor:
     """The rule over queries [0, N*B) x keys [0, num_keys): (b, 1, N*B, num_keys) bool."""
     batch, num_blocks = anchor_positions.shape
     num_queries = num_blocks * block_size
@@ -79,10 +108,12 @@ def _rule_grid(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_
     batch_index = torch.arange(batch, device=device).view(batch, 1, 1)
     query = torch.arange(num_queries, device=device).view(1, num_queries, 1)
     key = torch.arange(num_keys, device=device).view(1, 1, -1)
-    return block_attention_rule(batch_index, query, key, anchor_positions, key_is_real, block_size).unsqueeze(1)
+    return block_attention_rule(batch_index, query, key, anchor_positions, key_is_real, block_size, window, causal).unsqueeze(1)
 
 
-def flex_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int):
+def flex_block_mask(
+    anchor_positions: torch.Tensor, key_is_real: torch.Tensor, block_size: int, window: int | None = None, causal: bool = False
+):
     """The rule as a flex_attention `BlockMask` over (b, N*B, S + N*B), shared by all heads."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -90,7 +121,7 @@ def flex_block_mask(anchor_positions: torch.Tensor, key_is_real: torch.Tensor, b
     num_queries = num_blocks * block_size
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return block_attention_rule(b, q_idx, kv_idx, anchor_positions, key_is_real, block_size)
+        return block_attention_rule(b, q_idx, kv_idx, anchor_positions, key_is_real, block_size, window, causal)
 
     return create_block_mask(
         mask_mod,

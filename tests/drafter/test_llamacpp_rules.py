@@ -16,7 +16,14 @@ written here as facts, as tests/drafter/test_export.py states SGLang's and vLLM'
   the output of layer id: our tap of layer i reads hidden_states[i + 1] (docs/design.md
   invariant 2);
 - qwen.py:812-816: `is_causal` (else `dflash_config.causal`); the block attends both ways
-  only when it is false, as ours does (common/speculative.cpp:1049-1051 and 1122);
+  only when it is false, as ours does by default (common/speculative.cpp:1049-1051 and 1122);
+- qwen.py:803-810: a window when `use_sliding_window` (else `dflash_config.use_swa`) and
+  `dflash_config.swa_window_size` (else `sliding_window`) are set, on the layers whose
+  `layer_types` entry is "sliding_attention" (all with `use_swa`); src/models/dflash.cpp:98-102
+  loads it as a standard window; src/llama-kv-cache.cpp:1679-1704 then hides a key at p0 from a
+  query at p1 when causal and p0 > p1, or when p1 - p0 >= n_swa (src/llama-hparams.h:480-491;
+  DFlash keeps non_causal_type ALL, src/llama-hparams.h:33-36 and 176-178: the window applies
+  inside a non-causal block too);
 - src/models/dflash.cpp:14-20: `hidden_act` silu (or gelu), anything else is refused;
 - qwen.py:890-896: every tensor name gets a "model." prefix; gguf-py/gguf/tensor_mapping.py
   maps model.fc (line 1475), model.hidden_norm (line 1470), model.norm and the Llama/Qwen3
@@ -127,6 +134,16 @@ def llama_cpp_reading(config: dict) -> dict:
         dspark = {}
     if "conv_kernel_size" in dflash:  # qwen.py:770-774: KeyError for a missing one
         dspark.update({key: int(dflash[key]) for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
+    use_swa = config.get("use_sliding_window", False) or dflash.get("use_swa", False)  # qwen.py:803-810
+    window = dflash.get("swa_window_size") or config.get("sliding_window")
+    if use_swa and window:
+        layers = config["num_hidden_layers"]
+        pattern = (
+            [True] * layers
+            if dflash.get("use_swa", False)
+            else [kind == "sliding_attention" for kind in config.get("layer_types") or []]
+        )
+        dspark.update(sliding_window=window, sliding_window_pattern=pattern)
     return {
         "architecture": {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash"}.get(
             architecture, "dflash" if dspark else None
@@ -139,6 +156,15 @@ def llama_cpp_reading(config: dict) -> dict:
         "neox_rope": config.get("rope_is_neox_style", True),
         **dspark,
     }
+
+
+def llama_cpp_sees(read: dict, layer: int, p0: int, p1: int) -> bool:
+    """Does llama.cpp let a query at position p1 of layer `layer` see a key at p0
+    (src/llama-kv-cache.cpp:1679-1704, `read` from `llama_cpp_reading`)?"""
+    if read["causal"] and p0 > p1:
+        return False
+    swa = read.get("sliding_window") and read["sliding_window_pattern"][layer]
+    return not (swa and p1 - p0 >= read["sliding_window"])  # is_masked_swa, LLAMA_SWA_TYPE_STANDARD
 
 
 def dspark_tensors(names: dict, hidden: int, vocab: int) -> tuple[int, bool]:
@@ -402,3 +428,53 @@ def test_a_bad_dflash2_setting_is_refused_naming_its_key(qwen3_target, changes, 
     config = dflash2_drafter(qwen3_target).config
     with pytest.raises(ConfigError, match=message):
         dataclasses.replace(config, **changes)
+
+
+@pytest.mark.parametrize("window, causal", [(5, True), (3, False), (None, True)])
+def test_llama_cpp_reads_our_windowed_causal_drafter_as_we_mean_it(qwen3_target, tmp_path, window, causal):
+    """config.json read as the converter reads it gives the window and causality we decode (and
+    train: tests/training/test_equivalence.py) with, position pair by position pair."""
+    from dflash.drafter.model import decoding_mask
+    from dflash.specs import DrafterSpec, build_drafter
+
+    spec = DrafterSpec(num_layers=2, block_size=4, attention_window=window, block_causal=causal)
+    drafter = build_drafter(spec, qwen3_target)
+    save_drafter(drafter, str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    read = llama_cpp_reading(config)
+    assert read["architecture"] == "dflash" and read["block_size"] == 4 and read["causal"] is causal
+    assert read.get("sliding_window") == window
+    if window is not None:
+        assert read["sliding_window_pattern"] == [True, True]  # every layer
+    assert "auto_map" not in config  # the shipped dflash.py attends to the whole block and context
+    # decoding: 3 cached context positions, 2 new ones, the block at anchor 5 (positions 5..8)
+    mask = decoding_mask(drafter.config, 3, torch.tensor([[3, 4]]), torch.arange(5, 9).view(1, 4))[0, 0]
+    keys = list(range(5)) + list(range(5, 9))
+    for layer in range(2):
+        expected = [[llama_cpp_sees(read, layer, p0, p1) for p0 in keys] for p1 in range(5, 9)]
+        assert mask.tolist() == expected
+    loaded = load_drafter(str(tmp_path))
+    assert (loaded.config.attention_window, loaded.config.block_causal) == (window, causal)
+    assert json.loads(json.dumps(loaded.config.to_hf_dict())) == config  # round trip
+
+
+def test_a_window_llama_cpp_would_read_otherwise_is_refused(qwen3_target):
+    """Ours windows every layer; a config.json that llama.cpp reads as windowing some layers only, or
+    as no window at all under sliding_attention layers, is a one-line error naming drafter.path."""
+    from dflash.specs import DrafterSpec, build_drafter
+
+    config = build_drafter(DrafterSpec(num_layers=2, block_size=4, attention_window=8), qwen3_target).config.to_hf_dict()
+    assert DrafterConfig.from_hf_dict(config).attention_window == 8
+    mixed = {**config, "layer_types": ["sliding_attention", "full_attention"]}
+    assert llama_cpp_reading(mixed)["sliding_window_pattern"] == [True, False]
+    with pytest.raises(ConfigError, match="^path: a window on some layers only"):
+        DrafterConfig.from_hf_dict(mixed)
+    unused = {**config, "use_sliding_window": False}
+    assert "sliding_window" not in llama_cpp_reading(unused)
+    with pytest.raises(ConfigError, match="^path: sliding_attention layers need use_sliding_window true"):
+        DrafterConfig.from_hf_dict(unused)
+    # dflash_config's own spelling (qwen.py:803-806) is read as llama.cpp reads it
+    swa = {**config, "use_sliding_window": False, "layer_types": ["full_attention"] * 2}
+    swa["dflash_config"] = {**config["dflash_config"], "use_swa": True, "swa_window_size": 6}
+    assert llama_cpp_reading(swa)["sliding_window"] == 6
+    assert DrafterConfig.from_hf_dict(swa).attention_window == 6

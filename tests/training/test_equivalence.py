@@ -21,10 +21,11 @@ from dflash.training.forward import draft_blocks, target_features
 from helpers.decoding import PartialOracleProposer
 
 
-def _target_and_drafter(arch: str, block_size: int):
+def _target_and_drafter(arch: str, block_size: int, window: int | None = None, causal: bool = False):
     model, tokenizer = build_tiny_target(arch, seed=0)
     target = TargetModel(model, tokenizer)
-    drafter = build_drafter(DrafterSpec(num_layers=2, block_size=block_size, num_target_features=3), target).eval()
+    spec = DrafterSpec(num_layers=2, block_size=block_size, num_target_features=3, attention_window=window, block_causal=causal)
+    drafter = build_drafter(spec, target).eval()
     with torch.no_grad():  # larger than init weights, so context mistakes move the logits clearly
         for parameter in drafter.parameters():
             if parameter.dim() == 2:
@@ -45,9 +46,20 @@ def _training_logits(target, drafter, input_ids, attention_mask, anchor_position
     return logits.view(batch, num_blocks, block_size, -1)[:, :, 1:]
 
 
-@pytest.mark.parametrize("arch,block_size", [("qwen3", 4), ("llama", 16)])
-def test_training_blocks_equal_proposer_blocks_fed_incrementally(arch, block_size):
-    target, drafter = _target_and_drafter(arch, block_size)
+# (arch, block size, window, causal): a window of 5 binds on context keys at every anchor past 5,
+# and on the block's own keys where B > 5; None, False is the published drafter.
+SHAPES = [
+    ("qwen3", 4, None, False),
+    ("llama", 16, None, False),
+    ("qwen3", 4, 5, False),
+    ("llama", 8, 5, True),
+    ("qwen3", 4, None, True),
+]
+
+
+@pytest.mark.parametrize("arch,block_size,window,causal", SHAPES)
+def test_training_blocks_equal_proposer_blocks_fed_incrementally(arch, block_size, window, causal):
+    target, drafter = _target_and_drafter(arch, block_size, window, causal)
     torch.manual_seed(3)
     long_len, short_len = 48, 30
     input_ids = torch.randint(0, 256, (2, long_len))
@@ -72,6 +84,13 @@ def test_training_blocks_equal_proposer_blocks_fed_incrementally(arch, block_siz
     inner = positions[:, :-1]
     shifted = _training_logits(target, drafter, input_ids, attention_mask, inner + 1, torch.ones_like(inner, dtype=torch.bool))
     assert (shifted[1, 0] - training[1, 0]).abs().max() > 1e-2
+    if window is not None:  # and training with the window off by one (`>` for llama.cpp's `>=`) fails
+        drafter.config.attention_window = window + 1
+        wider = _training_logits(
+            target, drafter, input_ids, attention_mask, positions, torch.ones_like(positions, dtype=torch.bool)
+        )
+        drafter.config.attention_window = window
+        assert (wider - training).abs().max() > 1e-2
 
 
 class RecordingProposer:
@@ -132,12 +151,14 @@ def test_training_blocks_equal_the_engines_drafts():
     _assert_engine_drafts_equal_training(target, drafter, prompt, result, recorder)
 
 
-@pytest.mark.parametrize("arch,block_size", [("qwen3", 8), ("llama", 4)])
-def test_training_blocks_equal_the_engines_drafts_under_partial_acceptance(arch, block_size):
+@pytest.mark.parametrize(
+    "arch,block_size,window,causal", [("qwen3", 8, None, False), ("llama", 4, None, False), ("qwen3", 8, 6, True)]
+)
+def test_training_blocks_equal_the_engines_drafts_under_partial_acceptance(arch, block_size, window, causal):
     """As above, with verify steps that accept 0..B-1 drafts: the drafter gets the
     features of several accepted positions at once and its cache is cropped back to
-    the new anchor after each block."""
-    target, drafter = _target_and_drafter(arch, block_size)
+    the new anchor after each block (with a window, the cache keeps the keys the window hides)."""
+    target, drafter = _target_and_drafter(arch, block_size, window, causal)
     prompt = torch.tensor([[5, 80, 81, 99, 3, 17, 42]])
     slots = torch.randperm(block_size, generator=torch.Generator().manual_seed(0)).tolist()
     oracle = PartialOracleProposer(target, wrong_slots=slots)

@@ -1,7 +1,9 @@
-"""The training block mask: the rule entry by entry; dense SDPA == factored == flex_attention."""
+"""The training block mask: the rule entry by entry; dense SDPA == factored == flex_attention;
+with a window and a causal block too (llama.cpp's rule over positions)."""
 
 import warnings
 
+import pytest
 import torch
 
 from dflash.drafter import DFlashDrafter, DrafterConfig
@@ -45,11 +47,40 @@ def test_anchor_at_zero_sees_only_its_block():
     assert mask[0, 0].tolist() == [[F, F, F, T, T, T]] * 3
 
 
-def test_flex_block_mask_encodes_the_same_rule():
+def test_a_window_and_a_causal_block_match_hand_worked_examples():
+    # llama.cpp: a key at p0 is hidden from a query at p1 when p1 - p0 >= window; slot s is at anchor + s.
+    # S = 6, B = 3, window 3, causal; anchors 4 (slots at 4, 5, 6) and 1 (slots at 1, 2, 3).
+    mask = dense_block_mask(torch.tensor([[4, 1]]), torch.ones(1, 6, dtype=torch.bool), 3, window=3, causal=True)
+    #     context 0..5        | block 0 | block 1
+    assert mask[0, 0].tolist() == [
+        [F, F, T, T, F, F, T, F, F, F, F, F],  # position 4 sees 2, 3 (4 - 1 >= 3) and slot 0 only
+        [F, F, F, T, F, F, T, T, F, F, F, F],  # position 5: 3; slots 0, 1
+        [F, F, F, F, F, F, T, T, T, F, F, F],  # position 6: no context key is within 3; slots 0..2
+        [T, F, F, F, F, F, F, F, F, T, F, F],  # anchor 1, position 1: 0
+        [T, F, F, F, F, F, F, F, F, T, T, F],  # position 2: 0 (2 - 0 < 3)
+        [F, F, F, F, F, F, F, F, F, T, T, T],  # position 3: 3 - 0 >= 3
+    ]
+    # A window narrower than the block hides the block's own early slots, not its later ones.
+    mask = dense_block_mask(torch.tensor([[2]]), torch.ones(1, 3, dtype=torch.bool), 4, window=2)
+    assert mask[0, 0].tolist() == [
+        [F, T, F, T, T, T, T],  # position 2: context 1; every slot (later ones are not hidden)
+        [F, F, F, T, T, T, T],  # position 3: 3 - 1 >= 2
+        [F, F, F, F, T, T, T],  # position 4: slot 0 (position 2) is 2 behind
+        [F, F, F, F, F, T, T],
+    ]
+    plain = dense_block_mask(torch.tensor([[2]]), torch.ones(1, 3, dtype=torch.bool), 4)
+    assert torch.equal(dense_block_mask(torch.tensor([[2]]), torch.ones(1, 3, dtype=torch.bool), 4, window=6), plain)
+
+
+SHAPES = [(None, False), (2, False), (None, True), (3, True)]  # (window, causal); None, False: as published
+
+
+@pytest.mark.parametrize("window, causal", SHAPES)
+def test_flex_block_mask_encodes_the_same_rule(window, causal):
     anchors = torch.tensor([[2, 3], [1, 4]])
     key_is_real = torch.tensor([[T, T, T, T, F], [T, T, F, T, T]])
-    block_mask = flex_block_mask(anchors, key_is_real, block_size=2)
-    dense = dense_block_mask(anchors, key_is_real, block_size=2)
+    block_mask = flex_block_mask(anchors, key_is_real, block_size=2, window=window, causal=causal)
+    dense = dense_block_mask(anchors, key_is_real, block_size=2, window=window, causal=causal)
     # Evaluate the BlockMask's mask_mod on the full grid: the rule it carries.
     b, q, k = torch.meshgrid(torch.arange(2), torch.arange(4), torch.arange(9), indexing="ij")
     evaluated = block_mask.mask_mod(b, torch.zeros_like(b), q, k)
@@ -57,16 +88,22 @@ def test_flex_block_mask_encodes_the_same_rule():
     assert block_mask.shape[-2:] == (4, 9)
 
 
-def test_factored_mask_is_the_dense_masks_context_columns():
-    anchors = torch.tensor([[2, 3], [1, 4]])
+@pytest.mark.parametrize("window, causal", SHAPES)
+def test_factored_mask_is_the_dense_masks_context_columns_and_own_blocks(window, causal):
+    anchors = torch.tensor([[2, 3, 0], [1, 4, 4]])
     key_is_real = torch.tensor([[T, T, T, T, F], [T, T, F, T, T]])
-    factored = factored_block_mask(anchors, key_is_real, block_size=2)
-    dense = dense_block_mask(anchors, key_is_real, block_size=2)
-    assert factored.block_size == 2
+    factored = factored_block_mask(anchors, key_is_real, block_size=3, window=window, causal=causal)
+    dense = dense_block_mask(anchors, key_is_real, block_size=3, window=window, causal=causal)
+    assert factored.block_size == 3
     assert torch.equal(factored.sees_context, dense[..., :5])
+    assert (factored.sees_block is None) == (window is None and not causal)
+    own_blocks = [dense[b, 0, 3 * j : 3 * j + 3, 5 + 3 * j : 8 + 3 * j] for b in range(2) for j in range(3)]
+    for own in own_blocks:
+        assert torch.equal(own, torch.ones(3, 3, dtype=torch.bool) if factored.sees_block is None else factored.sees_block)
 
 
-def test_factored_attention_equals_sdpa_under_the_dense_mask_with_gradients():
+@pytest.mark.parametrize("window, causal", SHAPES)
+def test_factored_attention_equals_sdpa_under_the_dense_mask_with_gradients(window, causal):
     # 4 query heads over 2 kv heads (GQA), 3 blocks of 4 over 7 context keys; one
     # anchor at 0 leaves its block with no context key at all.
     torch.manual_seed(0)
@@ -85,20 +122,29 @@ def test_factored_attention_equals_sdpa_under_the_dense_mask_with_gradients():
         grads = torch.autograd.grad((out * upstream).sum(), (q, k, v))
         return out, grads
 
-    dense_out, dense_grads = run(dense_block_mask(anchors, key_is_real, block_size))
-    factored_out, factored_grads = run(factored_block_mask(anchors, key_is_real, block_size))
+    dense_out, dense_grads = run(dense_block_mask(anchors, key_is_real, block_size, window, causal))
+    factored_out, factored_grads = run(factored_block_mask(anchors, key_is_real, block_size, window, causal))
     torch.testing.assert_close(factored_out, dense_out, atol=1e-5, rtol=1e-5)
     for factored_grad, dense_grad in zip(factored_grads, dense_grads):
         torch.testing.assert_close(factored_grad, dense_grad, atol=1e-5, rtol=1e-5)
     # Negative control: one more visible context key changes the output.
-    leaky = dense_block_mask(anchors + 1, key_is_real, block_size)
+    leaky = dense_block_mask(anchors + 1, key_is_real, block_size, window, causal)
     assert (attend(q, k, v, leaky, "sdpa") - dense_out).abs().max() > 1e-3
+    if window is not None:  # and a window one wider (the seeded `>` for `>=`)
+        wider = dense_block_mask(anchors, key_is_real, block_size, window + 1, causal)
+        assert (attend(q, k, v, wider, "sdpa") - dense_out).abs().max() > 1e-3
 
 
-def _random_drafter(block_size: int) -> DFlashDrafter:
+def _random_drafter(block_size: int, window: int | None = None, causal: bool = False) -> DFlashDrafter:
     target_config = tiny_config("qwen3", num_layers=4)
     config = DrafterConfig.from_target(
-        target_config, num_layers=2, block_size=block_size, mask_token_id=258, target_layer_ids=[0, 2]
+        target_config,
+        num_layers=2,
+        block_size=block_size,
+        mask_token_id=258,
+        target_layer_ids=[0, 2],
+        attention_window=window,
+        block_causal=causal,
     )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).eval()
@@ -109,9 +155,10 @@ def _random_drafter(block_size: int) -> DFlashDrafter:
     return drafter
 
 
-def test_sdpa_dense_factored_and_flex_give_the_same_drafter_outputs():
+@pytest.mark.parametrize("window, causal", SHAPES)
+def test_sdpa_dense_factored_and_flex_give_the_same_drafter_outputs(window, causal):
     block_size, seq_len, hidden = 4, 20, 64
-    drafter = _random_drafter(block_size)
+    drafter = _random_drafter(block_size, window, causal)
     embed = torch.nn.Embedding(272, hidden)
     torch.manual_seed(1)
     input_ids = torch.randint(0, 256, (2, seq_len))
@@ -124,7 +171,7 @@ def test_sdpa_dense_factored_and_flex_give_the_same_drafter_outputs():
     context_positions = torch.arange(seq_len).expand(2, seq_len)
     with torch.no_grad():
         factored = draft_blocks(drafter, embed, features, attention_mask, anchors, blocks)
-        dense_mask = dense_block_mask(anchors.positions, attention_mask, block_size)
+        dense_mask = dense_block_mask(anchors.positions, attention_mask, block_size, window, causal)
         dense = drafter(embed(blocks.token_ids), blocks.positions, features, context_positions, mask=dense_mask)
         set_attention_implementation(drafter, "flex_attention")
         with warnings.catch_warnings():  # eager flex on CPU (forward only) warns about torch.compile
@@ -138,7 +185,7 @@ def test_sdpa_dense_factored_and_flex_give_the_same_drafter_outputs():
             blocks.positions,
             features,
             context_positions,
-            mask=dense_block_mask(leaky_anchors.positions, attention_mask, block_size),
+            mask=dense_block_mask(leaky_anchors.positions, attention_mask, block_size, window, causal),
         )
     torch.testing.assert_close(factored, dense, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
