@@ -15,6 +15,7 @@ from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
 from dflash.methods.dflash import export as export_dflash
 from dflash.methods.dflash import width_label
+from dflash.methods.dflash_lookup import check_lookup_ngram, lookup_first
 from dflash.structured import config_key
 
 
@@ -25,9 +26,13 @@ class DFlash2Settings:
     p_min: float = 0.0
     """In [0, 1): a draft stops before the first slot whose chosen candidate's softmax over the
     selector's K scores is below it (llama.cpp's --spec-draft-p-min); 0 never stops."""
+    lookup_ngram: int | None = None
+    """Prompt lookup first (as `dflash_lookup.ngram`): a step whose context's last n tokens
+    occurred earlier drafts what followed them and skips the drafter; null: the drafter always."""
 
     def __post_init__(self):
         require(0 <= self.p_min < 1, "p_min", f"must be in [0, 1), got {self.p_min}")
+        check_lookup_ngram(self.lookup_ngram)
 
 
 @dataclass
@@ -71,12 +76,12 @@ def build(target, settings: DFlash2Settings, context: EvalContext) -> MethodSetu
 
     check_dflash2_drafter(context.drafter, context)
     trained = context.drafter.config.block_size
-    proposer = DFlash2Proposer.for_target(context.drafter, target, settings.p_min)
+    proposer = lookup_first(DFlash2Proposer.for_target(context.drafter, target, settings.p_min), settings.lookup_ngram)
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 
 def recorded(settings: DFlash2Settings, context: EvalContext) -> dict:
-    return {"block_size": context.block_size, "p_min": settings.p_min}
+    return {"block_size": context.block_size, "p_min": settings.p_min, "lookup_ngram": settings.lookup_ngram}
 
 
 def check_training(settings, drafter, data, training) -> None:

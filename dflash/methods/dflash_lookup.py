@@ -26,12 +26,25 @@ class LookupSettings:
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
 
 
-def build(target, settings: LookupSettings, context: EvalContext) -> MethodSetup:
-    from dflash.decoding import ChainVerifier
+def lookup_first(proposer, ngram: int | None):
+    """`proposer` behind prompt lookup of the context's last `ngram` tokens (None: `proposer` itself)."""
+    if ngram is None:
+        return proposer
     from dflash.decoding.ngram import LookupFirst
 
+    return LookupFirst(proposer, ngram)
+
+
+def check_lookup_ngram(ngram: int | None) -> None:
+    """ConfigError naming `lookup_ngram` unless it is None or >= 1."""
+    require(ngram is None or ngram >= 1, "lookup_ngram", f"must be >= 1 (null: no lookup), got {ngram}")
+
+
+def build(target, settings: LookupSettings, context: EvalContext) -> MethodSetup:
+    from dflash.decoding import ChainVerifier
+
     trained = context.drafter.config.block_size
-    proposer = LookupFirst(dflash_proposer(target, context), settings.ngram)
+    proposer = lookup_first(dflash_proposer(target, context), settings.ngram)
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 

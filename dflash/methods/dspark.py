@@ -14,6 +14,7 @@ from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
 from dflash.methods.dflash import export as export_dflash
 from dflash.methods.dflash import width_label
+from dflash.methods.dflash_lookup import check_lookup_ngram, lookup_first
 from dflash.structured import config_key
 
 
@@ -24,10 +25,14 @@ class DSparkSettings:
     confidence_threshold: float = 0.0
     """In [0, 1): a draft stops before the first slot whose confidence head's probability is
     below it (llama.cpp's --spec-draft-p-min); 0 never stops. > 0 needs a confidence head."""
+    lookup_ngram: int | None = None
+    """Prompt lookup first (as `dflash_lookup.ngram`): a step whose context's last n tokens
+    occurred earlier drafts what followed them and skips the drafter; null: the drafter always."""
 
     def __post_init__(self):
         threshold = self.confidence_threshold
         require(0 <= threshold < 1, "confidence_threshold", f"must be in [0, 1), got {threshold}")
+        check_lookup_ngram(self.lookup_ngram)
 
 
 @dataclass
@@ -74,12 +79,18 @@ def build(target, settings: DSparkSettings, context: EvalContext) -> MethodSetup
 
     check_dspark_drafter(context.drafter, settings, context)
     trained = context.drafter.config.block_size
-    proposer = DSparkProposer.for_target(context.drafter, target, settings.confidence_threshold)
+    proposer = lookup_first(
+        DSparkProposer.for_target(context.drafter, target, settings.confidence_threshold), settings.lookup_ngram
+    )
     return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
 
 
 def recorded(settings: DSparkSettings, context: EvalContext) -> dict:
-    return {"block_size": context.block_size, "confidence_threshold": settings.confidence_threshold}
+    return {
+        "block_size": context.block_size,
+        "confidence_threshold": settings.confidence_threshold,
+        "lookup_ngram": settings.lookup_ngram,
+    }
 
 
 def check_training(settings, drafter, data, training) -> None:

@@ -53,4 +53,8 @@ def test_it_builds_a_dspark_proposer_with_chain_verification(qwen3_target):
     setup = build_method("dspark", qwen3_target, Settings(confidence_threshold=0.25), context)
     assert isinstance(setup.proposer, DSparkProposer) and setup.proposer.confidence_threshold == 0.25
     assert (setup.verifier.name, setup.block_size, setup.trained_block_size, setup.label) == ("chain", 4, 4, "d")
-    assert METHODS["dspark"].recorded(Settings(0.25), context) == {"block_size": None, "confidence_threshold": 0.25}
+    assert METHODS["dspark"].recorded(Settings(0.25), context) == {
+        "block_size": None,
+        "confidence_threshold": 0.25,
+        "lookup_ngram": None,
+    }

@@ -160,6 +160,26 @@ def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3
     assert "every method on the same prompts" in text and "\nngram " in text
 
 
+@pytest.mark.parametrize("name", ["dspark", "dflash2"])
+def test_dspark_and_dflash2_run_behind_prompt_lookup_when_asked(qwen3_target, with_fake_method, name):
+    from helpers.decoding import dflash2_drafter, dspark_drafter
+
+    drafter = {"dspark": dspark_drafter, "dflash2": dflash2_drafter}[name](qwen3_target, block_size=4)
+    alone = run(qwen3_target, [name], drafter).methods[name]
+    looked_up = run(qwen3_target, [name], drafter, method_settings={name: METHODS[name].settings(lookup_ngram=2)}).methods[name]
+    assert {proposer for proposer, _, _ in calls} == {
+        "autoregressive",
+        "DSparkProposer" if name == "dspark" else "DFlash2Proposer",
+        "LookupFirst",
+    }
+    assert alone["lossless"] is looked_up["lossless"] is True
+    assert (alone["settings"]["lookup_ngram"], looked_up["settings"]["lookup_ngram"]) == (None, 2)
+    assert looked_up["tau"] > alone["tau"], "lookup first did not help a random drafter on repetitive prompts"
+    with pytest.raises(ConfigError, match=r"lookup_ngram: must be >= 1") as info:
+        METHODS[name].settings(lookup_ngram=0)
+    assert info.value.key == "lookup_ngram"
+
+
 def test_a_lossy_method_is_reported_alone_and_seeds_are_shared_when_sampling(qwen3_target, with_fake_method):
     greedy = run(qwen3_target, ["ngram", "fake"], method_settings={"fake": FakeSettings(wrong_at=5)})
     fake = greedy.methods["fake"]
