@@ -74,6 +74,8 @@ ABLATION_TITLES = {
     "loss": "Training objective x position weights",
     "anchors": "Anchor sampling",
     "target_context": "Target context features",
+    "methods": "Drafting method at equal training minutes",
+    "methods_lookup": "Drafting method at equal training minutes, behind prompt lookup",
 }
 METRIC_NOTES = {
     "pooled": "τ: acceptance length per verify step, counting the bonus token, pooled over all verify steps. "

@@ -81,6 +81,8 @@ PAPER_TRENDS = (
         "tau",
         (("none (standalone)",), ("injected (DFlash)",)),
     ),
+    Trend("methods", "DSpark's heads accept more than DFlash (the DSpark paper)", "tau", (("DFlash",), ("DSpark",))),
+    Trend("methods", "DFlash2's heads accept more than DFlash (speculators#1014)", "tau", (("DFlash",), ("DFlash2",))),
 )
 
 

@@ -19,10 +19,18 @@ from helpers import REPO
 CONF = REPO / "dflash" / "conf"
 SWEEPS = available_sweeps()
 SCALES = available_scales()
+
+
+def declared_scales(name: str) -> list[str]:
+    """The scales sweep `name` runs at (its file's `sweep.scales`; none declared: every scale)."""
+    return list(OmegaConf.load(CONF / "sweep" / f"{name}.yaml").sweep.get("scales") or SCALES)
+
+
 # Sweeps that run at one scale only: block_size_controlled (and its evaluation stage) asks whether the CPU
-# recipe's budget reversed the block-size trend, a question the full recipe does not have.
+# recipe's budget reversed the block-size trend, a question the full recipe does not have; the methods
+# side by side (and its evaluation stage) is sized for SmolLM2 (DFlash2's selector needs its width).
 CPU_ONLY = {"block_size_controlled", "block_size_controlled_infer"}
-SWEEP_SCALES = [(name, scale) for name in SWEEPS for scale in SCALES if name not in CPU_ONLY or scale == "cpu"]
+SWEEP_SCALES = [(name, scale) for name in SWEEPS for scale in declared_scales(name)]
 
 register_resolver()
 
@@ -73,7 +81,8 @@ def test_every_sweep_file_starts_with_the_command_that_runs_it(name):
 
 
 def test_one_file_per_sweep_and_the_scale_a_separate_choice():
-    assert CPU_ONLY <= set(SWEEPS) and {"full", "cpu"} <= set(SCALES)
+    assert CPU_ONLY == {name for name in SWEEPS if declared_scales(name) == ["cpu"]} and {"full", "cpu"} <= set(SCALES)
+    assert {name for name in SWEEPS if declared_scales(name) == ["smollm2"]} == {"methods", "methods_lookup"}
     assert not [name for name in SWEEPS if any(name.endswith(f"_{scale}") for scale in SCALES)]
     # Both apps' scale groups offer the same scales.
     assert sorted(p.stem for p in (CONF / "sweep" / "eval_scale").glob("*.yaml")) == SCALES
@@ -139,6 +148,14 @@ def test_block_size_sweep_lets_gamma_follow_the_training_block():
             ["method=dflash", "seed=2"],
             ["train_seed=2", "decoding=sampling"],
             "main_cpu/method=dflash,seed=2",
+        ),
+        (
+            "smollm2",
+            "methods",
+            "methods_lookup",
+            ["method=dspark", "seed=1"],
+            ["sweep.train_method=dspark", "train_seed=1"],
+            "methods_smollm2/method=dspark,seed=1",
         ),
         (
             "full",
