@@ -79,9 +79,15 @@ def job_from_config(cfg: DictConfig):
 def check_job(app) -> None:
     """What needs no model, before Hydra runs and again in each job: the training data is there
     (a wrong data.path fails at once), and the trained method's own checks (a drafter directory
-    is read now, before the target loads)."""
+    is read now, before the target loads); Muon is refused under FSDP."""
     from dflash.data.sources import check_local_source
 
+    with config_key("training"):
+        require(
+            app.training.optimizer != "muon" or app.trainer.strategy != "fsdp",
+            "optimizer",
+            "muon is untested under trainer=fsdp (it needs whole matrices); use trainer=ddp or training.optimizer=adamw",
+        )
     check_local_source(app.data.source())
     method, settings = _method(app)
     method.check_training(_seeded(settings, app.seed), _seeded(app.drafter, app.seed), app.data, app.training)

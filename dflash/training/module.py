@@ -211,14 +211,7 @@ class DrafterTrainingModule(L.LightningModule):
     def configure_optimizers(self):
         """`training.optimizer` (`dflash.training.optimizers`: AdamW, weight decay on matrices
         only, or Muon + AdamW) with linear warm-up then cosine decay of every group, per step."""
-        from lightning.pytorch.strategies import FSDPStrategy
-
         config = self.training_config
-        require(
-            config.optimizer != "muon" or not isinstance(self.trainer.strategy, FSDPStrategy),
-            "training.optimizer",
-            "muon is untested under trainer=fsdp (it needs whole matrices); use trainer=ddp or training.optimizer=adamw",
-        )
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         matrices = self._matrices
         if matrices is None:  # no trainer setup (nothing wraps the drafter): the shapes are the real ones

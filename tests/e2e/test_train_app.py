@@ -60,6 +60,15 @@ def test_paper_recipes_use_the_published_hyperparameters(name):
         assert job.drafter.mask_token == "<|reserved_special_token_0|>"
 
 
+def test_the_converged_recipe_is_the_peers_and_is_exported_as_trained():
+    job = job_from_config(compose_train(["experiment=converged_qwen3_8b"]))
+    drafter, training = job.drafter, job.training
+    assert (drafter.num_layers, drafter.block_size, drafter.attention_window, drafter.block_causal) == (5, 16, 2048, True)
+    assert (training.draft_vocab_size, training.loss, training.position_weights, training.dpace_alpha) == (None, "ce", "dpace", 0.5)
+    assert (training.optimizer, training.learning_rate, training.muon_lr) == ("muon", 1e-4, 1e-3)
+    assert (job.trainer.strategy, job.target.path) == ("ddp", "Qwen/Qwen3-8B")
+
+
 def test_trainer_and_logger_groups_compose():
     fsdp = job_from_config(compose_train(["experiment=qwen3_8b", "trainer=fsdp", "logger=wandb", "logger.tags=[a,b]"]))
     assert fsdp.trainer.strategy == "fsdp" and fsdp.trainer.fsdp["sharding_strategy"] == "FULL_SHARD"

@@ -241,16 +241,9 @@ def test_a_bad_muon_setting_on_the_command_line_is_one_error_line(tmp_path, monk
     assert_one_error_line(*run_main("train", argv, monkeypatch, capsys), "training.muon_momentum", "must be in [0, 1)")
 
 
-def test_muon_is_refused_under_fsdp(target_spec):
-    from dflash.training.fsdp import DrafterFSDPStrategy
-
-    module = dflash_training_module(target_spec, DRAFTER, TrainingSettings(optimizer="muon"))
-    module.trainer = L.Trainer(
-        accelerator="cpu", devices=1, strategy=DrafterFSDPStrategy(), max_steps=4, logger=False, enable_progress_bar=False
-    )
-    with pytest.raises(ConfigError) as err:
-        module.configure_optimizers()
-    assert err.value.key == "training.optimizer" and "fsdp" in err.value.reason
+def test_muon_is_refused_under_fsdp_before_anything_loads(tmp_path, monkeypatch, capsys):
+    argv = [f"paths.artifacts={tmp_path}", "data.path=unused.jsonl", "training.optimizer=muon", "trainer=fsdp"]
+    assert_one_error_line(*run_main("train", argv, monkeypatch, capsys), "training.optimizer", "untested under trainer=fsdp")
 
 
 # --- the train app ---------------------------------------------------------------------
