@@ -28,7 +28,7 @@ Invariants:
   `state` is a read view of both inner states (the per-parameter dicts themselves, which
   Lightning moves between devices in place).
 - Muon needs whole matrices: FSDP shards them, and `optimizer=muon` is refused there
-  (`DrafterTrainingModule.configure_optimizers`) until tested. Under DDP every rank holds
+  (`dflash.cli.train.check_job`, before anything loads) until tested. Under DDP every rank holds
   the whole averaged gradient and takes the same step.
 """
 
