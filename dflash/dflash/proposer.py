@@ -38,7 +38,7 @@ class DFlashProposer:
         graphed: bool = False,
     ):
         self.drafter = drafter.eval()
-        if (drafter.config.dflash2 or drafter.config.masked_decoding) and (graphed or lean_dtype is not None):
+        if drafter.config.module_forward_only and (graphed or lean_dtype is not None):
             # The lean and graphed forwards know neither DFlash2's convolutions (docs/frontier.md R5)
             # nor a window or a causal block (`dflash.engine.drafter.refuse_module_only`).
             log.info("proposing with the drafter module's forward: the lean and graphed ones have no convolutions and no mask")

@@ -182,6 +182,12 @@ class DrafterConfig:
         return self.attention_window is not None or self.block_causal
 
     @property
+    def module_forward_only(self) -> bool:
+        """Only the module forward decodes it (DFlash2's convolutions, or a masked block): the
+        engine's lean and graphed forwards refuse it and the proposer falls back."""
+        return self.dflash2 or self.masked_decoding
+
+    @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids)
 
