@@ -10,7 +10,9 @@ Invariants (docs/design.md invariant 12; docs/frontier.md 1.2, 5.5):
   output the target's own.
 - With `p_min` > 0 the draft stops before slot i when the chosen candidate's softmax over the K
   scores is below it, decided from the scores after x_{i-1} (llama.cpp's --spec-draft-p-min).
-- Greedy only: sampling is refused (decoding.temperature), since no draft distribution is recorded.
+- Deterministic drafts under sampling too: the walk is the same at any temperature and the
+  drafts carry no distribution (`Drafts.probs` None, one-hot), which both verification rules take
+  exactly (docs/design.md invariant 12), as llama.cpp drafts greedily for a sampling target.
 - Chain verification only: a slot's scores depend on the path chosen before it.
 - Full vocabulary: the candidates are token ids of the target's whole head, as llama.cpp's are.
 """
@@ -22,8 +24,6 @@ import torch
 from dflash.decoding.verify import Drafts
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter.model import DFlashDrafter
-from dflash.errors import require
-from dflash.structured import config_key
 
 
 class DFlash2Proposer(DFlashProposer):
@@ -51,8 +51,6 @@ class DFlash2Proposer(DFlashProposer):
 
     @torch.inference_mode()
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
-        with config_key("decoding"):
-            require(sampling.greedy, "temperature", "must be 0 with methods=[dflash2]: DFlash2 drafts greedily only")
         hidden = self.block_hidden(committed_ids, new_features, block_size, num_drafts)
         unary, candidates = self.logits(hidden).float().topk(self.top_k, dim=-1)
         selector = self.drafter.candidate_selector

@@ -2,7 +2,8 @@
 `drafter.*` (a DFlash drafter with block-local convolutions in its layers and a top-K candidate
 selector) drafts a block in one pass, the slots chosen by the selector's greedy walk from the
 anchor (`dflash.dflash2.proposer`), stopped by `dflash2.p_min`; the target verifies at
-`decoding.block_size` (None: the drafter's trained block size). Greedy decoding only. Evaluation
+`decoding.block_size` (None: the drafter's trained block size); a sampling target verifies the
+same deterministic drafts by its rule. Evaluation
 group `dflash2`; training group `method=dflash2` (`DFlash2TrainSettings`, the objective
 `dflash.dflash2.objective`); exported as a DFlash2DraftModel that llama.cpp serves with
 --spec-type draft-dflash."""
@@ -67,7 +68,6 @@ def check_dflash2_drafter(drafter, context: EvalContext) -> None:
         require(drafter.candidate_selector is not None, "path", f"holds a {name} (no candidate selector); use a DFlash2 drafter")
     with config_key("decoding"):
         require(context.draft_threshold == 0, "draft_threshold", "cuts DFlash drafts; DFlash2 stops by dflash2.p_min")
-        require(context.temperature == 0, "temperature", "must be 0 with methods=[dflash2]: DFlash2 drafts greedily only")
 
 
 def build(target, settings: DFlash2Settings, context: EvalContext) -> MethodSetup:

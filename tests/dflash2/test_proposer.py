@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash.decoding import generate
+import dflash.decoding.chain
+from dflash.decoding import SamplingConfig, generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.dflash2.proposer import DFlash2Proposer
 from dflash.errors import ConfigError
@@ -17,7 +18,8 @@ from dflash.methods import EvalContext, build_method
 from dflash.methods.dflash2 import DFlash2Settings
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
-from helpers.decoding import PROMPTS, RecordingProposer, dflash2_drafter, hf_greedy, random_drafter
+from helpers.decoding import PROMPTS, RecordingProposer, dflash2_drafter, flawed_verify, hf_greedy, random_drafter
+from helpers.stats import chi_square_p_value, exact_joint
 
 MORE_ARCHS = [
     "mistral",
@@ -117,17 +119,11 @@ def test_greedy_output_equals_the_targets_on_more_families(arch):
     assert_greedy_lossless(TargetModel(*build_tiny_target(arch, seed=0)))
 
 
-@pytest.mark.parametrize(
-    "context, message",
-    [
-        ({"temperature": 0.8}, "decoding.temperature: must be 0 with methods=\\[dflash2\\]"),
-        ({"draft_threshold": 0.5}, "decoding.draft_threshold: "),
-    ],
-)
-def test_a_setting_dflash2_does_not_draft_for_is_refused(qwen3_target, context, message):
+def test_a_setting_dflash2_does_not_draft_for_is_refused(qwen3_target):
     drafter = dflash2_drafter(qwen3_target)
-    with pytest.raises(ConfigError, match=message):
-        build_method("dflash2", qwen3_target, None, EvalContext(drafter, "random", **context))
+    with pytest.raises(ConfigError, match="decoding.draft_threshold: "):
+        build_method("dflash2", qwen3_target, None, EvalContext(drafter, "random", draft_threshold=0.5))
+    assert build_method("dflash2", qwen3_target, None, EvalContext(drafter, "random", temperature=0.8)).block_size == 8
     assert build_method("dflash2", qwen3_target, None, EvalContext(drafter, "random")).block_size == 8
 
 
@@ -136,3 +132,42 @@ def test_a_drafter_without_selector_or_a_bad_p_min_is_refused(qwen3_target):
         build_method("dflash2", qwen3_target, None, EvalContext(random_drafter(qwen3_target, block_size=8), "random"))
     with pytest.raises(ConfigError, match="p_min: must be in \\[0, 1\\)"):
         DFlash2Settings(p_min=1.0)
+
+
+# --- sampling: the walk's deterministic drafts, verified by the target's sampling rule ---------
+
+SAMPLES = 800
+SAMPLING = {rule: SamplingConfig(temperature=0.8, top_k=3, verify_rule=rule) for rule in ("rejection", "match")}
+
+
+def sampled_outputs(target: TargetModel, sampling: SamplingConfig) -> tuple[float, list[int]]:
+    """SAMPLES outputs of `generate()` with a DFlash2 proposer (random convolutions and selector)
+    whose candidates are the target's top-K after the prompt at every slot, so the first draft is
+    often accepted and later ones often not: their chi-square p-value against the target's exact
+    joint, and every step's acceptance length."""
+    ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
+    with torch.no_grad():
+        after_prompt = target.model(ids).logits[0, -1]
+    logits = lambda hidden: after_prompt.expand(*hidden.shape[:-1], -1)  # noqa: E731
+    proposer = DFlash2Proposer(dflash2_drafter(target, block_size=4, scale=0.5, top_k=3), target.embed, logits)
+    outputs, lengths = [], []
+    for seed in range(SAMPLES):
+        result = generate(target, ids, max_new_tokens=4, block_size=4, proposer=proposer, sampling=sampling,
+                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        outputs.append(tuple(result.output_ids))
+        lengths.extend(result.acceptance_lengths)
+    return chi_square_p_value(outputs, exact_joint(target, ids, sampling, 4)), lengths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", SAMPLING)
+def test_sampled_outputs_follow_the_targets_distribution(qwen3_target, rule):
+    p_value, lengths = sampled_outputs(qwen3_target, SAMPLING[rule])
+    assert p_value > 1e-3, f"outputs do not follow the target's distribution (p={p_value:.2g})"
+    assert all(lengths.count(n) >= 50 for n in (1, 2)), lengths  # drafts were rejected and accepted
+
+
+@pytest.mark.slow
+def test_the_sampling_check_catches_a_flawed_verifier(qwen3_target, monkeypatch):
+    monkeypatch.setattr(dflash.decoding.chain, "verify", flawed_verify("residual_is_target_row"))
+    assert sampled_outputs(qwen3_target, SAMPLING["rejection"])[0] < 1e-3

@@ -309,7 +309,13 @@ def flawed_verify(flaw: str):
             accepted = int(agree.sum() if flaw == "match_counts_all_matches" else agree.cumprod(0).sum())
             return accepted, int(sample(target_probs[accepted], generator))
         rows = torch.arange(k)
-        p, q = target_probs[rows, drafts.tokens], drafts.probs[rows, drafts.tokens]
+        # a deterministic draft (probs None) is one-hot at its token
+        draft_probs = (
+            drafts.probs
+            if drafts.probs is not None
+            else torch.nn.functional.one_hot(drafts.tokens, target_probs.shape[-1]).to(target_probs.dtype)
+        )
+        p, q = target_probs[rows, drafts.tokens], draft_probs[rows, drafts.tokens]
         u = torch.rand(1 if flaw == "one_uniform_for_all_drafts" else k, generator=generator).expand(k)
         rejected = (u * q > p).nonzero().flatten()
         if rejected.numel() == 0:
@@ -318,7 +324,7 @@ def flawed_verify(flaw: str):
         if flaw == "residual_is_target_row":
             return i, int(sample(target_probs[i], generator))
         target_row = target_probs[i + 1] if flaw == "residual_from_next_row" else target_probs[i]
-        residual = (target_row - drafts.probs[i]).clamp_min(0)
+        residual = (target_row - draft_probs[i]).clamp_min(0)
         residual = residual / residual.sum() if residual.sum() > 0 else target_row
         return i, int(sample(residual, generator))
 
