@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from dflash.decoding.verify import propose_tokens
-from dflash.drafter.model import DFlashDrafter, DrafterCache
+from dflash.drafter.model import DFlashDrafter, DrafterCache, decoding_mask
 from dflash.engine import FastDrafter, GraphedDrafter
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,11 @@ class DFlashProposer:
         graphed: bool = False,
     ):
         self.drafter = drafter.eval()
-        if drafter.config.module_forward_only and (graphed or lean_dtype is not None):
-            # The lean and graphed forwards know neither DFlash2's convolutions (docs/frontier.md R5)
-            # nor a window or a causal block (`dflash.engine.drafter.refuse_module_only`).
-            log.info("proposing with the drafter module's forward: the lean and graphed ones have no convolutions and no mask")
-            graphed, lean_dtype = False, None
+        if drafter.config.ungraphable and graphed:
+            # The graphed forward knows neither DFlash2's convolutions (docs/frontier.md R5) nor a
+            # window or a causal block (`GraphedDrafter` refuses them); the lean forward knows both.
+            log.info("proposing without CUDA graphs: the graphed drafter forward has no convolutions and no mask")
+            graphed = False
         if graphed:
             self.forward = GraphedDrafter(self.drafter)
         else:
@@ -92,6 +92,8 @@ class DFlashProposer:
         block_ids[0, 0] = committed_ids[0, -1]
         block_positions = torch.arange(anchor_pos, anchor_pos + block_size, device=device).unsqueeze(0)
         context_positions = torch.arange(context_start, anchor_pos, device=device).unsqueeze(0)
-        hidden = self.forward(self.embed(block_ids), block_positions, new_features, context_positions, mask=None, cache=self.cache)
+        config, cached = self.drafter.config, self.cache.length
+        mask = decoding_mask(config, cached, context_positions, block_positions) if config.masked_decoding else None
+        hidden = self.forward(self.embed(block_ids), block_positions, new_features, context_positions, mask=mask, cache=self.cache)
         self.cache.crop(anchor_pos)
         return hidden[0, 1 : 1 + num_drafts]

@@ -45,7 +45,7 @@ class DFlash2Proposer(DFlashProposer):
 
     @classmethod
     def for_target(cls, drafter: DFlashDrafter, target, p_min: float = 0.0) -> DFlash2Proposer:
-        """As `DFlashProposer.for_target` (the module forward: `DFlashProposer`), with the p_min stop."""
+        """As `DFlashProposer.for_target` (the lean forward where the engine runs), with the p_min stop."""
         logits = target.draft_logits_over(drafter.draft_vocab)
         return cls(drafter, target.embed, logits, target.draft_dtype, target.graphs is not None, p_min)
 

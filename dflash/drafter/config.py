@@ -177,14 +177,14 @@ class DrafterConfig:
 
     @property
     def masked_decoding(self) -> bool:
-        """Decoding masks the block's attention (a window or a causal block): only the module
-        forward computes it, the engine's lean and graphed forwards attend without a mask."""
+        """Decoding masks the block's attention (a window or a causal block): the module and the
+        engine's lean forward compute it, the graphed forward attends without a mask."""
         return self.attention_window is not None or self.block_causal
 
     @property
-    def module_forward_only(self) -> bool:
-        """Only the module forward decodes it (DFlash2's convolutions, or a masked block): the
-        engine's lean and graphed forwards refuse it and the proposer falls back."""
+    def ungraphable(self) -> bool:
+        """The engine's graphed forward cannot decode it (DFlash2's convolutions, or a masked
+        block): it refuses it and the proposer decodes on the lean or the module forward."""
         return self.dflash2 or self.masked_decoding
 
     @property

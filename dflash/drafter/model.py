@@ -245,7 +245,8 @@ class DFlashDrafter(nn.Module):
         hidden = block_embeds.to(dtype)
         rope_q = self.rotary_emb(hidden, block_positions)
         rope_kv = self.rotary_emb(hidden, torch.cat([context_positions, block_positions], dim=1))
-        block_rows = hidden.shape[1] if mask is None else self.config.block_size
+        # decoding (a cache, or no mask) drafts one block; training's mask spans many
+        block_rows = hidden.shape[1] if cache is not None or mask is None else self.config.block_size
         if mask is None and self.config.masked_decoding:
             mask = decoding_mask(self.config, 0 if cache is None else cache.length, context_positions, block_positions)
         for layer in self.layers:

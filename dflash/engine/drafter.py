@@ -8,19 +8,22 @@ MLP activation and each head's q/k norm with its rotary run as our fused layer o
 (`kernels.layer_ops`; docs/design.md, "Measured figures").
 
 Invariants:
-- It computes what `DFlashDrafter.forward(..., mask=None, cache=...)` computes, op for op
-  in the same order (float32: equal within float rounding; tests/engine/test_drafter.py).
+- It computes what `DFlashDrafter.forward(..., mask, cache=...)` computes, op for op in the
+  same order (float32: equal within float rounding; tests/engine/test_drafter.py), with
+  DFlash2's convolutions through copies of the module's (`GroupedDynamicConv`) and the
+  boolean decoding mask its caller passes for a window or a causal block (None: none).
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
 - A snapshot: the weights are copied when it is built, so it is built only where they no
   longer change (a proposer for one evaluation).
-- It attends without a mask and knows no convolution: a DFlash2 drafter, or one with a window
-  or a causal block (`DrafterConfig.masked_decoding`), is refused (`refuse_module_only`, as by
-  `drafter_graphs`); its proposer decodes with the module's forward.
+- The graphed forward (`drafter_graphs`) has neither convolutions nor a mask: it refuses such
+  a drafter (`refuse_ungraphable`) and its proposer decodes here or on the module's forward.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -37,15 +40,15 @@ def _linear(dtype: torch.dtype, *modules) -> Linear:
     return Linear(weight, bias)
 
 
-def refuse_module_only(drafter) -> None:
-    """ValueError for a drafter only its module forward computes: DFlash2's convolutions, a window
-    or a causal block (this forward and the graphed one have no convolution and no mask)."""
+def refuse_ungraphable(drafter) -> None:
+    """ValueError for a drafter the graphed forward cannot compute: DFlash2's convolutions, a
+    window or a causal block (it has no convolution and no mask; this forward has both)."""
     if getattr(drafter.config, "dflash2", False):
-        raise ValueError("a DFlash2 drafter decodes with its module forward: the lean and graphed forwards have no convolutions")
+        raise ValueError("a DFlash2 drafter decodes on the lean or module forward: the graphed forward has no convolutions")
     if getattr(drafter.config, "masked_decoding", False):
         raise ValueError(
-            "a drafter with an attention window or a causal block decodes with its module forward: "
-            "the lean and graphed forwards attend without a mask"
+            "a drafter with an attention window or a causal block decodes on the lean or module forward: "
+            "the graphed forward attends without a mask"
         )
 
 
@@ -53,11 +56,15 @@ def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     return module.weight.detach().to(dtype), module.eps
 
 
+def _conv(conv, dtype: torch.dtype):
+    """A copy of a DFlash2 `GroupedDynamicConv` in `dtype` (None: no convolution)."""
+    return None if conv is None else copy.deepcopy(conv).to(dtype)
+
+
 class FastDrafter:
     """`DFlashDrafter.forward` for decoding (module invariants); called like the module."""
 
     def __init__(self, drafter: torch.nn.Module, dtype: torch.dtype):  # a DFlashDrafter
-        refuse_module_only(drafter)
         self.config = drafter.config
         self.dtype = dtype
         self.rotary = drafter.rotary_emb
@@ -77,6 +84,8 @@ class FastDrafter:
                     "post_norm": _norm(layer.post_attention_layernorm, dtype),
                     "gate_up": _linear(dtype, mlp.gate_proj, mlp.up_proj),
                     "down": _linear(dtype, mlp.down_proj),
+                    "attention_conv": _conv(layer.attention_conv, dtype),
+                    "mlp_conv": _conv(layer.mlp_conv, dtype),
                 }
             )
         linears = [layer[name] for layer in self.layers for name in ("q", "kv", "o", "gate_up", "down")]
@@ -87,8 +96,8 @@ class FastDrafter:
 
     @torch.inference_mode()
     def __call__(self, block_embeds, block_positions, context_features, context_positions, mask=None, cache=None):
-        if mask is not None or cache is None:
-            raise ValueError("the lean drafter forward decodes: no mask, with a DrafterCache")
+        if cache is None:
+            raise ValueError("the lean drafter forward decodes: with a DrafterCache")
         batch, q, _ = block_embeds.shape
         context = context_features.to(self.dtype)
         ops = layer_ops(context)
@@ -102,6 +111,8 @@ class FastDrafter:
             cos_rows, sin_rows = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for index, layer in enumerate(self.layers):
             hidden, x = add_rms_norm(ops, hidden, layer["input_norm"])
+            if conv := layer["attention_conv"]:
+                x, coefficients = conv.pre(x, q)
             query = layer["q"](x).view(batch, q, heads, head_dim)
             kv = layer["kv"](torch.cat([context, x], dim=1))
             key = kv[..., : kv_heads * head_dim].view(batch, new + q, kv_heads, head_dim)
@@ -114,11 +125,16 @@ class FastDrafter:
                 key = rope(rms_norm(key, layer["k_norm"]).transpose(1, 2), cos, sin)
             keys, values = cache.append(index, key, value)
             if index == 0:  # every layer has the same shapes: check once per forward
-                plan = attention_plan(query, keys, values, None)
-            out = None if plan is None else run_attention(query, keys, values, None)
+                plan = attention_plan(query, keys, values, mask)
+            out = None if plan is None else run_attention(query, keys, values, plan[0])
             if out is None:
-                out = F.scaled_dot_product_attention(query, keys, values, enable_gqa=heads != kv_heads)
+                out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
             attended = layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
+            if conv:
+                attended = conv.post(attended, coefficients, q)
             hidden, x = add_rms_norm(ops, hidden, layer["post_norm"], attended)
-            hidden = hidden + layer["down"](silu_mul(ops, layer["gate_up"](x), self.intermediate))
+            if conv := layer["mlp_conv"]:
+                x, coefficients = conv.pre(x, q)
+            out = layer["down"](silu_mul(ops, layer["gate_up"](x), self.intermediate))
+            hidden = hidden + (conv.post(out, coefficients, q) if conv else out)
         return add_rms_norm(ops, hidden, self.norm)[1]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.engine.drafter import refuse_module_only
+from dflash.engine.drafter import refuse_ungraphable
 from dflash.engine.forward import StaticCache, apply_rope
 from dflash.engine.graphs import MAX_GRAPH_WIDTH, StepGraphs, cache_buffers
 
@@ -73,7 +73,7 @@ class GraphedDrafter:
     (module invariants); called like the module, with a cache from `new_cache`."""
 
     def __init__(self, drafter: torch.nn.Module):  # a DFlashDrafter
-        refuse_module_only(drafter)
+        refuse_ungraphable(drafter)
         self.drafter = drafter
         self.steps = StepGraphs()
 

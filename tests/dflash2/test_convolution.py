@@ -2,7 +2,7 @@
 dflash/drafter/model.py; docs/frontier.md 1.2): llama.cpp's formula and coefficient layout
 (src/models/dflash.cpp:409-472), the identity start equal to the DFlash drafter, blocks laid side
 by side in training equal to each block alone (docs/design.md invariant 6) with a seeded bug, and
-decoding on the module forward."""
+decoding on the lean or module forward, never the graphed one."""
 
 from __future__ import annotations
 
@@ -132,15 +132,15 @@ def test_decoding_convolves_all_its_rows_as_one_block(qwen3_target, monkeypatch)
     assert set(seen) == {BLOCK}
 
 
-def test_a_dflash2_drafter_decodes_on_its_module_forward(qwen3_target, caplog):
+def test_a_dflash2_drafter_decodes_on_the_lean_or_module_forward(qwen3_target, caplog):
     drafter = DFlashDrafter(dflash2_config(qwen3_target))
-    with pytest.raises(ValueError, match="DFlash2 drafter decodes with its module forward"):
-        FastDrafter(drafter, torch.float32)
-    with pytest.raises(ValueError, match="DFlash2 drafter decodes with its module forward"):
+    with pytest.raises(ValueError, match="DFlash2 drafter decodes on the lean or module forward"):
         GraphedDrafter(drafter)
     with caplog.at_level("INFO"):
-        proposer = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32)
+        proposer = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, graphed=True)
     assert proposer.forward is drafter
-    assert "module's forward" in caplog.text
+    assert "without CUDA graphs" in caplog.text
+    lean = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32)
+    assert isinstance(lean.forward, FastDrafter)
     plain = build_drafter(DrafterSpec(num_layers=2, block_size=BLOCK), qwen3_target)
-    assert isinstance(DFlashProposer(plain, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32).forward, FastDrafter)
+    assert isinstance(DFlashProposer(plain, qwen3_target.embed, qwen3_target.logits, graphed=True).forward, GraphedDrafter)

@@ -1,6 +1,6 @@
 """A drafter with an attention window or a causal block (`drafter.attention_window`,
-`drafter.block_causal`): saved and loaded, decoded losslessly on its module forward (the
-engine's lean and graphed forwards refuse it), bad values one line naming the key.
+`drafter.block_causal`): saved and loaded, decoded losslessly on the engine's lean forward (the
+graphed forward refuses it: the module's forward), bad values one line naming the key.
 
 Training equals decoding under both: tests/training/test_equivalence.py; the masks entry by
 entry: tests/training/test_masks.py; what llama.cpp reads: tests/drafter/test_llamacpp_rules.py."""
@@ -78,7 +78,7 @@ def flex(drafter: DFlashDrafter) -> DFlashDrafter:
 def test_a_windowed_causal_drafter_decodes_losslessly(tiny_target, window, causal):
     drafter = windowed_drafter(tiny_target, window, causal)
     proposer = DFlashProposer.for_target(drafter, tiny_target)  # the lean forward where the engine runs
-    assert proposer.forward is drafter  # refused by it: the module's forward
+    assert isinstance(proposer.forward, FastDrafter)  # the lean forward, in bfloat16
     for prompt, max_new in zip(PROMPTS, [40, 25, 33, 17]):
         ids = tiny_target.tokenizer(prompt, return_tensors="pt").input_ids
         result = generate(tiny_target, ids, max_new_tokens=max_new, block_size=8, proposer=proposer)
@@ -86,18 +86,18 @@ def test_a_windowed_causal_drafter_decodes_losslessly(tiny_target, window, causa
         assert sum(result.acceptance_lengths) + 1 == len(result.output_ids)
 
 
-def test_the_lean_and_graphed_forwards_refuse_a_window_or_a_causal_block(qwen3_target, caplog):
+def test_the_graphed_forward_refuses_a_window_or_a_causal_block(qwen3_target, caplog):
     for window, causal in SHAPES:
         drafter = windowed_drafter(qwen3_target, window, causal)
-        with pytest.raises(ValueError, match="window or a causal block decodes with its module forward"):
-            FastDrafter(drafter, torch.float32)
-        with pytest.raises(ValueError, match="window or a causal block decodes with its module forward"):
+        with pytest.raises(ValueError, match="window or a causal block decodes on the lean or module forward"):
             GraphedDrafter(drafter)
         with caplog.at_level("INFO"):
-            proposer = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32)
-        assert proposer.forward is drafter and "module's forward" in caplog.text
+            proposer = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, graphed=True)
+        assert proposer.forward is drafter and "without CUDA graphs" in caplog.text
+        lean = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32)
+        assert isinstance(lean.forward, FastDrafter)
     plain = build_drafter(DrafterSpec(num_layers=2, block_size=8), qwen3_target)
-    assert isinstance(DFlashProposer(plain, qwen3_target.embed, qwen3_target.logits, lean_dtype=torch.float32).forward, FastDrafter)
+    assert isinstance(DFlashProposer(plain, qwen3_target.embed, qwen3_target.logits, graphed=True).forward, GraphedDrafter)
 
 
 @pytest.mark.parametrize("value, message", [(0, "must be >= 1"), (-4, "must be >= 1"), ("wide", "")])

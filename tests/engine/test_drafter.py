@@ -1,8 +1,11 @@
 """The drafter's lean decoding forward (dflash.engine.drafter) computes what the module computes:
 float32 logits of every propose equal within float rounding over a growing drafter cache,
-bfloat16 within its rounding; a decoding loop drafting through it stays lossless."""
+bfloat16 within its rounding, DFlash2's convolutions and a window or a causal block included;
+a decoding loop drafting through it stays lossless."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -27,7 +30,7 @@ def _drafter(target: TargetModel, use_target_features: bool = True) -> DFlashDra
     return random_drafter(target, 2, 4, seed=1, use_target_features=use_target_features, uneven_norms=True)
 
 
-def _proposes(target: TargetModel, proposer: DFlashProposer, steps: int = 4) -> list[torch.Tensor]:
+def _proposes(target: TargetModel, proposer: DFlashProposer, steps: int = 4, block_size: int = 4) -> list[torch.Tensor]:
     """The logits of `steps` proposes, each after 1-3 new context positions, as decoding feeds them."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (1, 40), generator=generator)
@@ -40,19 +43,47 @@ def _proposes(target: TargetModel, proposer: DFlashProposer, steps: int = 4) -> 
         new = seen if step == 0 else 1 + step % 3
         start = proposer.cache.length
         chunk = None if features is None else features[:, start : start + new]
-        out.append(proposer.propose(ids[:, : start + new + 1], chunk, 4, 3))
+        out.append(proposer.propose(ids[:, : start + new + 1], chunk, block_size, block_size - 1))
     return out
+
+
+def _assert_lean_equals_module(target, drafter, block_size=4, dtype=torch.float32, tolerance=1e-5):
+    module = DFlashProposer(drafter, target.embed, target.logits)
+    lean = DFlashProposer(drafter, target.embed, target.logits, lean_dtype=dtype)
+    assert isinstance(lean.forward, FastDrafter) and module.forward is drafter
+    for ours, reference in zip(_proposes(target, lean, block_size=block_size), _proposes(target, module, block_size=block_size)):
+        assert float((ours - reference).abs().max() / reference.abs().max()) < tolerance
 
 
 @pytest.mark.parametrize("use_target_features", [True, False])
 def test_float32_lean_proposes_equal_the_modules(target, use_target_features):
-    drafter = _drafter(target, use_target_features)
-    module = DFlashProposer(drafter, target.embed, target.logits)
-    lean = DFlashProposer(drafter, target.embed, target.logits, lean_dtype=torch.float32)
-    assert isinstance(lean.forward, FastDrafter) and module.forward is drafter
-    for ours, reference in zip(_proposes(target, lean), _proposes(target, module)):
-        scale = reference.abs().max()
-        assert float((ours - reference).abs().max() / scale) < 1e-5
+    _assert_lean_equals_module(target, _drafter(target, use_target_features))
+
+
+@pytest.mark.parametrize("block_size", [3, 8])
+def test_lean_proposes_of_a_dflash2_drafter_equal_the_modules(target, block_size):
+    drafter = _drafter(target)
+    drafter.add_dflash2_parts(kernel_size=4, group_size=64, rank=8, top_k=4)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # not the identity start: every tap and side of every convolution counts
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                for parameter in (conv.base_kernel, conv.kernel_projection.weight):
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    _assert_lean_equals_module(target, drafter, block_size)
+    # bfloat16: its rounding, which the random convolutions amplify
+    _assert_lean_equals_module(target, drafter, block_size, torch.bfloat16, 0.3)
+
+
+@pytest.mark.parametrize("window, causal", [(5, False), (None, True)])
+@pytest.mark.parametrize("our_attention", [True, False])
+def test_lean_proposes_under_a_window_or_a_causal_block_equal_the_modules(target, window, causal, our_attention, monkeypatch):
+    if not our_attention:  # SDPA's path, as where our attention kernel does not apply
+        monkeypatch.setattr("dflash.engine.drafter.attention_plan", lambda *args: None)
+    plain = _drafter(target)
+    drafter = DFlashDrafter(dataclasses.replace(plain.config, attention_window=window, block_causal=causal)).eval()
+    drafter.load_state_dict(plain.state_dict())
+    _assert_lean_equals_module(target, drafter, block_size=8)  # the window binds on the context and the block
 
 
 def test_bfloat16_lean_proposes_are_the_modules_to_bfloat16_rounding(target):
