@@ -42,7 +42,7 @@ import subprocess
 import time
 
 from dflash.bench import cpu_model, target_spec
-from dflash.drafter.config import DFLASH2_ARCHITECTURE, DSPARK_ARCHITECTURE
+from dflash.drafter.config_json import DFLASH2_ARCHITECTURE, DSPARK_ARCHITECTURE
 from dflash.layout import DRAFTER_CONFIG, artifacts_root
 from dflash.llamacpp import LLAMA_BENCH, SDIST, build, convert, fetch_source, llama_cpp_root
 

@@ -10,31 +10,22 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from dflash.drafter.config_json import (
+    DFLASH2_ARCHITECTURE,
+    DFLASH2_KEYS,
+    DFLASH_ARCHITECTURE,
+    DSPARK_ARCHITECTURE,
+    DSPARK_KEYS,
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    TARGET_KEYS_NOT_COPIED,
+    attention_window,
+    dflash2_parts,
+    dspark_heads,
+    require_supported_layers,
+)
 from dflash.errors import ConfigError, require
 from dflash.target.rope_keys import TARGET_ROPE_KEYS, full_attention_rope, rope_config_keys, running_version_keys
-
-# Keys of the target's HF config not copied into the drafter's config.json: per-layer
-# structure of the target and loading hooks that would point other programs at the
-# target's code or quantization. Rope keys (`TARGET_ROPE_KEYS`) are rewritten.
-_TARGET_KEYS_NOT_COPIED = ("layer_types", "max_window_layers", "_name_or_path", "auto_map", "quantization_config")
-
-# Top-level keys of a DSpark drafter's config.json (`to_hf_dict`): llama.cpp's converter reads
-# `sample_from_anchor` (default true when absent: anchor-first, conversion/qwen.py:941-944) and
-# `markov_head_type` (only "vanilla", qwen.py:961-962); the rest are DeepSpec's and
-# speculators' names, which we read back. Never copied from a parsed config into another.
-_DSPARK_KEYS = ("sample_from_anchor", "markov_head_type", "markov_rank", "enable_confidence_head", "confidence_head_with_markov")
-DFLASH_ARCHITECTURE = "DFlashDraftModel"
-DSPARK_ARCHITECTURE = "DSparkDraftModel"
-DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
-# Keys of a DFlash2 drafter's `dflash_config`: llama.cpp's converter needs all four once
-# `conv_kernel_size` is there (conversion/qwen.py:770-774) and its loader refuses a draft with a
-# selector unless each is > 0 (src/models/dflash.cpp:141-145).
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# The window and in-block causality in config.json, as llama.cpp's converter reads them
-# (conversion/qwen.py:803-816): a window needs `use_sliding_window`, `sliding_window` and
-# `layer_types` "sliding_attention" (per layer; ours are all sliding); `is_causal` else
-# `dflash_config.causal`. The rule they mean: src/llama-hparams.h:480-491 (`masks.py`).
-FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -274,12 +265,12 @@ class DrafterConfig:
         Qwen3 layers (q/k norms, SiLU MLP), as published drafters and the engines that
         serve them (docs/drafters.md) have it. Rope settings are written for transformers
         4 and 5 alike (`rope_keys`). A DSpark drafter (`markov_rank` > 0) is a
-        DSparkDraftModel with the keys of `_DSPARK_KEYS` and no `auto_map`; a DFlash2 drafter
-        (`selector_rank` > 0) a DFlash2DraftModel with `_DFLASH2_KEYS` in `dflash_config` and no
+        DSparkDraftModel with the keys of `DSPARK_KEYS` and no `auto_map`; a DFlash2 drafter
+        (`selector_rank` > 0) a DFlash2DraftModel with `DFLASH2_KEYS` in `dflash_config` and no
         `auto_map`. A window or a causal block is written where llama.cpp reads it, without
         `auto_map` too (the shipped dflash.py attends to the whole block and context).
         """
-        dropped = _TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS + _DSPARK_KEYS
+        dropped = TARGET_KEYS_NOT_COPIED + TARGET_ROPE_KEYS + DSPARK_KEYS
         out = {k: v for k, v in copy.deepcopy(self.target_config).items() if k not in dropped}
         out.update(rope_config_keys(self.rope_hf_config()))
         dflash = {
@@ -292,7 +283,7 @@ class DrafterConfig:
         if not self.use_target_features:
             dflash["use_target_features"] = False
         if self.dflash2:  # inside dflash_config, where llama.cpp reads them (qwen.py:770-774)
-            dflash.update({key: getattr(self, key) for key in _DFLASH2_KEYS})
+            dflash.update({key: getattr(self, key) for key in DFLASH2_KEYS})
         if self.architecture == DFLASH_ARCHITECTURE and not self.masked_decoding:  # dflash.py has no heads, no mask
             out["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
         elif self.markov_rank > 0:  # our layout is the bonus anchor: written, since llama.cpp reads a missing key as true
@@ -339,12 +330,12 @@ class DrafterConfig:
             num_target_layers = dflash.get("num_target_layers", data.get("num_target_layers"))
             if block_size is None or num_target_layers is None:
                 raise KeyError("block_size" if block_size is None else "num_target_layers")
-            _require_supported_layers(data)
-            window = _attention_window(data)
+            require_supported_layers(data)
+            window = attention_window(data)
             causal = data.get("is_causal")
             causal = dflash.get("causal", False) if causal is None else causal  # llama.cpp's reading
-            dspark = _dspark_heads(data)
-            dflash2 = _dflash2_parts(data)
+            dspark = dspark_heads(data)
+            dflash2 = dflash2_parts(data)
             return cls(
                 hidden_size=data["hidden_size"],
                 num_hidden_layers=data["num_hidden_layers"],
@@ -417,59 +408,3 @@ def check_attn_implementation(name: str) -> None:
         "attn_implementation",
         f"unknown {name!r}; choose one of {list(ATTN_IMPLEMENTATIONS)}",
     )
-
-
-def _dspark_heads(data: dict) -> dict:
-    """`markov_rank` and `confidence_head` of a drafter config.json (none for DFlash); ConfigError
-    for a DSpark variant this drafter cannot compute (anchor-first, a non-vanilla head)."""
-    if (data.get("architectures") or [DFLASH_ARCHITECTURE])[0] != DSPARK_ARCHITECTURE:
-        return {}
-    anchor_first = data.get("sample_from_anchor", True)  # llama.cpp's reading of a missing key
-    require(not anchor_first, "path", "anchor-first DSpark drafters (sample_from_anchor true or missing) are not supported")
-    head = data.get("markov_head_type", "vanilla")
-    require(head == "vanilla", "path", f"markov_head_type {head!r} is not supported; only 'vanilla' is")
-    rank = data.get("markov_rank")
-    require(isinstance(rank, int) and rank >= 1, "path", f"a DSparkDraftModel config needs markov_rank >= 1, got {rank!r}")
-    return {"markov_rank": rank, "confidence_head": bool(data.get("enable_confidence_head", False))}
-
-
-def _dflash2_parts(data: dict) -> dict:
-    """The four `dflash_config` keys of a DFlash2DraftModel config.json (none for the others)."""
-    if (data.get("architectures") or [DFLASH_ARCHITECTURE])[0] != DFLASH2_ARCHITECTURE:
-        return {}
-    dflash = data["dflash_config"]
-    missing = [key for key in _DFLASH2_KEYS if not isinstance(dflash.get(key), int)]
-    require(not missing, "path", f"a DFlash2DraftModel config needs dflash_config.{missing[0] if missing else ''} (an integer)")
-    return {key: dflash[key] for key in _DFLASH2_KEYS}
-
-
-def _require_supported_layers(data: dict) -> None:
-    """ConfigError for published drafter variants that this drafter cannot compute."""
-    kinds = sorted(set(data.get("layer_types") or []) - {FULL_ATTENTION, SLIDING_ATTENTION})
-    require(not kinds, "path", f"drafter layer types {kinds} are not supported; only full_attention and sliding_attention are")
-    act = data.get("hidden_act", "silu")
-    require(act == "silu", "path", f"hidden_act {act!r} is not supported; DFlash drafter MLPs use silu")
-
-
-def _attention_window(data: dict) -> int | None:
-    """The window of a drafter config.json as llama.cpp's converter reads it (qwen.py:803-810);
-    ConfigError where it would window some layers only, or where the layer types say sliding and
-    it reads no window."""
-    dflash = data["dflash_config"]
-    size = dflash.get("swa_window_size") or data.get("sliding_window")
-    on = bool(data.get("use_sliding_window", False) or dflash.get("use_swa", False)) and bool(size)
-    types = data.get("layer_types") or []
-    sliding = [True] * data["num_hidden_layers"] if dflash.get("use_swa", False) else [kind == SLIDING_ATTENTION for kind in types]
-    if not any(sliding):
-        return None
-    require(
-        on and isinstance(size, int) and size >= 1,
-        "path",
-        f"sliding_attention layers need use_sliding_window true and sliding_window >= 1, got {data.get('use_sliding_window')!r}, {size!r}",
-    )
-    require(
-        len(sliding) == data["num_hidden_layers"] and all(sliding),
-        "path",
-        "a window on some layers only (sliding_attention mixed with full_attention) is not supported",
-    )
-    return size

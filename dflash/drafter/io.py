@@ -34,13 +34,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dflash.drafter.config import DrafterConfig
+from dflash.drafter.config_json import DFLASH2_KEYS
 from dflash.drafter.model import DFlashDrafter
 from dflash.errors import ConfigError, reading, require
 from dflash.fileio import atomic_write, write_json
 from dflash.layout import DRAFT_VOCAB_FILE, DRAFTER_CONFIG, DRAFTER_MODULE, DRAFTER_WEIGHTS
 
 _HEADS = ("markov_head.", "confidence_head.")  # DSpark's optional heads (`dflash.drafter.heads`)
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def _optional_part(name: str) -> bool:
@@ -194,7 +194,7 @@ def init_drafter_from(drafter: DFlashDrafter, directory: str) -> None:
         f"markov_rank is {theirs} in {directory!r} but {ours} here; set method.markov_rank={theirs}",
     )
     if source.config.dflash2 and drafter.config.dflash2:
-        for name in _DFLASH2_KEYS:
+        for name in DFLASH2_KEYS:
             theirs, ours = getattr(source.config, name), getattr(drafter.config, name)
             require(theirs == ours, "init_from", f"{name} is {theirs} in {directory!r} but {ours} here; set method.{name}={theirs}")
     state = {name: tensor for name, tensor in source.state_dict().items() if name in drafter.state_dict()}

@@ -18,7 +18,7 @@ Invariants:
 - A snapshot: the weights are copied when it is built, so it is built only where they no
   longer change (a proposer for one evaluation).
 - The graphed forward (`drafter_graphs`) has neither convolutions nor a mask: it refuses such
-  a drafter (`refuse_ungraphable`) and its proposer decodes here or on the module's forward.
+  a drafter and its proposer decodes here or on the module's forward.
 """
 
 from __future__ import annotations
@@ -38,18 +38,6 @@ def _linear(dtype: torch.dtype, *modules) -> Linear:
     biases = [m.bias for m in modules]
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).to(dtype)
     return Linear(weight, bias)
-
-
-def refuse_ungraphable(drafter) -> None:
-    """ValueError for a drafter the graphed forward cannot compute: DFlash2's convolutions, a
-    window or a causal block (it has no convolution and no mask; this forward has both)."""
-    if getattr(drafter.config, "dflash2", False):
-        raise ValueError("a DFlash2 drafter decodes on the lean or module forward: the graphed forward has no convolutions")
-    if getattr(drafter.config, "masked_decoding", False):
-        raise ValueError(
-            "a drafter with an attention window or a causal block decodes on the lean or module forward: "
-            "the graphed forward attends without a mask"
-        )
 
 
 def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:

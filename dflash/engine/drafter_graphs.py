@@ -22,9 +22,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash.engine.drafter import refuse_ungraphable
 from dflash.engine.forward import StaticCache, apply_rope
 from dflash.engine.graphs import MAX_GRAPH_WIDTH, StepGraphs, cache_buffers
+
+
+def refuse_ungraphable(drafter) -> None:
+    """ValueError for a drafter the graphed forward cannot compute: DFlash2's convolutions, a
+    window or a causal block (this forward has no convolution and no mask; the lean one has both)."""
+    if getattr(drafter.config, "dflash2", False):
+        raise ValueError("a DFlash2 drafter decodes on the lean or module forward: the graphed forward has no convolutions")
+    if getattr(drafter.config, "masked_decoding", False):
+        raise ValueError(
+            "a drafter with an attention window or a causal block decodes on the lean or module forward: "
+            "the graphed forward attends without a mask"
+        )
 
 
 class DrafterStaticCache(StaticCache):
