@@ -99,7 +99,7 @@ class FastDrafter:
             cos_rows, sin_rows = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         for index, layer in enumerate(self.layers):
             hidden, x = add_rms_norm(ops, hidden, layer["input_norm"])
-            if conv := layer["attention_conv"]:
+            if (conv := layer["attention_conv"]) is not None:
                 x, coefficients = conv.pre(x, q)
             query = layer["q"](x).view(batch, q, heads, head_dim)
             kv = layer["kv"](torch.cat([context, x], dim=1))
@@ -118,11 +118,11 @@ class FastDrafter:
             if out is None:
                 out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
             attended = layer["o"](out.transpose(1, 2).reshape(batch, q, heads * head_dim))
-            if conv:
+            if conv is not None:
                 attended = conv.post(attended, coefficients, q)
             hidden, x = add_rms_norm(ops, hidden, layer["post_norm"], attended)
-            if conv := layer["mlp_conv"]:
+            if (conv := layer["mlp_conv"]) is not None:
                 x, coefficients = conv.pre(x, q)
             out = layer["down"](silu_mul(ops, layer["gate_up"](x), self.intermediate))
-            hidden = hidden + (conv.post(out, coefficients, q) if conv else out)
+            hidden = hidden + (out if conv is None else conv.post(out, coefficients, q))
         return add_rms_norm(ops, hidden, self.norm)[1]

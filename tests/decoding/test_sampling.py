@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import dflash.decoding.chain
-from dflash.decoding import SamplingConfig, generate
+from dflash.decoding import SamplingConfig
 from dflash.decoding.sampling import probabilities
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import OracleProposer, flawed_verify
-from helpers.stats import chi_square_p_value, exact_joint, reference_probabilities
+from helpers.stats import reference_probabilities, sampled_p_value
 
 NUM_SAMPLES = 800
 OUTPUT_LENGTH = 4  # the prefill token, then a verify step of two drafts, then what is left
@@ -38,31 +38,11 @@ def two_layer_targets() -> dict[str, TargetModel]:
     return {arch: TargetModel(*build_tiny_target(arch, seed=0, num_layers=2)) for arch, _ in CASES.values()}
 
 
-def sampled_outputs(target: TargetModel, sampling: SamplingConfig) -> tuple[list[tuple[int, ...]], list[int]]:
-    """NUM_SAMPLES outputs of `generate()` (one seed each) and every step's acceptance length."""
+def check_generate_is_lossless(target: TargetModel, sampling: SamplingConfig) -> list[int]:
+    """Assert NUM_SAMPLES sampled outputs follow the exact joint; return the acceptance lengths."""
     ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
     proposer = OracleProposer(target, greedy_oracle=False, sharpen=0.6)
-    outputs, lengths = [], []
-    for seed in range(NUM_SAMPLES):
-        result = generate(
-            target,
-            ids,
-            max_new_tokens=OUTPUT_LENGTH,
-            block_size=BLOCK_SIZE,
-            proposer=proposer,
-            sampling=sampling,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        outputs.append(tuple(result.output_ids))
-        lengths.extend(result.acceptance_lengths)
-    return outputs, lengths
-
-
-def check_generate_is_lossless(target: TargetModel, sampling: SamplingConfig) -> list[int]:
-    """Assert the sampled outputs follow the exact joint; return the acceptance lengths."""
-    ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
-    outputs, lengths = sampled_outputs(target, sampling)
-    p_value = chi_square_p_value(outputs, exact_joint(target, ids, sampling, OUTPUT_LENGTH))
+    p_value, lengths = sampled_p_value(target, ids, proposer, sampling, NUM_SAMPLES, OUTPUT_LENGTH, BLOCK_SIZE)
     assert p_value > ALPHA, f"outputs do not follow the target's distribution (p={p_value:.2g})"
     return lengths
 

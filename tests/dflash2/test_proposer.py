@@ -19,7 +19,7 @@ from dflash.methods.dflash2 import DFlash2Settings
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import PROMPTS, RecordingProposer, dflash2_drafter, flawed_verify, hf_greedy, random_drafter
-from helpers.stats import chi_square_p_value, exact_joint
+from helpers.stats import sampled_p_value
 
 MORE_ARCHS = [
     "mistral",
@@ -150,13 +150,7 @@ def sampled_outputs(target: TargetModel, sampling: SamplingConfig) -> tuple[floa
         after_prompt = target.model(ids).logits[0, -1]
     logits = lambda hidden: after_prompt.expand(*hidden.shape[:-1], -1)  # noqa: E731
     proposer = DFlash2Proposer(dflash2_drafter(target, block_size=4, scale=0.5, top_k=3), target.embed, logits)
-    outputs, lengths = [], []
-    for seed in range(SAMPLES):
-        result = generate(target, ids, max_new_tokens=4, block_size=4, proposer=proposer, sampling=sampling,
-                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
-        outputs.append(tuple(result.output_ids))
-        lengths.extend(result.acceptance_lengths)
-    return chi_square_p_value(outputs, exact_joint(target, ids, sampling, 4)), lengths
+    return sampled_p_value(target, ids, proposer, sampling, SAMPLES)
 
 
 @pytest.mark.slow

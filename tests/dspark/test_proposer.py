@@ -18,7 +18,7 @@ from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from dflash.training.forward import target_features
 from helpers.decoding import PROMPTS, RecordingProposer, dspark_drafter, hf_greedy, random_drafter
-from helpers.stats import chi_square_p_value, exact_joint
+from helpers.stats import chi_square_p_value, sampled_p_value
 
 # The lossless matrix (tests/target/test_architectures.py DECODING_ARCHS + MORE_ARCHS), beside the
 # conftest's qwen3 and llama; gemma2, granite and cohere transform the head's logits before the bias.
@@ -195,13 +195,7 @@ def sampled_outputs(target: TargetModel) -> tuple[float, list[int], list[int]]:
     ids = target.tokenizer("def f(x):", return_tensors="pt").input_ids
     drafter, zero_logits = bigram_drafter(target, ids)
     proposer = RecordingProposer(DSparkProposer(drafter, target.embed, zero_logits, confidence_threshold=THRESHOLD))
-    outputs, lengths = [], []
-    for seed in range(E2E_SAMPLES):
-        result = generate(target, ids, max_new_tokens=4, block_size=4, proposer=proposer, sampling=E2E_SAMPLING,
-                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
-        outputs.append(tuple(result.output_ids))
-        lengths.extend(result.acceptance_lengths)
-    p_value = chi_square_p_value(outputs, exact_joint(target, ids, E2E_SAMPLING, 4))
+    p_value, lengths = sampled_p_value(target, ids, proposer, E2E_SAMPLING, E2E_SAMPLES)
     return p_value, lengths, [len(tokens) for tokens in proposer.drafts]
 
 

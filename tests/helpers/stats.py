@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash.decoding import SamplingConfig
+from dflash.decoding import SamplingConfig, generate
 from dflash.target import TargetModel
 
 
@@ -86,3 +86,16 @@ def exact_joint(target: TargetModel, ids: torch.Tensor, sampling: SamplingConfig
                 extended[prefix + (token,)] = p_prefix * float(probs[token])
         joint = extended
     return joint
+
+
+def sampled_p_value(target: TargetModel, ids: torch.Tensor, proposer, sampling: SamplingConfig, samples: int,
+                    length: int = 4, block_size: int = 4) -> tuple[float, list[int]]:  # fmt: skip
+    """`samples` outputs of `generate()` (seed i for the i-th) of `length` tokens after `ids`: their
+    chi-square p-value against the target's exact joint, and every verify step's acceptance length."""
+    outputs, lengths = [], []
+    for seed in range(samples):
+        result = generate(target, ids, max_new_tokens=length, block_size=block_size, proposer=proposer, sampling=sampling,
+                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        outputs.append(tuple(result.output_ids))
+        lengths.extend(result.acceptance_lengths)
+    return chi_square_p_value(outputs, exact_joint(target, ids, sampling, length)), lengths
