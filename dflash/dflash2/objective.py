@@ -27,7 +27,6 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from dflash.dflash.objective import DFlashObjective
 from dflash.drafter.io import init_drafter_from
@@ -42,9 +41,11 @@ from dflash.training.loss import BlockLoss, block_loss
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
-def selector_terms(selector, logits: torch.Tensor, rows: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor, top_k: int):
+def selector_terms(selector, logits, rows, prev, labels, top_k: int, unary_of=None):
     """Per-row (selector CE with the gold inserted, teacher-forced choice == label) of rows whose
-    unary `logits` (n, V), hidden `rows` (n, D), predecessors `prev` (n,) and data tokens `labels` (n,)."""
+    unary `logits` (n, V), hidden `rows` (n, D), predecessors `prev` (n,) and data tokens `labels` (n,).
+    unary_of: token ids (n, K) -> their unary logits (n, K) with gradient (`TargetModel.logits_of`);
+        None: gathered from `logits`."""
     candidates = logits.detach().topk(top_k, dim=-1).indices  # (n, K), best first
     with torch.no_grad():  # the proposer's choice: the walk's, the data before the slot
         best = selector.scores(candidates, logits.gather(1, candidates), rows, prev[:, None])[:, 0].argmax(-1, keepdim=True)
@@ -53,7 +54,8 @@ def selector_terms(selector, logits: torch.Tensor, rows: torch.Tensor, prev: tor
     missing = ~hit.any(-1)
     candidates = candidates.clone()
     candidates[missing, -1] = labels[missing]  # the gold replaces the lowest-scored candidate
-    scores = selector.scores(candidates, logits.gather(1, candidates), rows, prev[:, None])[:, 0]  # (n, K)
+    unary = logits.gather(1, candidates) if unary_of is None else unary_of(candidates)
+    scores = selector.scores(candidates, unary, rows, prev[:, None])[:, 0]  # (n, K)
     gold = (candidates == labels[:, None]).float().argmax(-1)
     return F.cross_entropy(scores, gold, reduction="none"), choice.squeeze(1) == labels
 
@@ -93,10 +95,11 @@ class DFlash2Objective(DFlashObjective):
         return dataclasses.replace(unary, weighted_sum=unary.weighted_sum + selector, correct=correct)
 
     def _selector_rows(self, target, rows, prev, labels):
-        def terms(rows):
+        """The whole head is read without gradient (the candidates, the proposer's choice); the
+        gradient goes through the K candidates' head rows alone, so no chunk keeps (n, V) logits."""
+        with torch.no_grad():
             logits = target.logits(rows).float()
-            return selector_terms(self.drafter.candidate_selector, logits, rows, prev, labels, self.drafter.config.selector_top_k)
-
-        if torch.is_grad_enabled() and self.training.loss_chunk_rows is not None:
-            return checkpoint(terms, rows, use_reentrant=False)
-        return terms(rows)
+        top_k = self.drafter.config.selector_top_k
+        return selector_terms(
+            self.drafter.candidate_selector, logits, rows, prev, labels, top_k, lambda ids: target.logits_of(rows, ids)
+        )

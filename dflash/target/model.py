@@ -315,6 +315,13 @@ class TargetModel:
         head = self.fast.lm_head if self.fast is not None and self.fast.prepared else self.lm_head
         return self._head_transform(head(hidden.to(self.lm_head.weight.dtype)))
 
+    def logits_of(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """`logits` of `token_ids` (n, K) only, a set per row of `hidden` (n, D), as float32 (n, K):
+        the K head rows of each row instead of the whole head, so a loss over a few candidates
+        per row keeps the head's gradient that small (a head with a bias is refused)."""
+        rows = self.head_rows_of(token_ids.reshape(-1)).view(*token_ids.shape, -1)  # (n, K, D)
+        return self._head_transform(torch.einsum("nd,nkd->nk", hidden.to(rows.dtype), rows))
+
     @property
     def draft_dtype(self) -> torch.dtype | None:
         """bfloat16 where the fast engine decodes on a CPU (drafters propose in it, as `draft_logits`

@@ -183,3 +183,30 @@ def test_init_from_copies_a_dflash2_directorys_parts_and_a_dflash_directorys_lay
     with pytest.raises(ConfigError, match="set method.selector_rank=8") as info:
         started_from("dflash2", rank=4)
     assert info.value.key == "drafter.init_from"
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])  # gemma2: the head's soft-capping
+def test_the_selector_term_through_the_candidates_head_rows_equals_the_whole_heads(arch):
+    """`TargetModel.logits_of` (the K candidates' head rows) gives the selector term and its
+    gradients that the whole head's logits, gathered, give."""
+    from dflash.target import TargetModel
+    from dflash.toy.tiny import build_tiny_target
+
+    target = TargetModel(*build_tiny_target(arch, seed=0))
+    drafter = dflash2_drafter(target, block_size=BLOCK, scale=0.5)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, target.hidden_size, generator=generator)
+    prev, labels = (torch.randint(0, 256, (12,), generator=generator) for _ in range(2))
+    results = []
+    for through_rows in (False, True):
+        rows = hidden.clone().requires_grad_()
+        logits = target.logits(rows).float()
+        unary_of = (lambda ids, rows=rows: target.logits_of(rows, ids)) if through_rows else None
+        cross_entropy, correct = objective.selector_terms(drafter.candidate_selector, logits.detach() if through_rows else logits,
+                                                          rows, prev, labels, 4, unary_of)  # fmt: skip
+        cross_entropy.sum().backward()
+        results.append((cross_entropy.detach(), correct, rows.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(results[0][1], results[1][1])
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-4, atol=1e-6)
+    assert results[0][2].abs().sum() > 0
