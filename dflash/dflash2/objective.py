@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash.dflash.objective import DFlashObjective
+from dflash.drafter.config_json import DFLASH2_KEYS
 from dflash.drafter.io import init_drafter_from
 from dflash.errors import require
 from dflash.specs import DrafterSpec
@@ -37,8 +38,6 @@ from dflash.target import TargetModel
 from dflash.training.blocks import previous_tokens
 from dflash.training.config import TrainingSettings
 from dflash.training.loss import BlockLoss, block_loss
-
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def selector_terms(selector, logits, rows, prev, labels, top_k: int, unary_of=None):

@@ -26,18 +26,6 @@ from dflash.engine.forward import StaticCache, apply_rope
 from dflash.engine.graphs import MAX_GRAPH_WIDTH, StepGraphs, cache_buffers
 
 
-def refuse_ungraphable(drafter) -> None:
-    """ValueError for a drafter the graphed forward cannot compute: DFlash2's convolutions, a
-    window or a causal block (this forward has no convolution and no mask; the lean one has both)."""
-    if getattr(drafter.config, "dflash2", False):
-        raise ValueError("a DFlash2 drafter decodes on the lean or module forward: the graphed forward has no convolutions")
-    if getattr(drafter.config, "masked_decoding", False):
-        raise ValueError(
-            "a drafter with an attention window or a causal block decodes on the lean or module forward: "
-            "the graphed forward attends without a mask"
-        )
-
-
 class DrafterStaticCache(StaticCache):
     """A drafter's context keys/values in a `StaticCache`'s buffers, with `DrafterCache`'s
     crop: `crop(length)` keeps the first `length` positions."""
@@ -84,7 +72,11 @@ class GraphedDrafter:
     (module invariants); called like the module, with a cache from `new_cache`."""
 
     def __init__(self, drafter: torch.nn.Module):  # a DFlashDrafter
-        refuse_ungraphable(drafter)
+        if drafter.config.ungraphable:  # its convolutions or its mask: the lean forward has both
+            raise ValueError(
+                "a DFlash2 drafter, or one with a window or a causal block, decodes on the lean or module forward: "
+                "the graphed forward has no convolutions and no mask"
+            )
         self.drafter = drafter
         self.steps = StepGraphs()
 

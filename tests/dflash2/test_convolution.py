@@ -134,7 +134,7 @@ def test_decoding_convolves_all_its_rows_as_one_block(qwen3_target, monkeypatch)
 
 def test_a_dflash2_drafter_decodes_on_the_lean_or_module_forward(qwen3_target, caplog):
     drafter = DFlashDrafter(dflash2_config(qwen3_target))
-    with pytest.raises(ValueError, match="DFlash2 drafter decodes on the lean or module forward"):
+    with pytest.raises(ValueError, match="causal block, decodes on the lean or module forward"):
         GraphedDrafter(drafter)
     with caplog.at_level("INFO"):
         proposer = DFlashProposer(drafter, qwen3_target.embed, qwen3_target.logits, graphed=True)
