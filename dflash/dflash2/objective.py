@@ -13,6 +13,9 @@ Our choice where the reference training code could not be read (docs/frontier.md
 - Weights: uniform over valid slots (ModelOpt #2216), not the position weights of the unary loss;
   the term is scaled by the unary loss's weight sum so that `BlockLoss.loss` is
   unary + selector_alpha · mean selector CE.
+- The head is read once, by the unary loss, which hands over each row's top-K logits
+  (`block_loss(top_k=)`); the selector's gradient goes through the K candidates' head rows alone
+  (`TargetModel.logits_of`), so no chunk keeps (n, V) logits for it.
 - Gradients reach the unary logits and the hidden states (SpecForge's default; #793's stop-gradient
   is not offered).
 - Metrics (acc_k, tau_sim) read the selector's teacher-forced choice without the gold inserted:
@@ -40,21 +43,19 @@ from dflash.training.config import TrainingSettings
 from dflash.training.loss import BlockLoss, block_loss
 
 
-def selector_terms(selector, logits, rows, prev, labels, top_k: int, unary_of=None):
+def selector_terms(selector, candidates, candidate_logits, rows, prev, labels, unary_of):
     """Per-row (selector CE with the gold inserted, teacher-forced choice == label) of rows whose
-    unary `logits` (n, V), hidden `rows` (n, D), predecessors `prev` (n,) and data tokens `labels` (n,).
-    unary_of: token ids (n, K) -> their unary logits (n, K) with gradient (`TargetModel.logits_of`);
-        None: gathered from `logits`."""
-    candidates = logits.detach().topk(top_k, dim=-1).indices  # (n, K), best first
+    top-K unary logits `candidate_logits` (n, K, detached) are those of token ids `candidates`
+    (n, K, best first), hidden `rows` (n, D), predecessors `prev` (n,) and data tokens `labels` (n,).
+    unary_of: (rows, token ids (n, K)) -> their unary logits (n, K) with gradient
+        (`TargetModel.logits_of`: the K candidates' head rows alone)."""
     with torch.no_grad():  # the proposer's choice: the walk's, the data before the slot
-        best = selector.scores(candidates, logits.gather(1, candidates), rows, prev[:, None])[:, 0].argmax(-1, keepdim=True)
+        best = selector.scores(candidates, candidate_logits, rows, prev[:, None])[:, 0].argmax(-1, keepdim=True)
         choice = candidates.gather(1, best)
-    hit = candidates == labels[:, None]
-    missing = ~hit.any(-1)
+    missing = ~(candidates == labels[:, None]).any(-1)
     candidates = candidates.clone()
     candidates[missing, -1] = labels[missing]  # the gold replaces the lowest-scored candidate
-    unary = logits.gather(1, candidates) if unary_of is None else unary_of(candidates)
-    scores = selector.scores(candidates, unary, rows, prev[:, None])[:, 0]  # (n, K)
+    scores = selector.scores(candidates, unary_of(rows, candidates), rows, prev[:, None])[:, 0]  # (n, K)
     gold = (candidates == labels[:, None]).float().argmax(-1)
     return F.cross_entropy(scores, gold, reduction="none"), choice.squeeze(1) == labels
 
@@ -80,25 +81,18 @@ class DFlash2Objective(DFlashObjective):
 
     def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
         blocks, hidden, final_hidden = self.drafted_blocks(target, batch, states, generator)
-        unary = block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden)
+        top_k = self.drafter.config.selector_top_k
+        unary = block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden, top_k=top_k)
         valid = blocks.label_valid
         rows, labels = hidden[valid], blocks.labels[valid]
-        prev = previous_tokens(blocks.labels)[valid]
-        size = self.training.loss_chunk_rows or max(rows.shape[0], 1)
-        chunks = [slice(start, start + size) for start in range(0, rows.shape[0], size)]
-        parts = [self._selector_rows(target, rows[c], prev[c], labels[c]) for c in chunks]
-        if not parts:
+        if rows.shape[0] == 0:
             return unary
+        prev = previous_tokens(blocks.labels)[valid]
+        size = self.training.loss_chunk_rows or rows.shape[0]
+        selector, parts = self.drafter.candidate_selector, []
+        for c in (slice(start, start + size) for start in range(0, rows.shape[0], size)):
+            candidates = (unary.top_ids[c], unary.top_logits[c])  # from the unary loss's pass over the head
+            parts.append(selector_terms(selector, *candidates, rows[c], prev[c], labels[c], target.logits_of))
         cross_entropy, correct = (torch.cat(column) for column in zip(*parts))
-        selector = self.settings.selector_alpha * unary.weights.sum().detach() * cross_entropy.mean()
-        return dataclasses.replace(unary, weighted_sum=unary.weighted_sum + selector, correct=correct)
-
-    def _selector_rows(self, target, rows, prev, labels):
-        """The whole head is read without gradient (the candidates, the proposer's choice); the
-        gradient goes through the K candidates' head rows alone, so no chunk keeps (n, V) logits."""
-        with torch.no_grad():
-            logits = target.logits(rows).float()
-        top_k = self.drafter.config.selector_top_k
-        return selector_terms(
-            self.drafter.candidate_selector, logits, rows, prev, labels, top_k, lambda ids: target.logits_of(rows, ids)
-        )
+        term = self.settings.selector_alpha * unary.weights.sum().detach() * cross_entropy.mean()
+        return dataclasses.replace(unary, weighted_sum=unary.weighted_sum + term, correct=correct)

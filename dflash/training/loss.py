@@ -17,6 +17,9 @@ Invariants:
   batch's valid slots. Training does not backpropagate that ratio: it divides the
   numerator by the weight of the whole optimizer step over all ranks and micro-batches
   (docs/design.md invariant 10, `dflash.training.normalisation`).
+- `top_k` > 0 also returns each row's top-k head logits and their ids (detached, from the same
+  logits the loss reads): DFlash2's selector takes its candidates from them, so the head is read
+  once.
 - Metrics read the blocks' labels under every objective: `correct` is drafter argmax ==
   label, `cross_entropy` the cross-entropy to the label. The labels are the data tokens
   unless the agreement mask made them the target's greedy tokens (invariant 26).
@@ -118,6 +121,8 @@ class BlockLoss:
     weighted_sum: scalar, sum_k w_k * l_k over valid slots, in the graph (0, still in the
     graph, if M = 0). slots: (M,) slot index k; correct: (M,) bool argmax == data token;
     cross_entropy: (M,) float cross-entropy to the data token; weights: (M,) float, detached.
+    top_logits, top_ids: (M, top_k) the head's largest logits, best first, and their token ids,
+    when `block_loss` was asked for them (top_k > 0), else None.
     """
 
     weighted_sum: torch.Tensor
@@ -125,6 +130,8 @@ class BlockLoss:
     correct: torch.Tensor
     cross_entropy: torch.Tensor
     weights: torch.Tensor
+    top_logits: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
 
     @property
     def loss(self) -> torch.Tensor:
@@ -137,58 +144,55 @@ class BlockLoss:
         return self.weights.detach().double().sum()
 
 
-def _row_terms(rows, to_logits, labels, target_rows, objective):
-    """Per-row (loss, data cross-entropy, correct) of rows (n, D) through the head; the
-    loss is differentiable w.r.t. `rows` when grad is enabled."""
-    log_probs = to_logits(rows).float().log_softmax(dim=-1)
+def _row_terms(rows, to_logits, labels, target_rows, objective, top_k):
+    """Per-row (loss, data cross-entropy, correct, top-k logits, their ids) of rows (n, D) through
+    the head; the loss is differentiable w.r.t. `rows` when grad is enabled."""
+    logits = to_logits(rows).float()
+    top = logits.detach().topk(top_k, dim=-1)
+    log_probs = logits.log_softmax(dim=-1)
     data_ce = -log_probs.gather(1, labels[:, None]).squeeze(1)
     correct = log_probs.detach().argmax(dim=-1) == labels
     if objective == "ce":
-        return data_ce, data_ce.detach(), correct
+        return data_ce, data_ce.detach(), correct, *top
     with torch.no_grad():
         target_log_probs = to_logits(target_rows).float().log_softmax(dim=-1)
     if objective == "ce_target_argmax":
         loss = -log_probs.gather(1, target_log_probs.argmax(dim=-1, keepdim=True)).squeeze(1)
     else:  # kl: sum_v p_target (log p_target - log p_drafter)
         loss = (target_log_probs.exp() * (target_log_probs - log_probs)).sum(dim=-1)
-    return loss, data_ce.detach(), correct
+    return loss, data_ce.detach(), correct, *top
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
     """Per-row losses of `rows` (M, D), `chunk_rows` rows of logits at a time (see the
-    module invariants). Outputs: loss (M,) differentiable, data cross-entropy (M,), correct (M,)."""
+    module invariants). Outputs: loss (M,) differentiable; data cross-entropy (M,), correct (M,),
+    top-k logits and ids (M, k)."""
 
     @staticmethod
-    def forward(ctx, rows, to_logits, labels, target_rows, objective, chunk_rows):
+    def forward(ctx, rows, to_logits, labels, target_rows, objective, chunk_rows, top_k):
         need_grad = ctx.needs_input_grad[0]
-        losses, data_ces, corrects, grads = [], [], [], []
-        for start in range(0, rows.shape[0], chunk_rows):
+        losses, grads, outputs = [], [], []
+        for start in range(0, max(rows.shape[0], 1), chunk_rows):  # one empty chunk when M = 0
             chunk = slice(start, start + chunk_rows)
             target_chunk = None if target_rows is None else target_rows[chunk]
             with torch.enable_grad() if need_grad else nullcontext():
                 chunk_hidden = rows[chunk].detach().requires_grad_(need_grad)
-                loss, data_ce, correct = _row_terms(chunk_hidden, to_logits, labels[chunk], target_chunk, objective)
+                loss, *rest = _row_terms(chunk_hidden, to_logits, labels[chunk], target_chunk, objective, top_k)
                 if need_grad:
                     (grad,) = torch.autograd.grad(loss.sum(), chunk_hidden)
                     grads.append(grad)
             losses.append(loss.detach())
-            data_ces.append(data_ce)
-            corrects.append(correct)
+            outputs.append(rest)
         if need_grad:
-            ctx.save_for_backward(torch.cat(grads) if grads else torch.zeros_like(rows))
-        data_ce, correct = _cat(data_ces, rows, torch.float32), _cat(corrects, rows, torch.bool)
-        ctx.mark_non_differentiable(data_ce, correct)
-        return _cat(losses, rows, torch.float32), data_ce, correct
+            ctx.save_for_backward(torch.cat(grads))
+        rest = [torch.cat(column) for column in zip(*outputs)]
+        ctx.mark_non_differentiable(*rest)
+        return torch.cat(losses), *rest
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_data_ce, _grad_correct):
+    def backward(ctx, grad_loss, *_non_differentiable):
         (row_grads,) = ctx.saved_tensors
-        return grad_loss.to(row_grads.dtype)[:, None] * row_grads, None, None, None, None, None
-
-
-def _cat(parts: list[torch.Tensor], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The chunks' per-row outputs as one (M,) tensor (empty when M = 0)."""
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=like.device)
+        return grad_loss.to(row_grads.dtype)[:, None] * row_grads, None, None, None, None, None, None
 
 
 def block_loss(
@@ -198,6 +202,7 @@ def block_loss(
     settings: LossSettings,
     target_hidden: torch.Tensor | None = None,
     vocab_lookup: torch.Tensor | None = None,
+    top_k: int = 0,
 ) -> BlockLoss:
     """Weighted per-slot loss of the drafter's block predictions.
 
@@ -211,6 +216,7 @@ def block_loss(
         vocab_lookup: (V,) with a training vocabulary (`dflash.training.draft_vocab`): each
             token's index among the K logits `to_logits` returns, -1 outside; slots whose
             label is outside are not scored.
+        top_k: how many of each valid row's largest logits `BlockLoss.top_logits` carries.
     """
     valid = blocks.label_valid
     if vocab_lookup is not None:
@@ -229,11 +235,10 @@ def block_loss(
         batch_index = torch.arange(batch, device=valid.device)[:, None].expand_as(valid)[valid]
         target_rows = target_hidden[batch_index, blocks.positions[valid] - 1]  # predicts position a+k
     if settings.chunk_rows is None:
-        slot_losses, cross_entropy, correct = _row_terms(rows, to_logits, labels, target_rows, settings.objective)
+        terms = _row_terms(rows, to_logits, labels, target_rows, settings.objective, top_k)
     else:
-        slot_losses, cross_entropy, correct = _ChunkedHeadLoss.apply(
-            rows, to_logits, labels, target_rows, settings.objective, settings.chunk_rows
-        )
+        terms = _ChunkedHeadLoss.apply(rows, to_logits, labels, target_rows, settings.objective, settings.chunk_rows, top_k)
+    slot_losses, cross_entropy, correct, top_logits, top_ids = terms
     static = settings.static_weights()
     if static is None:
         flat_index = valid.view(-1).nonzero().squeeze(1)
@@ -241,4 +246,5 @@ def block_loss(
     else:
         weights = static.to(hidden.device)[slots]
     weighted_sum = (weights * slot_losses).sum()
-    return BlockLoss(weighted_sum=weighted_sum, slots=slots, correct=correct, cross_entropy=cross_entropy, weights=weights)
+    top = (top_logits, top_ids) if top_k else (None, None)
+    return BlockLoss(weighted_sum, slots, correct, cross_entropy, weights, *top)

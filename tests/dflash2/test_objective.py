@@ -34,9 +34,9 @@ def teacher_forced_choices(target, drafter, sequence, anchor) -> list[int]:
         hidden = draft_blocks(drafter, target.embed, features, real, anchors, blocks)[0, 1:]
         prev = objective.previous_tokens(blocks.labels)[0, 1:]
         labels = blocks.labels[0, 1:]
-        top_k = drafter.config.selector_top_k
+        top = target.logits(hidden).float().topk(drafter.config.selector_top_k, dim=-1)
         _, correct = objective.selector_terms(
-            drafter.candidate_selector, target.logits(hidden).float(), hidden, prev, labels, top_k
+            drafter.candidate_selector, top.indices, top.values, hidden, prev, labels, target.logits_of
         )
     return correct.tolist()
 
@@ -188,7 +188,8 @@ def test_init_from_copies_a_dflash2_directorys_parts_and_a_dflash_directorys_lay
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2"])  # gemma2: the head's soft-capping
 def test_the_selector_term_through_the_candidates_head_rows_equals_the_whole_heads(arch):
     """`TargetModel.logits_of` (the K candidates' head rows) gives the selector term and its
-    gradients that the whole head's logits, gathered, give."""
+    gradients that the whole head's logits, gathered, give; the candidates are the top-K that
+    `block_loss` hands over."""
     from dflash.target import TargetModel
     from dflash.toy.tiny import build_tiny_target
 
@@ -201,9 +202,11 @@ def test_the_selector_term_through_the_candidates_head_rows_equals_the_whole_hea
     for through_rows in (False, True):
         rows = hidden.clone().requires_grad_()
         logits = target.logits(rows).float()
-        unary_of = (lambda ids, rows=rows: target.logits_of(rows, ids)) if through_rows else None
-        cross_entropy, correct = objective.selector_terms(drafter.candidate_selector, logits.detach() if through_rows else logits,
-                                                          rows, prev, labels, 4, unary_of)  # fmt: skip
+        top = logits.detach().topk(4, dim=-1)
+        unary_of = target.logits_of if through_rows else (lambda _rows, ids, logits=logits: logits.gather(1, ids))
+        cross_entropy, correct = objective.selector_terms(
+            drafter.candidate_selector, top.indices, top.values, rows, prev, labels, unary_of
+        )
         cross_entropy.sum().backward()
         results.append((cross_entropy.detach(), correct, rows.grad))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)

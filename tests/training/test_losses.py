@@ -48,6 +48,20 @@ def test_chunked_loss_and_gradients_equal_the_dense_path(objective, weights):
         torch.testing.assert_close(chunked.cross_entropy, dense.cross_entropy)
 
 
+def test_the_top_k_logits_are_the_heads_over_the_valid_rows_at_any_chunking():
+    """`block_loss(top_k=)` hands over each valid row's largest head logits and their ids
+    (DFlash2's candidates), in the valid rows' order, chunked or not."""
+    _, to_logits = softcapped_head()
+    blocks = random_blocks()
+    hidden = torch.randn(BATCH, BLOCKS * B, D, generator=torch.Generator().manual_seed(1))
+    expected = to_logits(hidden[blocks.label_valid]).float().topk(3, dim=-1)
+    for chunk_rows in (None, 1, 7):
+        result = block_loss(hidden, to_logits, blocks, LossSettings(block_size=B, chunk_rows=chunk_rows), top_k=3)
+        torch.testing.assert_close(result.top_logits, expected.values, rtol=0, atol=1e-6)
+        assert torch.equal(result.top_ids, expected.indices)
+    assert block_loss(hidden, to_logits, blocks, LossSettings(block_size=B)).top_ids is None
+
+
 def test_chunked_loss_never_holds_more_rows_and_leaves_the_head_without_gradient():
     head, to_logits = softcapped_head(requires_grad=True)  # even a head that could train gets none
     rows_per_call = []
