@@ -13,11 +13,15 @@ Invariants:
 - bfloat16 answers and bf16-mixed training only where they measured faster than float32 / 32-true.
 - min(min_prompts, available) <= prompts <= available, where available is what the data option
   has; every source is cut by the same fraction, so the prompt families stay balanced.
-- Each answer is charged max_new_tokens and each prompt token a step's time (the probe's steps
-  see short contexts, real answers longer ones). Stage 2's estimate moves training minutes, not
-  the finish: stage 3 takes what the clock leaves when it starts (`dflash.cli.demo.train_minutes`),
-  less the planned cache fill and evaluation, whose errors move the finish. The margin is slack
-  for those errors, not planned work: the expected finish leaves it out.
+- Each answer is charged max_new_tokens and each prompt token a step's time, timed after the
+  median prompt (real answers see longer contexts, and many stop before max_new_tokens); the cache
+  fill is timed over rows of a training row's width (the prompts' mean length plus
+  max_new_tokens). Every probe is timed at least twice, in turns, and its fastest kept: the first
+  call after another model's warm-up can carry a one-time cost. Stage 2's estimate moves
+  training minutes, not the finish: stage 3 takes what the clock leaves when it starts
+  (`dflash.cli.demo.train_minutes`), less the planned cache fill and evaluation, whose errors move
+  the finish. The margin is slack for those errors, not planned work: the expected finish leaves
+  it out.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dflash.schema import DEMO_ANSWER_DTYPES, DEMO_PRECISIONS
 
 FAMILIES = ("humaneval", "math", "chat")  # stage 4's prompt families
 PROBE_NEW_TOKENS = 6  # tokens per timed greedy call: the first comes from the prefill, the rest are steps
-FILL_ROWS, FILL_WIDTH = 8, 64  # the cache fill's batch (training.target_cache_batch_size) x tokens
+FILL_ROWS = 8  # the cache fill's batch (training.target_cache_batch_size)
 
 
 @dataclass
@@ -207,11 +211,13 @@ def measure(target, target_cfg: dict, cfg, prompts: list[list[dict]], sources: d
     from dflash.specs import TargetSpec, load_target
 
     began = time.perf_counter()
-    ids = torch.randint(target.embedding_rows, (FILL_ROWS, FILL_WIDTH), generator=torch.Generator().manual_seed(0))
-    fill_s = fastest_in_turns({precision: fill_forward(target, ids, precision == "bf16-mixed") for precision in DEMO_PRECISIONS})
-    fills = {precision: ids.numel() / seconds for precision, seconds in fill_s.items()}
     settings = RegenerateSettings(**cfg.regenerate)
     lengths = [len(prompt_token_ids(target.tokenizer, prompt, settings.enable_thinking)) for prompt in prompts]
+    prompt_tokens = sum(lengths) / len(lengths)
+    width = round(prompt_tokens + settings.max_new_tokens)  # a training row: a prompt and its longest answer
+    ids = torch.randint(target.embedding_rows, (FILL_ROWS, width), generator=torch.Generator().manual_seed(0))
+    fill_s = fastest_in_turns({precision: fill_forward(target, ids, precision == "bf16-mixed") for precision in DEMO_PRECISIONS})
+    fills = {precision: ids.numel() / seconds for precision, seconds in fill_s.items()}
     median = prompts[sorted(range(len(prompts)), key=lengths.__getitem__)[len(prompts) // 2]]
     dtypes = DEMO_ANSWER_DTYPES if cfg.data_dtype == "auto" else (cfg.data_dtype,)
     if cfg.data_dtype == "auto" and fills["bf16-mixed"] < fills["32-true"] / 2:
@@ -227,7 +233,7 @@ def measure(target, target_cfg: dict, cfg, prompts: list[list[dict]], sources: d
         first, whole = answer_s[dtype, "first"], answer_s[dtype, "whole"]
         steps = whole - first if whole > first else whole  # where noise swamps the steps: the whole call's time
         answers[dtype] = settings.batch_size * (PROBE_NEW_TOKENS - 1) / steps
-    return Measured(answers, fills, forward_s, sum(lengths) / len(lengths), sources, round(time.perf_counter() - began, 1))
+    return Measured(answers, fills, forward_s, prompt_tokens, sources, round(time.perf_counter() - began, 1))
 
 
 def answer_calls(target, prompt: list[dict], settings) -> tuple[Callable, Callable]:
@@ -258,15 +264,15 @@ def fill_forward(target, ids, autocast: bool) -> Callable:
 
 
 def fastest_in_turns(runs: dict, rounds: int = 3, within_s: float = 4.0) -> dict:
-    """The fastest time of each of `runs`, timed in turns, for up to `rounds` rounds while they
-    took under `within_s` together: a slow spell of a shared machine falls on every run alike
-    and only adds time, and slow runs are timed once."""
+    """The fastest time of each of `runs`, timed in turns, for two rounds and up to `rounds` while
+    they took under `within_s` together: a slow spell of a shared machine, or a one-time cost of a
+    run's first call, falls on one round and only adds time."""
     from dflash.timing import timed
 
     times: dict = {name: [] for name in runs}
-    for _ in range(rounds):
+    for done in range(1, rounds + 1):
         for name, run in runs.items():
             times[name].append(timed(run)[1])
-        if sum(map(sum, times.values())) >= within_s:
+        if done >= 2 and sum(map(sum, times.values())) >= within_s:
             break
     return {name: min(seconds) for name, seconds in times.items()}

@@ -166,13 +166,23 @@ def test_bfloat16_answers_are_timed_unless_the_bf16_forward_ran_at_under_half_th
     assert prepared == ["bfloat16"]
 
 
+def test_the_cache_fill_is_timed_over_rows_of_a_training_rows_width(qwen3_target, monkeypatch):
+    fills = []
+    monkeypatch.setattr(demo_plan, "answer_calls", lambda target, prompt, settings: (print, print))
+    monkeypatch.setattr(demo_plan, "fill_forward", lambda target, ids, autocast: fills.append(tuple(ids.shape)) or print)
+    cfg = demo_config(data_dtype="float32")
+    measured = demo_plan.measure(qwen3_target, {"path": "unused"}, cfg, PROMPTS, {"data": 5}, 0.01)
+    width = round(measured.prompt_tokens + cfg.regenerate.max_new_tokens)
+    assert fills == [(demo_plan.FILL_ROWS, width)] * len(demo_plan.DEMO_PRECISIONS)
+
+
 def test_the_fastest_of_runs_timed_in_turns_within_a_time_limit():
     calls = []
     quick = demo_plan.fastest_in_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")})
     assert calls == ["a", "b"] * 3 and set(quick) == {"a", "b"}  # three rounds where they are quick
     calls.clear()
     demo_plan.fastest_in_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, within_s=0)
-    assert calls == ["a", "b"]  # slow ones once
+    assert calls == ["a", "b"] * 2  # slow ones twice: a one-time cost of a first call falls on one round
 
 
 def test_measure_times_the_regeneration_and_the_cache_fill_on_a_real_target(qwen3_target):
