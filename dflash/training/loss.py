@@ -148,7 +148,8 @@ def _row_terms(rows, to_logits, labels, target_rows, objective, top_k):
     """Per-row (loss, data cross-entropy, correct, top-k logits, their ids) of rows (n, D) through
     the head; the loss is differentiable w.r.t. `rows` when grad is enabled."""
     logits = to_logits(rows).float()
-    top = logits.detach().topk(top_k, dim=-1)
+    none = logits.new_zeros(rows.shape[0], 0)  # (n, 0): top_k 0 costs no pass over the logits
+    top = logits.detach().topk(top_k, dim=-1) if top_k else (none, none.long())
     log_probs = logits.log_softmax(dim=-1)
     data_ce = -log_probs.gather(1, labels[:, None]).squeeze(1)
     correct = log_probs.detach().argmax(dim=-1) == labels

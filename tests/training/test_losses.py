@@ -3,6 +3,7 @@ their definitions; the options reach the training module; bad options are one li
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -60,6 +61,9 @@ def test_the_top_k_logits_are_the_heads_over_the_valid_rows_at_any_chunking():
         torch.testing.assert_close(result.top_logits, expected.values, rtol=0, atol=1e-6)
         assert torch.equal(result.top_ids, expected.indices)
     assert block_loss(hidden, to_logits, blocks, LossSettings(block_size=B)).top_ids is None
+    no_slot = dataclasses.replace(blocks, label_valid=torch.zeros_like(blocks.label_valid))
+    empty = block_loss(hidden.requires_grad_(), to_logits, no_slot, LossSettings(block_size=B, chunk_rows=7), top_k=3)
+    assert empty.top_ids.shape == (0, 3) and empty.weighted_sum.requires_grad and empty.loss.item() == 0
 
 
 def test_chunked_loss_never_holds_more_rows_and_leaves_the_head_without_gradient():
