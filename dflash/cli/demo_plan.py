@@ -14,19 +14,20 @@ Invariants:
 - min(min_prompts, available) <= prompts <= available, where available is what the data option
   has; every source is cut by the same fraction, so the prompt families stay balanced.
 - Each answer is charged max_new_tokens and each prompt token a step's time, timed after the
-  median prompt (real answers see longer contexts, and many stop before max_new_tokens); the cache
-  fill is timed over rows of a training row's width (the prompts' mean length plus
-  max_new_tokens). Every probe is timed at least twice, in turns, and its fastest kept: the first
-  call after another model's warm-up can carry a one-time cost. Stage 2's estimate moves
-  training minutes, not the finish: stage 3 takes what the clock leaves when it starts
-  (`dflash.cli.demo.train_minutes`), less the planned cache fill and evaluation, whose errors move
-  the finish. The margin is slack for those errors, not planned work: the expected finish leaves
-  it out.
+  median prompt (real answers see longer contexts, and many stop before max_new_tokens) as the
+  median of three pairs of calls timed back to back, one dtype's model at a time (the first calls
+  after another model's can run slow); the cache fill over rows of a training row's width (the
+  prompts' mean length plus max_new_tokens), at least twice in turns, its fastest kept.
+- Stage 2's estimate moves training minutes, not the finish: stage 3 takes what the clock leaves
+  when it starts (`dflash.cli.demo.train_minutes`), less the planned cache fill and evaluation,
+  whose errors move the finish. The margin is slack for those errors, not planned work: the
+  expected finish leaves it out.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -222,17 +223,11 @@ def measure(target, target_cfg: dict, cfg, prompts: list[list[dict]], sources: d
     dtypes = DEMO_ANSWER_DTYPES if cfg.data_dtype == "auto" else (cfg.data_dtype,)
     if cfg.data_dtype == "auto" and fills["bf16-mixed"] < fills["32-true"] / 2:
         dtypes = ("float32",)
-    runs = {}
-    for dtype in dtypes:
+    answers = {}
+    for dtype in dtypes:  # one model at a time: the first calls after another model's run slow
         same = dtype == str(target.dtype).removeprefix("torch.")
         model = target if same else load_target(TargetSpec(**{**target_cfg, "dtype": dtype}))
-        runs[dtype, "first"], runs[dtype, "whole"] = answer_calls(model, median, settings)
-    answer_s = fastest_in_turns(runs)
-    answers = {}
-    for dtype in dtypes:
-        first, whole = answer_s[dtype, "first"], answer_s[dtype, "whole"]
-        steps = whole - first if whole > first else whole  # where noise swamps the steps: the whole call's time
-        answers[dtype] = settings.batch_size * (PROBE_NEW_TOKENS - 1) / steps
+        answers[dtype] = settings.batch_size * (PROBE_NEW_TOKENS - 1) / step_seconds(*answer_calls(model, median, settings))
     return Measured(answers, fills, forward_s, prompt_tokens, sources, round(time.perf_counter() - began, 1))
 
 
@@ -246,6 +241,17 @@ def answer_calls(target, prompt: list[dict], settings) -> tuple[Callable, Callab
     first, whole, warm_up = (HFGenerator(target, n, enable_thinking=settings.enable_thinking) for n in (1, PROBE_NEW_TOKENS, 2))
     warm_up(rows)  # at the batch size, a step included: tunes the kernels, pages the weights in
     return lambda: first(rows), lambda: whole(rows)
+
+
+def step_seconds(first: Callable, whole: Callable, pairs: int = 3) -> float:
+    """Seconds a `whole` call takes beyond a `first` one: the median over `pairs` pairs timed back
+    to back, so a slow spell or a one-time cost falls on one pair; where noise swamps the steps,
+    the whole call's median."""
+    from dflash.timing import timed
+
+    timings = [(timed(first)[1], timed(whole)[1]) for _ in range(pairs)]
+    extra = statistics.median(whole_s - first_s for first_s, whole_s in timings)
+    return extra if extra > 0 else statistics.median(whole_s for _, whole_s in timings)
 
 
 def fill_forward(target, ids, autocast: bool) -> Callable:

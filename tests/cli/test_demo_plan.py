@@ -148,12 +148,12 @@ def test_bfloat16_answers_are_timed_unless_the_bf16_forward_ran_at_under_half_th
         prepared.append(str(target.dtype).removeprefix("torch."))
         return print, print
 
-    def fastest_in_turns(runs):  # made-up times: the fill's by precision, 1 s to the first token, 0.5 s a step
-        seconds = {"32-true": 1.0, "bf16-mixed": bf16_fill_s, "first": 1.0, "whole": 1.0 + 0.5 * (demo_plan.PROBE_NEW_TOKENS - 1)}
-        return {name: seconds[name if isinstance(name, str) else name[1]] for name in runs}
+    def fastest_in_turns(runs):  # made-up times: the fill's by precision
+        return {name: {"32-true": 1.0, "bf16-mixed": bf16_fill_s}[name] for name in runs}
 
     monkeypatch.setattr(demo_plan, "answer_calls", answer_calls)
     monkeypatch.setattr(demo_plan, "fastest_in_turns", fastest_in_turns)
+    monkeypatch.setattr(demo_plan, "step_seconds", lambda first, whole: 0.5 * (demo_plan.PROBE_NEW_TOKENS - 1))  # 0.5 s a step
     monkeypatch.setattr("dflash.specs.load_target", lambda spec: types.SimpleNamespace(dtype=spec.dtype))
     measured = demo_plan.measure(qwen3_target, {"path": "unused"}, demo_config(), PROMPTS, {"data": 5}, 0.01)
     assert prepared == timed == list(measured.answer_tokens_per_s)
@@ -174,6 +174,15 @@ def test_the_cache_fill_is_timed_over_rows_of_a_training_rows_width(qwen3_target
     measured = demo_plan.measure(qwen3_target, {"path": "unused"}, cfg, PROMPTS, {"data": 5}, 0.01)
     width = round(measured.prompt_tokens + cfg.regenerate.max_new_tokens)
     assert fills == [(demo_plan.FILL_ROWS, width)] * len(demo_plan.DEMO_PRECISIONS)
+
+
+def test_the_steps_are_the_median_difference_of_pairs_timed_back_to_back(monkeypatch):
+    """A one-time cost on the first pair's first call (or a slow spell on one pair) moves nothing;
+    where the difference is noise (not positive), the whole call's median stands for the steps."""
+    clock = iter([2.0, 1.5, 0.5, 1.0, 0.5, 1.1] + [1.0, 0.9, 1.0, 0.8, 1.0, 0.7])  # (first, whole) x 3, twice
+    monkeypatch.setattr("dflash.timing.timed", lambda run: (None, next(clock)))
+    assert demo_plan.step_seconds(print, print) == pytest.approx(0.5)  # differences -0.5, 0.5, 0.6
+    assert demo_plan.step_seconds(print, print) == pytest.approx(0.8)  # differences all negative: whole's median
 
 
 def test_the_fastest_of_runs_timed_in_turns_within_a_time_limit():
