@@ -17,7 +17,7 @@ Invariants:
   median prompt (real answers see longer contexts, and many stop before max_new_tokens) as the
   median of three pairs of calls timed back to back, one dtype's model at a time (the first calls
   after another model's can run slow); the cache fill over rows of a training row's width (the
-  prompts' mean length plus max_new_tokens), at least twice in turns, its fastest kept.
+  prompts' mean length plus max_new_tokens), the precisions in turns, the fastest of each kept.
 - Stage 2's estimate moves training minutes, not the finish: stage 3 takes what the clock leaves
   when it starts (`dflash.cli.demo.train_minutes`), less the planned cache fill and evaluation,
   whose errors move the finish. The margin is slack for those errors, not planned work: the
@@ -270,15 +270,15 @@ def fill_forward(target, ids, autocast: bool) -> Callable:
 
 
 def fastest_in_turns(runs: dict, rounds: int = 3, within_s: float = 4.0) -> dict:
-    """The fastest time of each of `runs`, timed in turns, for two rounds and up to `rounds` while
-    they took under `within_s` together: a slow spell of a shared machine, or a one-time cost of a
-    run's first call, falls on one round and only adds time."""
+    """The fastest time of each of `runs`, timed in turns, for up to `rounds` rounds while they
+    took under `within_s` together: a slow spell of a shared machine falls on every run alike
+    and only adds time, and slow runs are timed once."""
     from dflash.timing import timed
 
     times: dict = {name: [] for name in runs}
-    for done in range(1, rounds + 1):
+    for _ in range(rounds):
         for name, run in runs.items():
             times[name].append(timed(run)[1])
-        if done >= 2 and sum(map(sum, times.values())) >= within_s:
+        if sum(map(sum, times.values())) >= within_s:
             break
     return {name: min(seconds) for name, seconds in times.items()}

@@ -81,7 +81,7 @@ class DFlash2Objective(DFlashObjective):
 
     def loss(self, target: TargetModel, batch: dict, states: torch.Tensor | None, generator, full_vocab: bool) -> BlockLoss:
         blocks, hidden, final_hidden = self.drafted_blocks(target, batch, states, generator)
-        top_k = self.drafter.config.selector_top_k
+        top_k = self.drafter.config.selector_top_k  # the candidates come from the unary loss's pass over the head
         unary = block_loss(hidden, target.logits, blocks, self.loss_settings, final_hidden, top_k=top_k)
         valid = blocks.label_valid
         rows, labels = hidden[valid], blocks.labels[valid]
@@ -91,7 +91,7 @@ class DFlash2Objective(DFlashObjective):
         size = self.training.loss_chunk_rows or rows.shape[0]
         selector, parts = self.drafter.candidate_selector, []
         for c in (slice(start, start + size) for start in range(0, rows.shape[0], size)):
-            candidates = (unary.top_ids[c], unary.top_logits[c])  # from the unary loss's pass over the head
+            candidates = (unary.top_ids[c], unary.top_logits[c])
             parts.append(selector_terms(selector, *candidates, rows[c], prev[c], labels[c], target.logits_of))
         cross_entropy, correct = (torch.cat(column) for column in zip(*parts))
         term = self.settings.selector_alpha * unary.weights.sum().detach() * cross_entropy.mean()
