@@ -124,8 +124,10 @@ def test_every_kernel_that_runs_here_computes_the_dense_linear(kernel_isa, dtype
     linear = Linear(torch.randn(128, 64, generator=generator).to(dtype), torch.randn(128, generator=generator).to(dtype))
     assert "ours" in linear.candidates()
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
-    for rows in (*range(1, 18), 25, 40):  # every chunk split up to 16 rows; prefetch ahead; beyond AHEAD_ROWS
-        x = torch.randn(2, rows, 64, generator=generator).to(dtype)
+    # every row count of one chunk and every split into two (chunks of at most 4-12 rows per
+    # instruction set), prefetching ahead, and beyond AHEAD_ROWS
+    for rows in (*range(1, 26), 40, 80):
+        x = torch.randn(1, rows, 64, generator=generator).to(dtype)
         reference = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
         with torch.inference_mode():
             for name, kernel in KERNELS.items():

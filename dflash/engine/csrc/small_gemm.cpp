@@ -32,17 +32,21 @@ namespace {
 
 using namespace dflash_vec;
 
-// Per dtype: NB vectors per tile row (a tile is NB * W output columns) and at most MT rows of x
-// per chunk, MT x NB accumulators in registers. 32 registers (AVX-512, NEON): 4 x 4 for both.
-// AVX2's 16: float32 in tiles of 2 vectors, up to 6 rows (12 accumulators); widened bfloat16
-// in tiles of 4, 4 rows (its broadcasts and weights then come from L1): the fastest of the
-// shapes timed on SmolLM2's weights at 1-16 rows.
-#if defined(DFLASH_AVX2)
-constexpr int NB_F32 = 2, MT_F32 = 6;
+// Per dtype: NB vectors per tile row (a tile is NB * W output columns, a power of two) and at
+// most MT rows of x per chunk, MT x NB accumulators in registers: the fastest of the shapes
+// timed on SmolLM2's weights at 1-16 rows. AVX-512's 32 registers: tiles of 2 vectors, up to
+// 12 rows (24 accumulators) in both dtypes, so the 3-12 rows of a draft block read each tile
+// once, in one chunk (4 x 4 ran 8 rows in two chunks, the second from L2: float32 1.3x and
+// bfloat16 1.2x slower at 8 rows, the same at one). AVX2's 16: float32 in tiles of 2
+// vectors, up to 6 rows (12 accumulators); widened bfloat16 in tiles of 4, 4 rows (its
+// broadcasts and weights then come from L1). NEON (32 registers, not yet timed): 4 x 4.
+#if defined(DFLASH_AVX512)
+constexpr int NB_F32 = 2, MT_F32 = 12, NB_BF16 = 2, MT_BF16 = 12;
+#elif defined(DFLASH_AVX2)
+constexpr int NB_F32 = 2, MT_F32 = 6, NB_BF16 = 4, MT_BF16 = 4;
 #else
-constexpr int NB_F32 = 4, MT_F32 = 4;
+constexpr int NB_F32 = 4, MT_F32 = 4, NB_BF16 = 4, MT_BF16 = 4;
 #endif
-constexpr int NB_BF16 = 4, MT_BF16 = 4;
 constexpr int AHEAD_ROWS = 32;  // more rows are bound by arithmetic (prefill, batches)
 
 // A chunk's share of the next tile to bring into L2: `lines` cache lines from `start`,
