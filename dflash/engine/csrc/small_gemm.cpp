@@ -34,10 +34,9 @@ using namespace dflash_vec;
 
 // Per dtype: NB vectors per tile row (a tile is NB * W output columns, a power of two) and at
 // most MT rows of x per chunk, MT x NB accumulators in registers: the fastest of the shapes
-// timed on SmolLM2's weights at 1-16 rows. AVX-512's 32 registers: tiles of 2 vectors, up to
-// 12 rows (24 accumulators) in both dtypes, so the 3-12 rows of a draft block read each tile
-// once, in one chunk (4 x 4 ran 8 rows in two chunks, the second from L2: float32 1.3x and
-// bfloat16 1.2x slower at 8 rows, the same at one). AVX2's 16: float32 in tiles of 2
+// timed on SmolLM2's weights at 1-16 rows (docs/design.md, "Measured figures"). AVX-512's 32
+// registers: tiles of 2 vectors, up to 12 rows (24 accumulators) in both dtypes, so the 3-12
+// rows of a draft block run over each tile once, in one chunk. AVX2's 16: float32 in tiles of 2
 // vectors, up to 6 rows (12 accumulators); widened bfloat16 in tiles of 4, 4 rows (its
 // broadcasts and weights then come from L1). NEON (32 registers, not yet timed): 4 x 4.
 #if defined(DFLASH_AVX512)
