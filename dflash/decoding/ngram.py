@@ -72,18 +72,22 @@ class NgramProposer:
 
 class LookupFirst:
     """A `Proposer` that drafts by prompt lookup where the context repeats itself and by
-    `inner` (a drafter) elsewhere: when the context's last `ngram` tokens occurred earlier with
-    at least the step's `num_drafts` tokens after them, the step drafts those (one-hot, as
-    `NgramProposer`) and `inner` does not run; otherwise `inner` drafts.
-
+    `inner` (a drafter of block `inner_block`) elsewhere: when the context's last `ngram`
+    tokens occurred earlier with at least as many tokens after them as `inner` would draft,
+    the step drafts those, up to the loop's `num_drafts` (one-hot, as `NgramProposer`), and
+    `inner` does not run; otherwise `inner` drafts its block. The loop's block may be wider
+    than `inner_block`, so a lookup step can draft more than the drafter's B - 1 tokens
+    (a wide verify costs little more than a narrow one where the weights' read dominates it).
     `inner` still sees every context position exactly once (the `Proposer` contract): the
     features of lookup steps wait here and reach `inner` with its next call's, contiguous.
     Lossless as each proposer alone: a step verifies one proposer's drafts, by the same rules.
     """
 
-    def __init__(self, inner, ngram: int):
+    def __init__(self, inner, ngram: int, inner_block: int | None = None):
+        """inner_block: the block `inner` drafts (None: the loop's)."""
         self.inner = inner
         self.ngram = ngram
+        self.inner_block = inner_block
         self.target_layer_ids = inner.target_layer_ids
         self.pending: list[torch.Tensor] = []
 
@@ -92,12 +96,14 @@ class LookupFirst:
         self.pending = []
 
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
+        inner_block = self.inner_block or block_size
+        inner_drafts = min(num_drafts, inner_block - 1)
         tokens = lookup_continuation(committed_ids[0].tolist(), self.ngram, self.ngram, num_drafts)
-        if len(tokens) == num_drafts:
+        if len(tokens) >= inner_drafts:
             if new_features is not None:
                 self.pending.append(new_features)
             return Drafts(tokens=torch.tensor(tokens, dtype=torch.long, device=committed_ids.device))
         if self.pending and new_features is not None:
             new_features = torch.cat([*self.pending, new_features], dim=1)
         self.pending = []
-        return self.inner.draft(committed_ids, new_features, block_size, num_drafts, sampling, generator)
+        return self.inner.draft(committed_ids, new_features, inner_block, inner_drafts, sampling, generator)

@@ -21,18 +21,23 @@ class LookupSettings:
     ngram: int = 3
     """The context's last n tokens a lookup matches (>= 1): shorter ones match more often and
     guess worse; a step that finds no match drafts with the drafter."""
+    tokens: int | None = None
+    """The most tokens a lookup step drafts (>= 1; None: as the drafter, B - 1): the verify
+    is then that wide on lookup steps, and the drafter's steps stay at its block."""
 
     def __post_init__(self):
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
+        require(self.tokens is None or self.tokens >= 1, "tokens", f"must be >= 1 (null: the drafter's B - 1), got {self.tokens}")
 
 
-def lookup_first(proposer, ngram: int | None):
-    """`proposer` behind prompt lookup of the context's last `ngram` tokens (None: `proposer` itself)."""
+def lookup_first(proposer, ngram: int | None, inner_block: int | None = None):
+    """`proposer` (drafting blocks of `inner_block`; None: the loop's) behind prompt lookup of
+    the context's last `ngram` tokens (None: `proposer` itself)."""
     if ngram is None:
         return proposer
     from dflash.decoding.ngram import LookupFirst
 
-    return LookupFirst(proposer, ngram)
+    return LookupFirst(proposer, ngram, inner_block)
 
 
 def check_lookup_ngram(ngram: int | None) -> None:
@@ -44,12 +49,14 @@ def build(target, settings: LookupSettings, context: EvalContext) -> MethodSetup
     from dflash.decoding import ChainVerifier
 
     trained = context.drafter.config.block_size
-    proposer = lookup_first(dflash_proposer(target, context), settings.ngram)
-    return MethodSetup(proposer, ChainVerifier(), context.block_size or trained, context.drafter_label, trained)
+    block = context.block_size or trained
+    proposer = lookup_first(dflash_proposer(target, context), settings.ngram, block)
+    width = max(block, settings.tokens + 1) if settings.tokens else block
+    return MethodSetup(proposer, ChainVerifier(), width, context.drafter_label, trained)
 
 
 def recorded(settings: LookupSettings, context: EvalContext) -> dict:
-    return {**dflash_recorded(settings, context), "ngram": settings.ngram}
+    return {**dflash_recorded(settings, context), "ngram": settings.ngram, "lookup_tokens": settings.tokens}
 
 
 METHOD = Method(

@@ -102,10 +102,28 @@ def test_lookup_first_drafts_repeats_by_lookup_and_hands_the_drafter_every_posit
     assert inner.resets == 1 and proposer.pending == []
 
 
-@pytest.mark.parametrize("ngram", [1, 2])
-def test_dflash_with_lookup_first_equals_hf_greedy(tiny_target, ngram):
+def test_lookup_steps_draft_wider_than_the_drafters_block():
+    """With a loop block of 6 over a drafter of block 3, a lookup step drafts up to 5 tokens
+    and needs only the drafter's 2 after its match; the drafter still gets blocks of 3."""
+    inner = Recording()
+    proposer = LookupFirst(inner, ngram=2, inner_block=3)
+
+    def step(ids, first, count, num_drafts=5):
+        features = torch.arange(first, first + count, dtype=torch.float).view(1, count, 1)
+        return proposer.draft(torch.tensor([ids]), features, 6, num_drafts, SamplingConfig(), None).tokens.tolist()
+
+    inner.draft = lambda ids, features, block, num, *rest: inner.seen.append((block, num)) or Drafts(torch.tensor([7]))
+    assert step([1, 2, 3, 4, 5, 6, 7, 2, 3], 0, 9) == [4, 5, 6, 7, 2]  # (2, 3) occurred: five of what followed
+    assert step([1, 2, 3, 4, 2, 3], 0, 6) == [4, 2, 3]  # three followed it, to the context's end
+    assert step([1, 2, 3, 2, 3], 0, 5) == [2, 3]  # two: as many as the drafter would draft
+    assert step([5, 5, 5], 0, 3) == [7] and inner.seen == [(3, 2)]  # one: the drafter, at its block
+    assert step([5, 5, 5], 0, 3, num_drafts=1) == [5]  # the loop's last token: one is a whole draft
+
+
+@pytest.mark.parametrize("ngram,loop_block", [(1, 4), (2, 4), (2, 9)])
+def test_dflash_with_lookup_first_equals_hf_greedy(tiny_target, ngram, loop_block):
     """Through the real drafter, which refuses a gap in its context: lossless, and both
-    proposers drafted."""
+    proposers drafted; with a loop block of 9 over the drafter's 4, lookup steps draft more than 3."""
     torch.manual_seed(0)
     mask_id = resolve_mask_token_id(tiny_target.tokenizer, tiny_target.embedding_rows)
     config = DrafterConfig.from_target(tiny_target.config, num_layers=1, block_size=4, mask_token_id=mask_id)
@@ -113,14 +131,16 @@ def test_dflash_with_lookup_first_equals_hf_greedy(tiny_target, ngram):
     inner = DFlashProposer(drafter, tiny_target.embed, tiny_target.draft_logits, tiny_target.draft_dtype)
     drafts, drafted = inner.draft, []
     inner.draft = lambda *args: drafted.append(1) or drafts(*args)  # counts the drafter's steps
-    proposer = LookupFirst(inner, ngram)
-    steps = 0
+    proposer = LookupFirst(inner, ngram, inner_block=4)
+    steps, widest = 0, 0
     for prompt in PROMPTS:
         ids = tiny_target.tokenizer(prompt, return_tensors="pt").input_ids
-        result = generate(tiny_target, ids, max_new_tokens=40, block_size=4, proposer=proposer)
+        result = generate(tiny_target, ids, max_new_tokens=40, block_size=loop_block, proposer=proposer)
         assert result.output_ids == hf_greedy(tiny_target, ids, 40), prompt
         steps += result.num_steps
+        widest = max(widest, *result.draft_counts)
     assert 0 < len(drafted) < steps, (len(drafted), steps)  # both the drafter and the lookup drafted
+    assert (widest > 3) == (loop_block > 4)  # lookup steps drafted past the drafter's 3 only in the wider loop
 
 
 def test_one_hot_rejection_sampling_emits_the_targets_distribution():

@@ -153,7 +153,7 @@ def test_every_method_runs_on_the_same_prompts_interleaved_and_is_recorded(qwen3
     assert ngram["tau"] > 1.2, "prompt lookup accepted almost nothing: the repetitive prompts should feed it"
     lookup = results.methods["dflash_lookup"]
     assert (lookup["block_size"], lookup["drafter_block_size"], lookup["label"]) == (4, 4, "random")
-    assert lookup["settings"] == {"block_size": 4, "draft_threshold": 0.0, "ngram": 3}
+    assert lookup["settings"] == {"block_size": 4, "draft_threshold": 0.0, "ngram": 3, "lookup_tokens": None}
     assert lookup["tau"] > dflash["tau"], "lookup first did not help a random drafter on repetitive prompts"
     assert results.methods["fake"]["block_size"] == 3 and results.methods["fake"]["tau"] > 1.0
     text = format_results(results)
@@ -218,14 +218,15 @@ def test_a_token_proposer_that_drafts_too_many_is_a_clear_error(qwen3_target):
 
 @pytest.mark.slow
 def test_app_runs_dflash_and_ngram_side_by_side(tmp_path, artifacts):
-    args = ["methods=[dflash,ngram,dflash_lookup]", "ngram.max_ngram=3", "dflash_lookup.ngram=2", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
+    args = ["methods=[dflash,ngram,dflash_lookup]", "ngram.max_ngram=3", "dflash_lookup.ngram=2", "dflash_lookup.tokens=20", "benchmark.max_samples=2", "decoding.max_new_tokens=8",
             "warmup_tokens=0", "hf_generate=false"]  # fmt: skip
     proc = run_cli(args, tmp_path, artifacts)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert list(results["methods"]) == ["dflash", "ngram", "dflash_lookup"] and results["method"] == "dflash"
     assert results["methods"]["ngram"]["settings"]["max_ngram"] == 3
-    assert results["methods"]["dflash_lookup"]["settings"]["ngram"] == 2
+    lookup = results["methods"]["dflash_lookup"]
+    assert (lookup["settings"]["ngram"], lookup["settings"]["lookup_tokens"], lookup["block_size"]) == (2, 20, 21)
     assert all(record["lossless"] for record in results["methods"].values())
 
 
@@ -234,6 +235,7 @@ BAD_METHOD_SETTINGS = {
     "ngram range": (["ngram.min_ngram=0"], "ngram.min_ngram"),
     "a DFlash drafter as eagle3's": (["methods=[eagle3]", "eagle3.path={tmp}/dflash_drafter"], "eagle3.path"),
     "lookup ngram": (["methods=[dflash_lookup]", "dflash_lookup.ngram=0"], "dflash_lookup.ngram"),
+    "lookup tokens": (["methods=[dflash_lookup]", "dflash_lookup.tokens=0"], "dflash_lookup.tokens"),
 }
 
 
