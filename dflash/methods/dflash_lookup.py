@@ -22,8 +22,8 @@ class LookupSettings:
     """The context's last n tokens a lookup matches (>= 1): shorter ones match more often and
     guess worse; a step that finds no match drafts with the drafter."""
     tokens: int | None = None
-    """The most tokens a lookup step drafts (>= 1; None: as the drafter, B - 1): the verify
-    is then that wide on lookup steps, and the drafter's steps stay at its block."""
+    """The most tokens a lookup step drafts (>= 1; None, or at most B - 1: as the drafter's
+    B - 1): the verify is then that wide on lookup steps, the drafter's steps stay at its block."""
 
     def __post_init__(self):
         require(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
