@@ -41,7 +41,10 @@ def test_quick_bench_reports_every_width_against_the_floor(tmp_path, monkeypatch
     one, four = ([float(cell) for cell in row[1:]] for row in rows)
     # cells: verify, / floor, / t(1), HF forward, propose, / its floor, step, break-even
     assert one[2] == 1.0 and one[4] == 0.0 and one[5] == 0.0  # t(1) / t(1); no drafter at B = 1
-    assert four[4] > 0 and four[7] == pytest.approx((four[0] + four[4]) / one[0], abs=0.02)  # break-even = step / t(1)
+    # break-even = step / t(1), from cells printed to 0.01 ms: a tiny target's t(1) of a few tenths of
+    # a millisecond leaves the ratio of rounded cells a few hundredths off
+    rounding = 0.005 + (0.01 + 0.005 * four[7]) / one[0]
+    assert four[4] > 0 and four[7] == pytest.approx((four[0] + four[4]) / one[0], abs=rounding)
     drafter_floor = float(text.split(" MB read per propose, floor ")[1].split(" ms")[0])
     assert four[5] == pytest.approx(four[4] / drafter_floor, rel=0.05, abs=0.02)
     generation = next(line for line in text.splitlines() if line.startswith("Batched greedy generation, 4 prompts ("))
