@@ -1,9 +1,9 @@
 """DFlash with prompt lookup first (`dflash.decoding.ngram.LookupFirst`): a step whose
 context's last `dflash_lookup.ngram` tokens occurred earlier, with a whole draft after them,
 drafts what followed them (up to `dflash_lookup.tokens`, past the block) and skips the drafter;
-every other step drafts with the DFlash
-drafter of `drafter.*`, as `dflash`. Chain verification at `decoding.block_size` (None: the
-drafter's trained block size). Config group `dflash_lookup`."""
+every other step drafts with the DFlash drafter of `drafter.*`, as `dflash`. Chain
+verification at `decoding.block_size` (None: the drafter's trained block size). Config group
+`dflash_lookup`."""
 
 from __future__ import annotations
 
