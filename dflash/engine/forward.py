@@ -22,13 +22,13 @@ Invariants:
   invariant 2).
 - Kernels. Every weight matmul goes through `Linear`, which runs the kernel measured
   fastest here for its row count (`dflash.engine.kernels`); `kernel_path` records it.
-- Attention. A CPU forward of up to `MAX_ATTENTION_QUERIES` (16) new positions in float32
-  or bfloat16, with no mask or a boolean one (decoding, batched regeneration's key mask,
-  draft verification), runs our AVX-512 kernel (`kernels.attention_plan`, `run_attention`):
-  it reads each kv head's cached keys and values once for its group of query heads,
-  straight from the cache's views, and agrees with SDPA within float rounding (float32:
-  1e-6 relative; tests/engine/test_attention.py). Everything else (prefill's causal
-  forward, longer inputs, additive masks, CUDA, no kernel) runs SDPA; `kernel_path` says which.
+- Attention. A CPU forward in float32 or bfloat16, with no mask or a boolean one (a
+  prefill's causal mask, decoding, batched regeneration's key mask, draft verification),
+  runs our kernel (`kernels.attention_plan`, `run_attention`): it reads each kv head's
+  cached keys and values once for its group of query heads, straight from the cache's
+  views, skips the blocks of keys a group of query rows does not see, and agrees with SDPA
+  within float rounding (float32: 1e-6 relative; tests/engine/test_attention.py).
+  Additive masks, CUDA and machines without our kernel run SDPA; `kernel_path` says which.
 - Elementwise ops. On CPU in float32 or bfloat16 with our kernels built, RMSNorm (with the
   residual add before it), SiLU-and-multiply and the rotary embedding with the cache write
   (after Qwen3's norm of each head) run as our fused ops (`kernels.layer_ops`): one pass
@@ -283,7 +283,7 @@ class FastForward:
         layers = ", ".join(f"{name} {linear.describe()}" for name, linear in projections.items())
         path = f"{self.dtype}".removeprefix("torch.") + f"; layers {layers}; head {self.lm_head.describe()}"
         like = self.final_norm[0]
-        path += "; attention ours(1-16) sdpa" if attention_available(like) else "; attention sdpa"
+        path += "; attention ours" if attention_available(like) else "; attention sdpa"
         ops = layer_ops(like)
         return path + (f"; layer ops ours ({ops.isa})" if ops is not None else "; layer ops torch")
 
@@ -309,13 +309,11 @@ class FastForward:
         cache.reserve(end, batch)
         hidden = self.embed_tokens(input_ids)
         cos, sin = rope_tables(self.rotary, hidden, position_ids)
-        mask, causal = attention_mask, False
+        # SDPA takes a prefill's causal mask as `is_causal` (its fast path); our kernel as a mask
+        mask, causal = attention_mask, attention_mask is None and q > 1 and start == 0
         if mask is None and q > 1:
-            if start == 0:
-                causal = True
-            else:
-                keys = torch.arange(end, device=input_ids.device)
-                mask = keys <= torch.arange(start, end, device=input_ids.device).unsqueeze(1)
+            keys = torch.arange(end, device=input_ids.device)
+            mask = keys <= torch.arange(start, end, device=input_ids.device).unsqueeze(1)
         taps = set(layer_ids or ())
         last = len(self.layers) - 1
         features = []
@@ -343,11 +341,11 @@ class FastForward:
                 cache.values[index, :, :, start:end] = value
             keys, values = cache.keys[index, :, :, :end], cache.values[index, :, :, :end]
             if index == 0:  # every layer has the same shapes: check once per forward
-                plan = None if causal else attention_plan(query, keys, values, mask)
+                plan = attention_plan(query, keys, values, mask)
             out = None if plan is None else run_attention(query, keys, values, plan[0])
             if out is None:
                 out = F.scaled_dot_product_attention(
-                    query, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads
+                    query, keys, values, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=heads != kv_heads
                 )
             attended = layer.o(out.transpose(1, 2).reshape(batch, q, q_width))
             hidden, x = add_rms_norm(ops, hidden, layer.post_norm, attended)

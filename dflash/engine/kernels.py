@@ -290,8 +290,6 @@ def _sweep(kernel, group: list[Linear], x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-#: query positions up to which `run_attention` runs our kernel (decoding and draft verification)
-MAX_ATTENTION_QUERIES = 16
 _ATTENTION_HEAD_DIMS = (64, 128, 256)
 _attention_broken = False
 
@@ -303,14 +301,12 @@ def attention_plan(
     softmax(query keys^T / sqrt(d) + mask) values for tensors like these, as SDPA with
     `enable_gqa` does (query (b, heads, q, d); keys, values (b, kv_heads, L, d), views of a
     cache, any strides with the last one 1, never copied); None, and the caller runs SDPA:
-    not CPU, not float32 or bfloat16 throughout, more than `MAX_ATTENTION_QUERIES` query
-    positions, a head_dim other than 64/128/256, a mask that is not boolean or does not
-    broadcast, gradients, or no kernel on this machine."""
+    not CPU, not float32 or bfloat16 throughout, a head_dim other than 64/128/256, a mask
+    that is not boolean or does not broadcast, gradients, or no kernel on this machine."""
     batch, heads, q, head_dim = query.shape
     if (
         _attention_broken
         or query.device.type != "cpu"
-        or q > MAX_ATTENTION_QUERIES
         or head_dim not in _ATTENTION_HEAD_DIMS
         or query.dtype not in (torch.float32, torch.bfloat16)
         or keys.dtype != query.dtype

@@ -66,7 +66,7 @@ def test_decode_attention_equals_sdpa(kernel_isa, dtype, batch, length, heads, m
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("head_dim", "q"), [(128, 1), (256, 3), (64, 16), (128, 16)])
+@pytest.mark.parametrize(("head_dim", "q"), [(128, 1), (256, 3), (64, 16), (128, 16), (64, 40), (128, 33)])
 def test_other_head_dims_and_several_queries_equal_sdpa(kernel_isa, dtype, head_dim, q):
     check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q)
     check(dtype, 2, 40, 12, 3, head_dim=head_dim, q=q, mask="none")
@@ -76,14 +76,15 @@ def test_other_head_dims_and_several_queries_equal_sdpa(kernel_isa, dtype, head_
 def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(kernel_isa, dtype):
     """The kernel starts each (batch row, kv head) at the first key any of its query rows sees:
     rows that start at other keys (not the first row's, not in order) still see all of theirs."""
-    query, keys, values, _ = case(dtype, 2, 100, 9, 3, q=3, mask="none")
-    first = torch.tensor([[70, 21, 40], [33, 90, 17]])  # (batch, query row): its first seen key
-    mask = (torch.arange(100) >= first.unsqueeze(-1)).unsqueeze(1)
+    query, keys, values, _ = case(dtype, 2, 160, 9, 3, q=3, mask="none")
+    first = torch.tensor([[130, 81, 100], [93, 150, 77]])  # (batch, query row): its first seen key
+    mask = (torch.arange(160) >= first.unsqueeze(-1)).unsqueeze(1)
     ours = attention(query, keys, values, mask)
     exact = F.scaled_dot_product_attention(query.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=True)
     assert (ours.double() - exact).abs().max() <= (2e-6 if dtype == torch.float32 else 2e-2) * exact.abs().max()
-    # the same keys without the leading 16 that no row sees: the same result, bit for bit
-    torch.testing.assert_close(attention(query, keys[:, :, 16:], values[:, :, 16:], mask[..., 16:]), ours, rtol=0, atol=0)
+    # the same keys without the leading 64 that no row sees (a whole chunk of keys on every
+    # instruction set): the same result, bit for bit
+    torch.testing.assert_close(attention(query, keys[:, :, 64:], values[:, :, 64:], mask[..., 64:]), ours, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -115,6 +116,20 @@ def test_rows_split_over_threads_give_the_same_bits(kernel_isa, dtype, batch, q)
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_among_many_gives_the_bits_it_gives_alone(kernel_isa, dtype):
+    """Each query row of a causal forward over 40 new positions (a prefill, a verification)
+    equals, bit for bit, the same position run alone over only the keys it sees (decoding):
+    a row's result depends on its own query, keys and mask, not on the rows grouped with it,
+    nor on the blocks of keys past its last seen one that the group's pass skips."""
+    query, keys, values, mask = case(dtype, 2, 70, 9, 3, q=40)
+    together = attention(query, keys, values, mask)
+    for i in (0, 7, 21, 39):
+        end = 70 - 40 + i + 1
+        alone = attention(query[:, :, i : i + 1], keys[:, :, :end], values[:, :, :end], mask[:, :, i : i + 1, :end])
+        torch.testing.assert_close(together[:, :, i : i + 1], alone, rtol=0, atol=0)
+
+
 def test_a_row_with_every_key_masked_is_zero_as_sdpa(kernel_isa):
     query, keys, values, mask = case(torch.float32, 2, 17, 9, 3)
     mask = mask.clone()
@@ -130,8 +145,6 @@ def test_where_the_kernel_does_not_apply_the_caller_runs_sdpa():
     additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
     assert attention(query, keys, values, additive) is None
     assert attention(query.half(), keys.half(), values.half(), None) is None
-    long_query = torch.randn(2, 9, kernels.MAX_ATTENTION_QUERIES + 1, 64)
-    assert attention(long_query, keys, values, None) is None
     odd = case(torch.float32, 2, 17, 9, 3, head_dim=48)
     assert attention(*odd) is None
     with torch.inference_mode(False), torch.enable_grad():

@@ -1,6 +1,6 @@
-// softmax(q k^T * scale + mask) v for a few query positions over a KV cache (decoding),
-// reading each kv head's keys and values from memory once for all the query heads of its
-// group (GQA). Part of module.cpp (dflash.engine.kernels builds it); the engine
+// softmax(q k^T * scale + mask) v for query positions over a KV cache (prefill, decoding,
+// verification), reading each kv head's keys and values from memory once for all the query
+// heads of its group (GQA). Part of module.cpp (dflash.engine.kernels builds it); the engine
 // calls it from its forward where it applies (`kernels.attention_plan`, `run_attention`).
 //
 // query: (B, H, Q, D); keys, values: (B, KVH, L, D), any strides with the last one 1 (the
@@ -13,12 +13,22 @@
 // one part, unless there are few such pairs and the threads do not divide their count (a
 // small model's 3 kv heads on 2 threads leave one thread idle a third of the time); then
 // each pair's rows are cut in as many parts as threads. A row's result does not depend on
-// the rows that share its task. Each row scores every key (float32 accumulation; bfloat16
-// widened to float32, or with AVX512-BF16 pair products, exact, summed in float32), the
-// scores of a row are scaled, masked (-inf), max-subtracted and exponentiated
-// (vectorised Cephes-style exp, about 1 ulp), then the values are summed under those
-// weights in float32 and divided by the row's sum once; bfloat16 rounds once (nearest
-// even) at the end. A row whose keys are all masked gives 0, as SDPA's CPU flash kernel.
+// the rows that share its task. A task runs its rows in groups that fit the registers, each
+// group in one pass over the keys it can see (from the chunk of the first key any row of
+// the task sees to that of the last any row of the group sees: a causal prefill skips the
+// later positions' keys), CH keys at a time (flash decoding: keys and values are read
+// together, as two streams). With batched rows a task also fetches the next task's keys
+// and values into cache: each is a few KB, too short for the hardware prefetcher, and read
+// cold they took three times their bytes' time. A row scores every key (float32
+// accumulation; bfloat16 widened to float32, or with AVX512-BF16 pair products, exact,
+// summed in float32), scaled and masked (-inf); it keeps a running maximum and sum, and
+// when a chunk raises the maximum its sum and weighted values so far are scaled by
+// e^(old - new) (vectorised Cephes-style exp, about 1 ulp); the values are summed in
+// float32 and divided by the row's sum once; bfloat16 rounds once (nearest even) at the
+// end. Chunks start at multiples of CH from key 0 whatever the keys skipped, so a row's
+// result is a function of its own query, keys and mask: a verified position gives the
+// bits it gives decoded alone. A row whose keys are all masked gives 0, as SDPA's CPU
+// flash kernel.
 // Needs D in {64, 128, 256}; kernels.py checks it.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -37,11 +47,10 @@ namespace {
 
 using namespace dflash_vec;
 
-// q . k * scale of `rows` query rows against keys [j0, j0 + n), n <= W, into
-// scores[r * ld + j0 ...] (a block of W keys stays in L1 while the rows pass over it).
+// q . k * scale of `rows` query rows against the n <= W keys at k, into scores[r * ld ...] (a block of W keys stays in L1 while the rows pass over it).
 template <int NC, typename T>
 inline void score_block(const T* k, int64_t k_stride, int n, const T* const* q, int rows, vf scale, float* scores,
-                        int64_t ld, int64_t j0) {
+                        int ld) {
   for (int r = 0; r < rows; ++r) {
     vf acc[W];
 #if defined(DFLASH_BF16_DOT)
@@ -55,7 +64,7 @@ inline void score_block(const T* k, int64_t k_stride, int n, const T* const* q, 
           for (int c = 0; c < NP; ++c)
             acc[j] = _mm512_dpbf16_ps(acc[j], qv[c], (__m512bh)_mm512_loadu_si512(k + j * k_stride + 32 * c));
       }
-      store(scores + r * ld + j0, mul(lane_sums(acc), scale));
+      store(scores + r * ld, mul(lane_sums(acc), scale));
       continue;
     }
 #endif
@@ -66,64 +75,19 @@ inline void score_block(const T* k, int64_t k_stride, int n, const T* const* q, 
       if (j < n)
         for (int c = 0; c < NC; ++c) acc[j] = fmadd(qv[c], load(k + j * k_stride + W * c), acc[j]);
     }
-    store(scores + r * ld + j0, mul(lane_sums(acc), scale));
+    store(scores + r * ld, mul(lane_sums(acc), scale));
   }
 }
 
-// out rows += sum over keys of p[r][j] v[j], for ROWS rows of weights (weights[r * ld + j]).
-template <int NC, int ROWS, typename T>
-inline void weigh_values(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld,
-                         const float* inverse_sums, T* const* out) {
-  vf acc[ROWS][NC];
-  for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = zero();
-  for (int64_t j = 0; j < L; ++j) {
-    const T* vj = v + j * v_stride;
-    vf vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load(vj + W * c);
-    for (int r = 0; r < ROWS; ++r) {
-      const vf p = set1(weights[r * ld + j]);
-      for (int c = 0; c < NC; ++c) acc[r][c] = fmadd(p, vv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < ROWS; ++r) {
-    const vf inv = set1(inverse_sums[r]);
-    for (int c = 0; c < NC; ++c) store(out[r] + W * c, mul(acc[r][c], inv));
-  }
-}
-
-template <int NC, typename T>
-void weigh_group(const T* v, int64_t v_stride, int64_t L, const float* weights, int64_t ld, const float* inverse_sums,
-                 T* const* out, int rows) {
-  constexpr int RG = std::max(1, std::min(6, (REGS - 2) / (NC + 1)));  // rows per pass: RG * NC accumulators
-  for (int r0 = 0; r0 < rows; r0 += RG) {
-    const int n = std::min(RG, rows - r0);
-    const float* w = weights + r0 * ld;
-    switch (n) {
-#define DFLASH_ROWS(k)                                                                 \
-  case k:                                                                              \
-    if constexpr (k <= RG) weigh_values<NC, k>(v, v_stride, L, w, ld, inverse_sums + r0, out + r0); \
-    break;
-      DFLASH_ROWS(1)
-      DFLASH_ROWS(2)
-      DFLASH_ROWS(3)
-      DFLASH_ROWS(4)
-      DFLASH_ROWS(5)
-      DFLASH_ROWS(6)
-#undef DFLASH_ROWS
-      default:
-        break;
-    }
-  }
-}
-
-// scores s[j] = -inf for the keys j in [from, L) that the mask row m hides, 8 bools at a time
-// (a run of seen keys, the common case, costs one compare)
-inline void hide_masked(float* s, const bool* m, int64_t mask_l, int64_t from, int64_t L) {
+// A chunk's scores of one row: -inf for lanes [n, to) and the keys the mask row m hides, 8
+// bools at a time (a run of seen keys, the common case, costs one compare).
+inline void hide_masked(float* s, const bool* m, int64_t mask_l, int n, int to) {
   constexpr uint64_t all_seen = 0x0101010101010101ull;
-  int64_t j = from;
+  for (int j = n; j < to; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  if (!m) return;
+  int j = 0;
   if (mask_l == 1) {
-    for (; j + 8 <= L; j += 8) {
+    for (; j + 8 <= n; j += 8) {
       uint64_t bits;
       std::memcpy(&bits, m + j, sizeof(bits));
       if (bits == all_seen) continue;
@@ -131,8 +95,88 @@ inline void hide_masked(float* s, const bool* m, int64_t mask_l, int64_t from, i
         if (!m[j + t]) s[j + t] = -std::numeric_limits<float>::infinity();
     }
   }
-  for (; j < L; ++j)
+  for (; j < n; ++j)
     if (!m[j * mask_l]) s[j] = -std::numeric_limits<float>::infinity();
+}
+
+// Rows [0, count) of a cache block (row j at base + j * stride, `bytes` each) fetched into
+// cache one row per `fetch` (the next task's keys or values). Null base: nothing.
+struct Rows {
+  const char* base = nullptr;
+  int64_t stride = 0, count = 0;
+  int bytes = 0;
+  inline void fetch(int64_t j) const {
+    if (base == nullptr || j >= count) return;
+    const char* row = base + j * stride;
+    for (int line = 0; line < bytes; line += 64) prefetch_l2(row + line);
+  }
+};
+
+// keys per chunk of attend_rows' pass: its scores' maximum and exponentials are taken per
+// chunk, so their horizontal steps and the running maximum's checks are paid once per CH keys
+constexpr int CH = 4 * W;
+
+// One pass over keys [j_lo, j_hi) for ROWS query rows (flash decoding), CH keys at a time:
+// each row's scores, its running maximum and sum (the earlier sums and weighted values
+// scaled by e^(old max - new max) when the maximum grows), and the chunk's values weighted
+// into the row's float32 accumulators. Keys and values are read together, chunk by chunk,
+// as two streams. Chunks start at multiples of CH from key 0, and a chunk a row sees none
+// of changes nothing of that row, so skipping whole masked chunks gives the same bits.
+template <int NC, int ROWS, typename T>
+inline void attend_rows(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t j_lo, int64_t j_hi,
+                        const T* const* q, const bool* const* mask_rows, int64_t mask_l, vf scale, T* const* out,
+                        const Rows& next_keys, const Rows& next_values) {
+  alignas(64) float s[ROWS * CH];
+  vf acc[ROWS][NC], sums[ROWS];
+  float top[ROWS];
+  for (int r = 0; r < ROWS; ++r) {
+    for (int c = 0; c < NC; ++c) acc[r][c] = zero();
+    sums[r] = zero();
+    top[r] = -std::numeric_limits<float>::infinity();
+  }
+  for (int64_t j0 = j_lo; j0 < j_hi; j0 += CH) {
+    const int n = static_cast<int>(std::min<int64_t>(CH, j_hi - j0)), blocks = (n + W - 1) / W;
+    for (int j = 0; j < n; ++j) next_keys.fetch(j0 + j), next_values.fetch(j0 + j);
+    for (int b = 0; b < blocks; ++b)
+      score_block<NC>(k + (j0 + b * W) * k_stride, k_stride, std::min(W, n - b * W), q, ROWS, scale, s + b * W, CH);
+    for (int r = 0; r < ROWS; ++r) {
+      float* sr = s + r * CH;
+      hide_masked(sr, mask_rows[r] ? mask_rows[r] + j0 * mask_l : nullptr, mask_l, n, blocks * W);
+      vf mx = load(sr);
+      for (int b = 1; b < blocks; ++b) mx = max(mx, load(sr + b * W));
+      const float chunk_top = reduce_max(mx);
+      if (chunk_top == -std::numeric_limits<float>::infinity()) {  // weights of exactly 0
+        for (int b = 0; b < blocks; ++b) store(sr + b * W, zero());
+        continue;
+      }
+      if (chunk_top > top[r]) {
+        const vf shrink = exp_nonpositive(set1(top[r] - chunk_top));  // 0 for the first chunk seen
+        for (int c = 0; c < NC; ++c) acc[r][c] = mul(acc[r][c], shrink);
+        sums[r] = mul(sums[r], shrink);
+        top[r] = chunk_top;
+      }
+      const vf topv = set1(top[r]);
+      for (int b = 0; b < blocks; ++b) {
+        const vf e = exp_nonpositive(sub(load(sr + b * W), topv));
+        store(sr + b * W, e);
+        sums[r] = add(sums[r], e);
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      const T* vj = v + (j0 + j) * v_stride;
+      vf vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = load(vj + W * c);
+      for (int r = 0; r < ROWS; ++r) {
+        const vf p = set1(s[r * CH + j]);
+        for (int c = 0; c < NC; ++c) acc[r][c] = fmadd(p, vv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    // all keys masked: every weight is 0 and so is the row, as SDPA's CPU flash kernel
+    const vf inv = set1(top[r] == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / reduce_add(sums[r]));
+    for (int c = 0; c < NC; ++c) store(out[r] + W * c, mul(acc[r][c], inv));
+  }
 }
 
 struct Strides {
@@ -145,16 +189,16 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
             int64_t KVH, int64_t Q, int64_t L, float scale) {
   constexpr int64_t D = W * NC;
   const int64_t G = H / KVH, R = G * Q;
-  const int64_t ld = (L + W - 1) / W * W;
   const vf scale_v = set1(scale);
   const int64_t pairs = B * KVH, threads = at::get_num_threads();
   const int64_t parts = pairs % threads != 0 && pairs < 8 * threads ? std::min(threads, R) : 1;
+  // rows per pass (attend_rows' registers: RG * NC accumulators, NC values, a weight)
+  constexpr int RG = std::max(1, std::min(6, (REGS - 2) / (NC + 1)));
   at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals flush;
-    std::vector<float> scores(R * ld);
-    std::vector<float> inverse_sums(R);
     std::vector<const T*> q_rows(R);
     std::vector<T*> out_rows(R);
+    std::vector<const bool*> mask_rows(R, nullptr);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / parts / KVH, kvh = task / parts % KVH, part = task % parts;
       // the pair's row r = g * Q + i: query head kvh * G + g at position i; this task's rows
@@ -164,10 +208,10 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
         const int64_t g = (r0 + r) / Q, i = (r0 + r) % Q, h = kvh * G + g;
         q_rows[r] = query + b * qs.b + h * qs.h + i * q_pos_stride;
         out_rows[r] = out + ((b * Q + i) * H + h) * D;
+        if (mask) mask_rows[r] = mask + b * mask_b + i * mask_q;
       }
       // keys before the first one any row sees (a row's left padding) are skipped, from a
-      // multiple of W on: the scores' lanes keep their keys, so the result is bit for bit
-      // the one over every key (the skipped ones weigh exactly 0)
+      // multiple of CH on (attend_rows: the same result)
       int64_t j_lo = 0;
       if (mask) {
         j_lo = L;
@@ -177,31 +221,57 @@ void attend(const T* query, Strides qs, int64_t q_pos_stride, const T* keys, Str
           while (j < j_lo && !m[j * mask_l]) ++j;
           j_lo = j;
         }
-        j_lo = j_lo == L ? 0 : j_lo / W * W;
+        j_lo = j_lo == L ? 0 : j_lo / CH * CH;
+      }
+      // the next task's, where there are many short streams (batched rows), unless it is
+      // another part of this pair (in cache); one row's longer streams the hardware prefetches
+      Rows next_keys, next_values;
+      if (B > 1 && task + 1 < end && (task + 1) / parts != task / parts) {
+        const int64_t nb = (task + 1) / parts / KVH, nkvh = (task + 1) / parts % KVH;
+        const int row_bytes = static_cast<int>(D * sizeof(T));
+        next_keys = Rows{reinterpret_cast<const char*>(keys + nb * ks.b + nkvh * ks.h), ks.l * int64_t(sizeof(T)), L, row_bytes};
+        next_values = Rows{reinterpret_cast<const char*>(values + nb * vs.b + nkvh * vs.h), vs.l * int64_t(sizeof(T)), L, row_bytes};
       }
       const T* k = keys + b * ks.b + kvh * ks.h;
-      for (int64_t j0 = j_lo; j0 < L; j0 += W)
-        score_block<NC>(k + j0 * ks.l, ks.l, static_cast<int>(std::min<int64_t>(W, L - j0)), q_rows.data(),
-                        static_cast<int>(n), scale_v, scores.data(), ld, j0);
-      for (int64_t r = 0; r < n; ++r) {
-        float* s = scores.data() + r * ld;
-        if (mask) hide_masked(s, mask + b * mask_b + (r0 + r) % Q * mask_q, mask_l, j_lo, L);
-        for (int64_t j = L; j < ld; ++j) s[j] = -std::numeric_limits<float>::infinity();  // the last block's rest
-        vf mx = set1(-std::numeric_limits<float>::infinity());
-        for (int64_t j = j_lo; j < ld; j += W) mx = max(mx, load(s + j));
-        const float top = reduce_max(mx);
-        const vf topv = set1(top);
-        vf sum = zero();
-        for (int64_t j = j_lo; j < ld; j += W) {
-          const vf e = exp_nonpositive(sub(load(s + j), topv));
-          store(s + j, e);
-          sum = add(sum, e);
+      const T* v = values + b * vs.b + kvh * vs.h;
+      const int64_t groups = (n + RG - 1) / RG;
+      for (int64_t group = 0, g0 = 0; group < groups; ++group) {  // groups of near-equal size
+        const int rows = static_cast<int>((group + 1) * n / groups - g0);
+        // keys after the last one a row of the group sees (causal rows: the later positions'
+        // keys) end its pass, at a multiple of CH: the chunks skipped are fully masked
+        int64_t j_hi = L;
+        if (mask) {
+          j_hi = j_lo;
+          for (int r = 0; r < rows; ++r) {
+            const bool* m = mask_rows[g0 + r];
+            int64_t j = L;
+            while (j > j_hi && !m[(j - 1) * mask_l]) --j;
+            j_hi = j;
+          }
+          j_hi = std::min(L, (j_hi + CH - 1) / CH * CH);
         }
-        // all keys masked: every weight is 0 and so is the row, as SDPA's CPU flash kernel
-        inverse_sums[r] = top == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f / reduce_add(sum);
+        const Rows none;
+        const Rows& nk = g0 == 0 ? next_keys : none;
+        const Rows& nv = g0 == 0 ? next_values : none;
+        switch (rows) {
+#define DFLASH_ROWS(c)                                                                                               \
+  case c:                                                                                                            \
+    if constexpr (c <= RG)                                                                                           \
+      attend_rows<NC, c>(k, ks.l, v, vs.l, j_lo, j_hi, q_rows.data() + g0, mask_rows.data() + g0, mask_l, scale_v, \
+                         out_rows.data() + g0, nk, nv);                                                              \
+    break;
+          DFLASH_ROWS(1)
+          DFLASH_ROWS(2)
+          DFLASH_ROWS(3)
+          DFLASH_ROWS(4)
+          DFLASH_ROWS(5)
+          DFLASH_ROWS(6)
+#undef DFLASH_ROWS
+          default:
+            break;
+        }
+        g0 += rows;
       }
-      weigh_group<NC>(values + b * vs.b + kvh * vs.h + j_lo * vs.l, vs.l, L - j_lo, scores.data() + j_lo, ld,
-                      inverse_sums.data(), out_rows.data(), static_cast<int>(n));
     }
   });
 }
