@@ -121,7 +121,7 @@ def test_a_row_among_many_gives_the_bits_it_gives_alone(kernel_isa, dtype):
     """Each query row of a causal forward over 40 new positions (a prefill, a verification)
     equals, bit for bit, the same position run alone over only the keys it sees (decoding):
     a row's result depends on its own query, keys and mask, not on the rows grouped with it,
-    nor on the blocks of keys past its last seen one that the group's pass skips."""
+    nor on the chunks of keys past its last seen one that the group's pass skips."""
     query, keys, values, mask = case(dtype, 2, 70, 9, 3, q=40)
     together = attention(query, keys, values, mask)
     for i in (0, 7, 21, 39):

@@ -47,7 +47,8 @@ namespace {
 
 using namespace dflash_vec;
 
-// q . k * scale of `rows` query rows against the n <= W keys at k, into scores[r * ld ...] (a block of W keys stays in L1 while the rows pass over it).
+// q . k * scale of `rows` query rows against the n <= W keys at k, into scores[r * ld ...]
+// (a block of W keys stays in L1 while the rows pass over it).
 template <int NC, typename T>
 inline void score_block(const T* k, int64_t k_stride, int n, const T* const* q, int rows, vf scale, float* scores,
                         int ld) {
