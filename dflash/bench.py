@@ -21,7 +21,7 @@ It prints (and writes with --out, as Markdown):
   which is the acceptance length it needs to break even;
 - batched greedy generation (regeneration's path) in tokens/s on both forwards, the fast one's steps
   after its prefill apart, against the compute floor: the FLOPs of every prompt and new token (2 x the
-  weights each multiplies) over the measured matmul throughput;
+  weights each multiplies) over the measured throughput of the fastest matmul kernel here;
 - llama.cpp's t(B) on this machine (CPU only): its own `llama-bench` on the target converted to GGUF in the
   same dtype, B tokens after `--context` cached ones, the same threads, the median of its samples, beside
   our verify (llama.cpp built and converted by `dflash.llamacpp`). `--llama-cpp` builds what is missing
@@ -185,12 +185,18 @@ def read_bandwidth(device) -> float:
 
 
 def matmul_flops(dtype, device) -> float:
-    """FLOP/s of a large matmul in the target's dtype (the compute floor's denominator)."""
+    """FLOP/s of a large matmul in the target's dtype (the compute floor's denominator): the
+    fastest of the engine's matmul kernels that run here (`dflash.engine.kernels`: torch's,
+    oneDNN's, MKL's, ours), as a 512-row linear of 576 -> 4,096."""
     import torch
 
-    a = torch.randn(512, 576, dtype=dtype, device=device)
-    b = torch.randn(576, 4096, dtype=dtype, device=device)
-    return 2 * 512 * 576 * 4096 / median_seconds(lambda: a @ b, 10, device)
+    from dflash.engine.kernels import KERNELS, Linear
+
+    x = torch.randn(512, 576, dtype=dtype, device=device)
+    linear = Linear(torch.randn(4096, 576, dtype=dtype, device=device), None)
+    with torch.inference_mode():
+        seconds = min(median_seconds(lambda k=KERNELS[name]: k(linear, x), 10, device) for name in linear.candidates())
+    return 2 * 512 * 576 * 4096 / seconds
 
 
 def llama_cpp_gguf(model_dir: str, dtype: str, args) -> tuple[str | None, str]:
@@ -402,7 +408,7 @@ def report(args) -> str:
             "",
             f"Batched greedy generation, {args.batch} prompts ({prompt_tokens} prompt tokens) x {args.new_tokens} new "
             "tokens: " + ", ".join(f"{name} {rate:.0f} tok/s" for name, rate in rates.items()) + ". Compute floor at a "
-            f"measured {flops / 1e9:.0f} GFLOP/s matmul: {run_floor:.0f} new tok/s for the fast run (its prompts "
+            f"measured {flops / 1e9:.0f} GFLOP/s (the fastest matmul kernel here): {run_floor:.0f} new tok/s for the fast run (its prompts "
             f"included, 2 x {per_prompt / 1e6:.0f}M FLOPs per prompt token), {flops / (2 * per_new):.0f} tok/s for its "
             f"steps (2 x {per_new / 1e6:.0f}M FLOPs per new token).",
         ]
