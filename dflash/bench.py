@@ -190,12 +190,12 @@ def matmul_flops(dtype, device) -> float:
     oneDNN's, MKL's, ours), as a 512-row linear of 576 -> 4,096."""
     import torch
 
-    from dflash.engine.kernels import KERNELS, Linear
+    from dflash.engine import kernels
 
     x = torch.randn(512, 576, dtype=dtype, device=device)
-    linear = Linear(torch.randn(4096, 576, dtype=dtype, device=device), None)
+    linear = kernels.Linear(torch.randn(4096, 576, dtype=dtype, device=device), None)
     with torch.inference_mode():
-        seconds = min(median_seconds(lambda k=KERNELS[name]: k(linear, x), 10, device) for name in linear.candidates())
+        seconds = min(median_seconds(lambda run=kernels.KERNELS[name]: run(linear, x), 10, device) for name in linear.candidates())
     return 2 * 512 * 576 * 4096 / seconds
 
 
