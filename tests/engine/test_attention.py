@@ -85,6 +85,10 @@ def test_keys_before_every_rows_first_seen_key_are_skipped_rightly(kernel_isa, d
     # the same keys without the leading 64 that no row sees (a whole chunk of keys on every
     # instruction set): the same result, bit for bit
     torch.testing.assert_close(attention(query, keys[:, :, 64:], values[:, :, 64:], mask[..., 64:]), ours, rtol=0, atol=0)
+    # each row alone (its own first key, so its own start): the same bits as among the others
+    for i in range(3):
+        alone = attention(query[:, :, i : i + 1], keys, values, mask[:, :, i : i + 1])
+        torch.testing.assert_close(alone, ours[:, :, i : i + 1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
