@@ -23,7 +23,7 @@ from dflash.decoding.sampling import probabilities, sample
 from dflash.decoding.verify import Drafts
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter.model import DFlashDrafter
-from dflash.engine import argmax
+from dflash.engine import FastDrafter, argmax
 
 
 class DSparkProposer(DFlashProposer):
@@ -41,6 +41,8 @@ class DSparkProposer(DFlashProposer):
             raise ValueError("a confidence threshold needs a drafter with a confidence head")
         super().__init__(drafter, embed, logits, lean_dtype, graphed)
         self.confidence_threshold = confidence_threshold
+        # where the lean forward decodes, its copy of the Markov head on the engine's kernels
+        self.markov_bias = self.forward.markov_bias if isinstance(self.forward, FastDrafter) else drafter.markov_head.bias
 
     @classmethod
     def for_target(cls, drafter: DFlashDrafter, target, confidence_threshold: float = 0.0) -> DSparkProposer:
@@ -61,7 +63,7 @@ class DSparkProposer(DFlashProposer):
             embedded = markov.embed(prev)
             if cuts and torch.sigmoid(confidence(hidden[slot], embedded)) < self.confidence_threshold:
                 break
-            logits = base[slot] + markov.bias(embedded)
+            logits = base[slot] + self.markov_bias(embedded)
             if sampling.greedy:
                 prev = argmax(logits[None])[0]
             else:

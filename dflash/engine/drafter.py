@@ -12,6 +12,8 @@ Invariants:
   same order (float32: equal within float rounding; tests/engine/test_drafter.py), with
   DFlash2's convolutions through copies of the module's (`GroupedDynamicConv`) and the
   boolean decoding mask its caller passes for a window or a causal block (None: none).
+- DSpark's Markov bias (`markov_bias`, read once per drafted slot) runs here too: a copy of
+  its (V, R) matrix in this dtype on the kernel tuned for one row.
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
@@ -78,9 +80,18 @@ class FastDrafter:
             )
         linears = [layer[name] for layer in self.layers for name in ("q", "kv", "o", "gate_up", "down")]
         tune(linears + ([self.fc] if self.fc is not None else []))
+        markov = drafter.markov_head
+        self.markov_w2 = None if markov is None else _linear(dtype, markov.markov_w2)
+        if self.markov_w2 is not None:
+            tune([self.markov_w2], rows=(1,))
         first = drafter.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.intermediate = drafter.layers[0].mlp.gate_proj.out_features
+
+    @torch.inference_mode()
+    def markov_bias(self, embedded: torch.Tensor) -> torch.Tensor:
+        """`MarkovHead.bias` of one slot's (R,) Markov embedding, in this dtype on the tuned kernel: (V,) float32."""
+        return self.markov_w2(embedded[None].to(self.dtype))[0].float()
 
     @torch.inference_mode()
     def __call__(self, block_embeds, block_positions, context_features, context_positions, mask=None, cache=None):

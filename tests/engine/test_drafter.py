@@ -1,7 +1,7 @@
 """The drafter's lean decoding forward (dflash.engine.drafter) computes what the module computes:
 float32 logits of every propose equal within float rounding over a growing drafter cache,
-bfloat16 within its rounding, DFlash2's convolutions and a window or a causal block included;
-a decoding loop drafting through it stays lossless."""
+bfloat16 within its rounding, DFlash2's convolutions, DSpark's Markov bias and a window or a
+causal block included; a decoding loop drafting through it stays lossless."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import torch
 from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter
+from dflash.dspark.proposer import DSparkProposer
 from dflash.engine.drafter import FastDrafter
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
-from helpers.decoding import random_drafter
+from helpers.decoding import RecordingProposer, dspark_drafter, random_drafter
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +102,32 @@ def test_decoding_with_the_lean_drafter_is_the_targets_greedy_output(target):
     proposer = DFlashProposer(drafter, target.embed, target.draft_logits, target.draft_dtype)
     assert target.draft_dtype == torch.bfloat16 and isinstance(proposer.forward, FastDrafter)
     assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=proposer).output_ids == plain
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_lean_markov_bias_is_the_modules(target, dtype, tolerance):
+    drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
+    lean, markov = FastDrafter(drafter, dtype), drafter.markov_head
+    with torch.inference_mode():
+        for embedded in markov.embed(torch.arange(6)):
+            ours, reference = lean.markov_bias(embedded), markov.bias(embedded)
+            assert ours.dtype == torch.float32 and ours.shape == reference.shape
+            assert float((ours - reference).abs().max() / reference.abs().max()) < tolerance
+
+
+def test_a_lean_dspark_proposer_drafts_the_modules_tokens_without_the_modules_matvec(target, monkeypatch):
+    """Its Markov bias (here larger than the logits, so it picks the drafts) comes from the lean copy,
+    never from the module's float32 head, and decoding stays the target's greedy output."""
+    drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3))
+    plain = generate(target, ids, max_new_tokens=40).output_ids
+    module = RecordingProposer(DSparkProposer(drafter, target.embed, target.logits))
+    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=module).output_ids == plain
+
+    def refused(embedded):
+        raise AssertionError("the lean proposer ran the module's Markov head")
+
+    monkeypatch.setattr(drafter.markov_head, "bias", refused)
+    lean = RecordingProposer(DSparkProposer(drafter, target.embed, target.logits, lean_dtype=torch.float32))
+    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=lean).output_ids == plain
+    assert lean.drafts == module.drafts and any(len(draft) > 0 for draft in lean.drafts)
