@@ -23,7 +23,7 @@ from dflash.decoding.sampling import probabilities, sample
 from dflash.decoding.verify import Drafts
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter.model import DFlashDrafter
-from dflash.engine import FastDrafter, argmax
+from dflash.engine import argmax, lean_linears
 
 
 class DSparkProposer(DFlashProposer):
@@ -41,8 +41,9 @@ class DSparkProposer(DFlashProposer):
             raise ValueError("a confidence threshold needs a drafter with a confidence head")
         super().__init__(drafter, embed, logits, lean_dtype, graphed)
         self.confidence_threshold = confidence_threshold
-        # where the lean forward decodes, its copy of the Markov head on the engine's kernels
-        self.markov_bias = self.forward.markov_bias if isinstance(self.forward, FastDrafter) else drafter.markov_head.bias
+        # the Markov head's (V, R) matrix is read once per drafted slot: on the engine's kernels
+        # in the lean dtype where the lean forward decodes
+        self.markov = drafter.markov_head if lean_dtype is None else lean_linears(drafter.markov_head, lean_dtype)
 
     @classmethod
     def for_target(cls, drafter: DFlashDrafter, target, confidence_threshold: float = 0.0) -> DSparkProposer:
@@ -55,7 +56,7 @@ class DSparkProposer(DFlashProposer):
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
         hidden = self.block_hidden(committed_ids, new_features, block_size, num_drafts)
         base = self.logits(hidden).float()
-        markov, confidence = self.drafter.markov_head, self.drafter.confidence_head
+        markov, confidence = self.markov, self.drafter.confidence_head
         cuts = confidence is not None and self.confidence_threshold > 0
         prev = committed_ids[0, -1]
         tokens, probs = [], []
@@ -63,7 +64,7 @@ class DSparkProposer(DFlashProposer):
             embedded = markov.embed(prev)
             if cuts and torch.sigmoid(confidence(hidden[slot], embedded)) < self.confidence_threshold:
                 break
-            logits = base[slot] + self.markov_bias(embedded)
+            logits = base[slot] + markov.bias(embedded)
             if sampling.greedy:
                 prev = argmax(logits[None])[0]
             else:

@@ -21,7 +21,7 @@ def build_eagle3_proposer(path: str | None, target, num_draft_tokens: int, seed:
         drafter = Eagle3Drafter(Eagle3Config.from_target(target.config)).to(target.device)
     else:
         drafter = load_eagle3(path, device=target.device)
-    return Eagle3Proposer(drafter, target.embed)
+    return Eagle3Proposer(drafter, target.embed, target.draft_dtype)
 
 
 __all__ = [

@@ -19,7 +19,7 @@ from dflash.decoding.sampling import SamplingConfig, probabilities, sample
 from dflash.decoding.verify import Drafts
 from dflash.drafter.model import DrafterCache
 from dflash.eagle3.model import Eagle3Drafter
-from dflash.engine import argmax
+from dflash.engine import argmax, lean_linears
 from dflash.errors import require
 
 GREEDY = SamplingConfig()
@@ -30,11 +30,13 @@ class Eagle3Proposer:
 
     Args:
         embed: token ids (1, q) -> (1, q, H) (`TargetModel.embed`).
+        lean_dtype: run the drafter's linears on the engine's tuned kernels with their weights in
+            this dtype (`dflash.engine.lean_linears`; `TargetModel.draft_dtype`), or None: as they are.
     The chain length is the loop's: `num_drafts` of each `draft` call (block_size unused).
     """
 
-    def __init__(self, drafter: Eagle3Drafter, embed):
-        self.drafter = drafter.eval()
+    def __init__(self, drafter: Eagle3Drafter, embed, lean_dtype: torch.dtype | None = None):
+        self.drafter = drafter.eval() if lean_dtype is None else lean_linears(drafter, lean_dtype)
         self.embed = embed
         self.target_layer_ids = list(drafter.config.target_layer_ids)
         self.cache = DrafterCache(1)
@@ -65,7 +67,7 @@ class Eagle3Proposer:
             f"drafter context covers {start + new_features.shape[1]} positions, expected {context_end} (all before the anchor)",
         )
         drafter = self.drafter
-        hidden = drafter.fc(new_features.to(drafter.fc.weight.dtype))
+        hidden = drafter.fc(new_features.to(drafter.norm.weight.dtype))  # the module's dtype
         tokens = committed_ids[:, start + 1 : context_end + 1]
         positions = torch.arange(start, context_end, device=device).unsqueeze(0)
         out = drafter.forward_cached(self.embed(tokens).to(hidden.dtype), hidden, positions, self.cache)[:, -1:]

@@ -9,7 +9,8 @@ the names below alone (docs/design.md invariant 25; tests/core/test_engine_seam.
   model cannot run on it, `HOST_ROPE_TYPES` the rotaries graphs cannot capture.
 - `greedy_batch` (`batched`): batched greedy generation (regeneration's path).
 - `FastDrafter` (`drafter`), `GraphedDrafter` (`drafter_graphs`): the drafter's propose on
-  the same kernels, and as CUDA graphs.
+  the same kernels, and as CUDA graphs; `lean_linears` (`drafter`): any drafting module's
+  linears on those kernels (DSpark's Markov head, EAGLE-3).
 - `argmax`: `Tensor.argmax(-1)`, index for index, on our kernel where it is loaded;
   `apply_rope`: HF's rotary, as the drafter module and its graphs compute it.
 - `kernels`: the kernel choice per row count; `native`: our C++ kernels (`csrc/`, one source
@@ -24,7 +25,7 @@ import torch
 
 from dflash.engine import kernels, native
 from dflash.engine.batched import greedy_batch
-from dflash.engine.drafter import FastDrafter
+from dflash.engine.drafter import FastDrafter, lean_linears
 from dflash.engine.drafter_graphs import GraphedDrafter
 from dflash.engine.forward import FastForward, StaticCache, apply_rope, fast_engine_refusal
 from dflash.engine.graphs import HOST_ROPE_TYPES, GraphedForward
@@ -63,5 +64,6 @@ __all__ = [
     "fast_engine_refusal",
     "greedy_batch",
     "kernels",
+    "lean_linears",
     "native",
 ]

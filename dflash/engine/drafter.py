@@ -12,8 +12,10 @@ Invariants:
   same order (float32: equal within float rounding; tests/engine/test_drafter.py), with
   DFlash2's convolutions through copies of the module's (`GroupedDynamicConv`) and the
   boolean decoding mask its caller passes for a window or a causal block (None: none).
-- DSpark's Markov bias (`markov_bias`, read once per drafted slot) runs here too: a copy of
-  its (V, R) matrix in this dtype on the kernel tuned for one row.
+- `lean_linears`: a copy of any drafting module (DSpark's Markov head, an EAGLE-3 drafter)
+  whose every `nn.Linear` runs on the tuned kernels, its weight copied to the lean dtype, its
+  input and output in the module's own dtype (the rest of the module runs as it is, on the
+  module's own parameters).
 - Drafts only propose: the target's verify decides every emitted token (docs/design.md
   invariant 12), so bfloat16 rounding here can change which tokens are drafted, never the
   output.
@@ -40,6 +42,33 @@ def _linear(dtype: torch.dtype, *modules) -> Linear:
     biases = [m.bias for m in modules]
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).to(dtype)
     return Linear(weight, bias)
+
+
+class _KernelLinear(torch.nn.Module):
+    """An `nn.Linear`'s forward on `kernel` (a tuned `Linear` of its weight in another dtype)."""
+
+    def __init__(self, kernel: Linear):
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x.to(self.kernel.weight.dtype)).to(x.dtype)
+
+
+def lean_linears(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `module` for decoding whose every `nn.Linear` runs on the tuned kernels in `dtype`
+    (module invariants): its modules are copied, its parameters and buffers shared (the linears'
+    weights only read to make their kernels' copies); `module` itself is left as it is."""
+    shared = {id(tensor): tensor for tensor in (*module.parameters(), *module.buffers())}
+    lean = copy.deepcopy(module, shared).eval()
+    kernels = []
+    for parent in list(lean.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                kernels.append(_linear(dtype, child))
+                setattr(parent, name, _KernelLinear(kernels[-1]))
+    tune(kernels)
+    return lean
 
 
 def _norm(module, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -80,18 +109,9 @@ class FastDrafter:
             )
         linears = [layer[name] for layer in self.layers for name in ("q", "kv", "o", "gate_up", "down")]
         tune(linears + ([self.fc] if self.fc is not None else []))
-        markov = drafter.markov_head
-        self.markov_w2 = None if markov is None else _linear(dtype, markov.markov_w2)
-        if self.markov_w2 is not None:
-            tune([self.markov_w2], rows=(1,))
         first = drafter.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.intermediate = drafter.layers[0].mlp.gate_proj.out_features
-
-    @torch.inference_mode()
-    def markov_bias(self, embedded: torch.Tensor) -> torch.Tensor:
-        """`MarkovHead.bias` of one slot's (R,) Markov embedding, in this dtype on the tuned kernel: (V,) float32."""
-        return self.markov_w2(embedded[None].to(self.dtype))[0].float()
 
     @torch.inference_mode()
     def __call__(self, block_embeds, block_positions, context_features, context_positions, mask=None, cache=None):

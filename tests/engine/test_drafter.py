@@ -1,7 +1,8 @@
 """The drafter's lean decoding forward (dflash.engine.drafter) computes what the module computes:
 float32 logits of every propose equal within float rounding over a growing drafter cache,
-bfloat16 within its rounding, DFlash2's convolutions, DSpark's Markov bias and a window or a
-causal block included; a decoding loop drafting through it stays lossless."""
+bfloat16 within its rounding, DFlash2's convolutions and a window or a causal block included;
+`lean_linears` copies (DSpark's Markov head, EAGLE-3) compute the module's linears; a decoding
+loop drafting through any of them stays lossless."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dflash.decoding import generate
 from dflash.dflash.proposer import DFlashProposer
 from dflash.drafter import DFlashDrafter
 from dflash.dspark.proposer import DSparkProposer
-from dflash.engine.drafter import FastDrafter
+from dflash.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Proposer
+from dflash.engine.drafter import FastDrafter, lean_linears
 from dflash.target import TargetModel
 from dflash.toy.tiny import build_tiny_target
 from helpers.decoding import RecordingProposer, dspark_drafter, random_drafter
@@ -105,29 +107,52 @@ def test_decoding_with_the_lean_drafter_is_the_targets_greedy_output(target):
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
-def test_lean_markov_bias_is_the_modules(target, dtype, tolerance):
+def test_lean_linears_compute_the_modules_linears_and_leave_it_as_it_is(target, dtype, tolerance):
     drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
-    lean, markov = FastDrafter(drafter, dtype), drafter.markov_head
+    markov = drafter.markov_head
+    lean = lean_linears(markov, dtype)
+    assert isinstance(markov.markov_w2, torch.nn.Linear) and not any(isinstance(m, torch.nn.Linear) for m in lean.modules())
+    assert lean.markov_w1.weight is markov.markov_w1.weight  # what is not a linear is shared, not copied
     with torch.inference_mode():
         for embedded in markov.embed(torch.arange(6)):
-            ours, reference = lean.markov_bias(embedded), markov.bias(embedded)
+            ours, reference = lean.bias(embedded), markov.bias(embedded)
             assert ours.dtype == torch.float32 and ours.shape == reference.shape
             assert float((ours - reference).abs().max() / reference.abs().max()) < tolerance
 
 
-def test_a_lean_dspark_proposer_drafts_the_modules_tokens_without_the_modules_matvec(target, monkeypatch):
-    """Its Markov bias (here larger than the logits, so it picks the drafts) comes from the lean copy,
-    never from the module's float32 head, and decoding stays the target's greedy output."""
-    drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
+def _eagle3_proposer(target, lean_dtype=None):
+    torch.manual_seed(0)
+    config = Eagle3Config.from_target(target.config, target_layer_ids=[0, 1, 2])
+    return Eagle3Proposer(Eagle3Drafter(config), target.embed, lean_dtype)
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_lean_drafting_modules_draft_the_modules_tokens_without_torch_linears(target, method, monkeypatch):
+    """DSpark's Markov bias (here larger than the logits, so it picks the drafts) and EAGLE-3's
+    drafter draft through `lean_linears` copies: in float32 the module's tokens, never a PyTorch
+    linear, and decoding stays the target's greedy output."""
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3))
     plain = generate(target, ids, max_new_tokens=40).output_ids
-    module = RecordingProposer(DSparkProposer(drafter, target.embed, target.logits))
-    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=module).output_ids == plain
+    if method == "dspark":
+        drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
+        proposers = [DSparkProposer(drafter, target.embed, target.logits, dtype) for dtype in (None, torch.float32)]
+    else:
+        proposers = [_eagle3_proposer(target, dtype) for dtype in (None, torch.float32)]
+    drafts = []
+    for proposer in proposers:
+        recording = RecordingProposer(proposer)
+        assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=recording).output_ids == plain
+        drafts.append(recording.drafts)
 
-    def refused(embedded):
-        raise AssertionError("the lean proposer ran the module's Markov head")
+        def refused(*args):
+            raise AssertionError("a lean proposer ran a PyTorch linear")
 
-    monkeypatch.setattr(drafter.markov_head, "bias", refused)
-    lean = RecordingProposer(DSparkProposer(drafter, target.embed, target.logits, lean_dtype=torch.float32))
-    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=lean).output_ids == plain
-    assert lean.drafts == module.drafts and any(len(draft) > 0 for draft in lean.drafts)
+        monkeypatch.setattr(torch.nn.Linear, "forward", refused)  # the second proposer (lean) runs without it
+    assert drafts[0] == drafts[1] and any(len(draft) > 0 for draft in drafts[1])
+
+
+def test_a_bfloat16_lean_eagle3_proposer_is_lossless(target):
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
+    plain = generate(target, ids, max_new_tokens=40).output_ids
+    proposer = _eagle3_proposer(target, torch.bfloat16)
+    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=proposer).output_ids == plain
