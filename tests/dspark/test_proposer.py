@@ -129,12 +129,13 @@ def flawed_draft(flaw: str):
     return draft
 
 
-def draws_p_value(target: TargetModel, slot: int) -> float:
+def draws_p_value(target: TargetModel, slot: int, lean_dtype=None) -> float:
     """Chi-square p-value of DRAWS drafts of `slot` (0 or 1) of one step, against the mean of the
     distributions recorded for them: equal in law when each draw follows its record (the cut
-    before the slot and the record depend only on what comes before it)."""
+    before the slot and the record depend only on what comes before it). lean_dtype: the
+    proposer's (its lean forward and Markov head, as where the engine decodes on a CPU)."""
     drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=0.5, confidence_scale=0.3)
-    proposer = DSparkProposer(drafter, target.embed, target.logits, confidence_threshold=THRESHOLD)
+    proposer = DSparkProposer(drafter, target.embed, target.logits, lean_dtype, confidence_threshold=THRESHOLD)
     ids = target.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     with torch.no_grad():
         features = target_features(target, ids[:, :-1], drafter.config.target_layer_ids)
@@ -154,9 +155,10 @@ def draws_p_value(target: TargetModel, slot: int) -> float:
     return chi_square_p_value(tokens, {i: float(p) for i, p in enumerate(mean) if p > 0})
 
 
+@pytest.mark.parametrize("lean_dtype", [None, torch.bfloat16])
 @pytest.mark.parametrize("slot", [0, 1])
-def test_drafts_follow_their_recorded_distributions(qwen3_target, slot):
-    assert draws_p_value(qwen3_target, slot) > 1e-3
+def test_drafts_follow_their_recorded_distributions(qwen3_target, slot, lean_dtype):
+    assert draws_p_value(qwen3_target, slot, lean_dtype) > 1e-3
 
 
 @pytest.mark.parametrize("flaw, slot", [("cut_after_draw", 0), ("bias_on_own_token", 1)])
