@@ -114,10 +114,11 @@ def trained(tiny_target):
     return tiny_target, trained_drafter(tiny_target)
 
 
+@pytest.mark.parametrize("lean_dtype", [None, torch.bfloat16])  # as the module, and on the engine's kernels
 @pytest.mark.parametrize("num_drafts", [2, 5])
-def test_trained_drafter_is_accepted_and_lossless(trained, num_drafts):
+def test_trained_drafter_is_accepted_and_lossless(trained, num_drafts, lean_dtype):
     target, drafter = trained
-    proposer = Eagle3Proposer(drafter, target.embed)
+    proposer = Eagle3Proposer(drafter, target.embed, lean_dtype)
     accepted = 0
     for prompt in PROMPTS:
         ids = target.tokenizer(prompt, return_tensors="pt").input_ids
