@@ -130,29 +130,24 @@ def _eagle3_proposer(target, lean_dtype=None):
 def test_lean_drafting_modules_draft_the_modules_tokens_without_torch_linears(target, method, monkeypatch):
     """DSpark's Markov bias (here larger than the logits, so it picks the drafts) and EAGLE-3's
     drafter draft through `lean_linears` copies: in float32 the module's tokens, never a PyTorch
-    linear, and decoding stays the target's greedy output."""
+    linear, and decoding stays the target's greedy output (bfloat16: tests/eagle3, tests/dspark)."""
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3))
     plain = generate(target, ids, max_new_tokens=40).output_ids
     if method == "dspark":
         drafter = dspark_drafter(target, rank=8, block_size=4, markov_scale=1.0)
-        proposers = [DSparkProposer(drafter, target.embed, target.logits, dtype) for dtype in (None, torch.float32)]
+        module, lean = (DSparkProposer(drafter, target.embed, target.logits, dtype) for dtype in (None, torch.float32))
     else:
-        proposers = [_eagle3_proposer(target, dtype) for dtype in (None, torch.float32)]
-    drafts = []
-    for proposer in proposers:
+        module, lean = (_eagle3_proposer(target, dtype) for dtype in (None, torch.float32))
+
+    def drafts(proposer) -> list[list[int]]:
         recording = RecordingProposer(proposer)
         assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=recording).output_ids == plain
-        drafts.append(recording.drafts)
+        return recording.drafts
 
-        def refused(*args):
-            raise AssertionError("a lean proposer ran a PyTorch linear")
+    expected = drafts(module)
 
-        monkeypatch.setattr(torch.nn.Linear, "forward", refused)  # the second proposer (lean) runs without it
-    assert drafts[0] == drafts[1] and any(len(draft) > 0 for draft in drafts[1])
+    def refused(*args):
+        raise AssertionError("a lean proposer ran a PyTorch linear")
 
-
-def test_a_bfloat16_lean_eagle3_proposer_is_lossless(target):
-    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
-    plain = generate(target, ids, max_new_tokens=40).output_ids
-    proposer = _eagle3_proposer(target, torch.bfloat16)
-    assert generate(target, ids, max_new_tokens=40, block_size=4, proposer=proposer).output_ids == plain
+    monkeypatch.setattr(torch.nn.Linear, "forward", refused)
+    assert drafts(lean) == expected and any(len(draft) > 0 for draft in expected)
