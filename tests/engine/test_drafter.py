@@ -118,6 +118,11 @@ def test_lean_linears_compute_the_modules_linears_and_leave_it_as_it_is(target, 
             ours, reference = lean.bias(embedded), markov.bias(embedded)
             assert ours.dtype == torch.float32 and ours.shape == reference.shape
             assert float((ours - reference).abs().max() / reference.abs().max()) < tolerance
+    biased = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.SiLU(), torch.nn.Linear(96, 32))  # biases, nested
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours, reference = lean_linears(biased, dtype)(x), biased(x)
+    assert ours.dtype == torch.float32 and float((ours - reference).abs().max() / reference.abs().max()) < tolerance
 
 
 def _eagle3_proposer(target, lean_dtype=None):
