@@ -50,7 +50,7 @@ class ChainVerifier:
         return Drafts(tokens=draft_tokens)
 
     @staticmethod
-    def layout(drafts: Drafts, anchor_position: int, dtype, device) -> tuple[torch.Tensor, None]:
+    def layout(drafts: Drafts, anchor_position: int, device) -> tuple[torch.Tensor, None]:
         """Positions anchor_position + 0..k (1, k + 1); causal attention (no mask)."""
         size = drafts.tokens.numel() + 1
         return torch.arange(anchor_position, anchor_position + size, device=device).unsqueeze(0), None

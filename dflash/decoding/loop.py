@@ -126,8 +126,8 @@ class Verifier(Protocol):
     def rebuild(self, draft_tokens: torch.Tensor, parents: list[int] | None) -> Any:
         """Drafts with these tokens (n,) and structure (as recorded); n = 0: no drafts."""
 
-    def layout(self, drafts, anchor_position: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(position ids (1, n + 1), attention mask or None for causal) of [anchor, drafts]."""
+    def layout(self, drafts, anchor_position: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(position ids (1, n + 1), boolean attention mask (True: visible) or None for causal) of [anchor, drafts]."""
 
     def accept(self, drafts, target_logits: torch.Tensor, sampling, generator) -> tuple[list[int], int]:
         """(kept_rows, next_token) from the forward's logits (n + 1, V); see the module invariants."""
@@ -159,7 +159,7 @@ def prefill_forward(target: TargetModel, input_ids: torch.Tensor, cache, layer_i
 def verify_forward(target: TargetModel, cache, verifier, anchor: torch.Tensor, drafts, anchor_position: int, layer_ids):
     """One verify forward over [anchor (1,), drafts]: logits (1, n + 1, V), features or None."""
     input_ids = torch.cat([anchor, drafts.tokens]).unsqueeze(0)
-    positions, mask = verifier.layout(drafts, anchor_position, target.dtype, target.device)
+    positions, mask = verifier.layout(drafts, anchor_position, target.device)
     return target.forward(input_ids, positions, cache, layer_ids, attention_mask=mask)
 
 

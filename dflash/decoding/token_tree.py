@@ -92,6 +92,12 @@ def build_tree(draft_logits: torch.Tensor, budget: int, min_score: float = 0.0) 
     return TokenTree(torch.tensor(tokens, dtype=torch.long, device=draft_logits.device), parents, depths)
 
 
+def chain_tree(tokens: torch.Tensor) -> TokenTree:
+    """The tree of one branch: `tokens` (k,) in a row below the anchor (a looked-up chain)."""
+    count = tokens.numel()
+    return TokenTree(tokens, [ROOT] + list(range(count - 1)) if count else [], list(range(1, count + 1)))
+
+
 def tree_depths(parents: list[int]) -> list[int]:
     """Node depths from parent indices (ROOT: depth 1); parents precede their children."""
     depths: list[int] = []
@@ -100,16 +106,16 @@ def tree_depths(parents: list[int]) -> list[int]:
     return depths
 
 
-def tree_attention_mask(tree: TokenTree, context_length: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive mask for one target forward over [anchor, node 0, ..., node N-1].
+def tree_attention_mask(tree: TokenTree, context_length: int, device) -> torch.Tensor:
+    """Boolean mask (True: visible) for one target forward over [anchor, node 0, ..., node N-1].
 
     Every row sees the committed context [0, context_length) (the positions before the
     anchor, already in the KV cache); the anchor sees itself; node i sees the anchor, its
-    ancestors and itself. Additive (0 / dtype min) rather than boolean, so the eager and
-    SDPA attention of transformers both read it.
+    ancestors and itself. Boolean, the form the engine's attention kernel reads;
+    `TargetModel.forward` makes it additive for transformers' attention.
 
     Returns:
-        (1, 1, N + 1, context_length + N + 1) in `dtype`.
+        (1, 1, N + 1, context_length + N + 1) bool.
     """
     size = tree.size + 1
     visible = torch.zeros(size, size, dtype=torch.bool)
@@ -118,9 +124,7 @@ def tree_attention_mask(tree: TokenTree, context_length: int, dtype: torch.dtype
         row = node + 1
         visible[row] = visible[parent + 1]
         visible[row, row] = True
-    visible = torch.cat([torch.ones(size, context_length, dtype=torch.bool), visible], dim=1).to(device)
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return torch.cat([torch.ones(size, context_length, dtype=torch.bool), visible], dim=1).to(device)[None, None]
 
 
 def tree_position_ids(tree: TokenTree, anchor_position: int, device) -> torch.Tensor:

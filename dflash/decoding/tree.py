@@ -6,7 +6,8 @@ rule); the target runs once over [anchor, nodes] with a tree attention mask (eac
 sees the committed context, its ancestors and itself) at positions anchor + depth. The
 walk from the anchor follows the child equal to the target's own token at each node and
 stops at the first node with no such child: the path's tokens are accepted and the
-target's token there is emitted too.
+target's token there is emitted too. Behind prompt lookup (`LookupFirst`), a step that
+finds the context repeated verifies the looked-up chain as a tree of one branch.
 
 Lossless: every emitted token is the target's own choice (argmax, or with
 `verify_rule="match"` its own sample) given the tokens before it; the tree only decides
@@ -24,9 +25,18 @@ from __future__ import annotations
 import torch
 
 from dflash.decoding.loop import target_token
+from dflash.decoding.ngram import LookupFirst
 from dflash.decoding.proposer import BlockProposer
 from dflash.decoding.sampling import SamplingConfig
-from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask, tree_depths, tree_position_ids
+from dflash.decoding.token_tree import (
+    ROOT,
+    TokenTree,
+    build_tree,
+    chain_tree,
+    tree_attention_mask,
+    tree_depths,
+    tree_position_ids,
+)
 from dflash.errors import require
 from dflash.target import TargetModel
 from dflash.target.cache import keep_cache_positions
@@ -96,7 +106,14 @@ class TreeVerifier:
         check_tree_support(target, sampling)
 
     def draft(self, proposer: BlockProposer, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> TokenTree:
-        """The tree over the block's per-slot logits (num_drafts, V)."""
+        """The tree over the block's per-slot logits (num_drafts, V); behind prompt lookup
+        (`LookupFirst`), a lookup step's tokens as a tree of one branch, verified as a chain is."""
+        if isinstance(proposer, LookupFirst):
+            looked_up = proposer.lookup(committed_ids, new_features, block_size, num_drafts)
+            if looked_up is not None:
+                return chain_tree(looked_up)
+            new_features, block_size = proposer.context(new_features), proposer.inner_block or block_size
+            proposer, num_drafts = proposer.inner, min(num_drafts, block_size - 1)
         draft_logits = proposer.propose(committed_ids, new_features, block_size, num_drafts)
         return build_tree(draft_logits, self.budget, min_score=self.draft_threshold)
 
@@ -105,9 +122,9 @@ class TreeVerifier:
         return TokenTree(draft_tokens, list(parents), tree_depths(parents))
 
     @staticmethod
-    def layout(tree: TokenTree, anchor_position: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions anchor_position + depth (1, N + 1) and the tree mask (`tree_attention_mask`)."""
-        return tree_position_ids(tree, anchor_position, device), tree_attention_mask(tree, anchor_position, dtype, device)
+    def layout(tree: TokenTree, anchor_position: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions anchor_position + depth (1, N + 1) and the tree's boolean mask (`tree_attention_mask`)."""
+        return tree_position_ids(tree, anchor_position, device), tree_attention_mask(tree, anchor_position, device)
 
     @staticmethod
     def accept(tree: TokenTree, target_logits: torch.Tensor, sampling, generator) -> tuple[list[int], int]:

@@ -1,7 +1,9 @@
 """DFlash, tree verification (`dflash.decoding.tree`): the drafter of `drafter.*` at
 `decoding.block_size`, its slot distributions expanded into a token tree of `budget`
 draft nodes that the target verifies in one forward (budget + 1 tokens); nodes whose
-path score is below `decoding.draft_threshold` are left out. Config group `dflash_tree`."""
+path score is below `decoding.draft_threshold` are left out; with `lookup_ngram`, prompt lookup
+first (`dflash.decoding.ngram.LookupFirst`), a found chain verified as a tree of one branch.
+Config group `dflash_tree`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 from dflash.errors import require
 from dflash.methods.base import EvalContext, Method, MethodSetup
+from dflash.methods.dflash_lookup import check_lookup_ngram, lookup_first
 
 
 @dataclass  # not frozen: Hydra merges the config group into it
@@ -18,9 +21,13 @@ class TreeSettings:
 
     budget: int = 16
     """Draft nodes per verify step."""
+    lookup_ngram: int | None = None
+    """Prompt lookup first, as `dflash_lookup` (the context's last n tokens; null: none): a lookup
+    step drafts the chain that followed them, the drafter's steps a tree."""
 
     def __post_init__(self):
         require(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
+        check_lookup_ngram(self.lookup_ngram)
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
@@ -31,7 +38,7 @@ def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
     block_size = context.block_size or trained
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     verifier = TreeVerifier(settings.budget, context.draft_threshold)
-    proposer = DFlashProposer.for_target(context.drafter, target)
+    proposer = lookup_first(DFlashProposer.for_target(context.drafter, target), settings.lookup_ngram)
     return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
 
 
@@ -40,7 +47,8 @@ def recorded(settings: TreeSettings, context: EvalContext) -> dict:
 
 
 def width_label(block_size: int, settings: dict) -> str:
-    return f"(B={block_size}, N={settings.get('budget')})"
+    lookup = f", lookup {settings['lookup_ngram']}" if settings.get("lookup_ngram") else ""
+    return f"(B={block_size}, N={settings.get('budget')}{lookup})"
 
 
 METHOD = Method(

@@ -397,14 +397,18 @@ class TargetModel:
             cache: HF cache holding the positions before `position_ids[:, 0]`; updated in place.
             layer_ids: target layers to tap (0-based); None for no features.
             logits_to_keep: 0 for logits at every position, k for the last k only.
-            attention_mask: None for causal attention; or a custom additive
-                (batch, 1, q, cached + q) mask, which transformers uses as given (tree
-                verification; sdpa and eager attention only).
+            attention_mask: None for causal attention; or a custom boolean (True: visible)
+                (batch, 1, q, cached + q) mask (tree verification), which the engine's
+                attention reads as it is and transformers' (sdpa and eager only) as the
+                additive mask made of it here.
         """
         if self.fast is not None and isinstance(cache, StaticCache):
             forward = (self.graphs or self.fast).forward
             logits, features = forward(input_ids, position_ids, cache, layer_ids, logits_to_keep, attention_mask)
             return TargetOutput(logits=logits, features=features)
+        if attention_mask is not None and attention_mask.dtype == torch.bool:  # eager attention adds the mask
+            blocked = torch.full(attention_mask.shape, torch.finfo(self.dtype).min, dtype=self.dtype, device=attention_mask.device)
+            attention_mask = blocked.masked_fill(attention_mask, 0.0)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import dflash.decoding.tree
+import dflash.engine.forward
 from dflash.decoding import SamplingConfig, TreeVerifier, generate
+from dflash.decoding.ngram import LookupFirst
 from dflash.decoding.token_tree import ROOT, TokenTree, build_tree, tree_attention_mask
 from dflash.errors import ConfigError
 from dflash.target import TargetModel, crop_cache
@@ -88,6 +90,45 @@ def test_eager_attention_reads_the_tree_mask(monkeypatch):
     assert any(leaves_first_choices(tree, path) for tree, path in steps)
 
 
+def test_engine_attention_kernel_reads_the_tree_mask(kernel_isa, monkeypatch):
+    """With a head size our attention kernel takes (64), the fast engine verifies a tree of 16
+    nodes (17 query rows) with that kernel and the tree's boolean mask, and the output stays
+    HF's greedy one."""
+    target = TargetModel(*build_tiny_target("llama", seed=0, hidden_size=128, num_heads=2, num_kv_heads=1), engine="fast")
+    ids = target.tokenizer(LONG_PROMPT, return_tensors="pt").input_ids
+    expected = hf_greedy(target, ids, 40)
+    steps = record_paths(monkeypatch)
+    widths, run = [], dflash.engine.forward.run_attention
+
+    def recording_run(query, keys, values, mask):
+        out = run(query, keys, values, mask)
+        widths.append(query.shape[2] if out is not None else None)
+        return out
+
+    monkeypatch.setattr(dflash.engine.forward, "run_attention", recording_run)
+    oracle = RunnerUpOracle(target, seed=1)
+    result = generate(target, ids, max_new_tokens=40, proposer=oracle, block_size=BLOCK_SIZE, verifier=TreeVerifier(16))
+    assert result.output_ids == expected
+    assert any(leaves_first_choices(tree, path) for tree, path in steps)
+    assert None not in widths and 17 in widths
+
+
+def test_lookup_first_verifies_found_chains_and_drafts_trees_elsewhere(tiny_target, monkeypatch):
+    """`dflash_tree.lookup_ngram`: where the context repeats, a step verifies the looked-up
+    chain (a tree of one branch), elsewhere the drafter's tree; the drafter still receives
+    every position's features once, in order, and the output is HF's greedy one."""
+    steps = record_paths(monkeypatch)
+    proposer = LookupFirst(RunnerUpOracle(tiny_target, seed=1, check_features=True), ngram=1)
+    found, lookup = [], proposer.lookup
+    monkeypatch.setattr(proposer, "lookup", lambda *args: found.append(lookup(*args)) or found[-1])
+    ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    result = generate(tiny_target, ids, max_new_tokens=60, proposer=proposer, block_size=3, verifier=TreeVerifier(4))
+    assert result.output_ids == hf_greedy(tiny_target, ids, 60)
+    chains = [tokens for tokens in found if tokens is not None]
+    assert chains and len(chains) < len(found)
+    assert any(leaves_first_choices(tree, path) for tree, path in steps)
+
+
 def test_stop_token_inside_an_accepted_path_ends_output_there(tiny_target, monkeypatch):
     steps = record_paths(monkeypatch)
     ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
@@ -140,7 +181,7 @@ def test_tree_holds_the_top_scoring_paths():
 def test_attention_mask_shows_each_node_its_ancestors_only():
     # anchor -> a(0) -> c(2); anchor -> b(1)
     tree = TokenTree(torch.tensor([5, 6, 7]), parents=[ROOT, ROOT, 0], depths=[1, 1, 2])
-    visible = tree_attention_mask(tree, context_length=2, dtype=torch.float32, device="cpu")[0, 0] == 0
+    visible = tree_attention_mask(tree, context_length=2, device="cpu")[0, 0]
     assert visible.tolist() == [
         [True, True, True, False, False, False],
         [True, True, True, True, False, False],

@@ -302,7 +302,12 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     results = run(qwen3_target, ["dflash", "dflash_tree"], drafter, method_settings={"dflash_tree": TreeSettings(budget=5)})
     assert set(seen) == {("DFlashProposer", 4, 5)} and len(seen) == 3  # one call per generation
     record = results.methods["dflash_tree"]
-    assert record["lossless"] is True and record["settings"] == {"block_size": 4, "budget": 5, "draft_threshold": 0.0}
+    assert record["lossless"] is True and record["settings"] == {
+        "block_size": 4,
+        "budget": 5,
+        "lookup_ngram": None,
+        "draft_threshold": 0.0,
+    }
     assert results.methods["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
     check_accounting(results, "dflash_tree")
     with pytest.raises(ConfigError, match="must be >= 1") as info:
