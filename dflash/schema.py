@@ -35,6 +35,7 @@ from dflash.errors import require
 from dflash.eval.benchmarks import BenchmarkSpec
 from dflash.eval.settings import DecodingSettings, EvalSettings
 from dflash.methods import METHODS, check_method_names, trained_methods
+from dflash.methods.dflash_tree import TreeSettings
 from dflash.reports.tables import check_metric
 from dflash.specs import DrafterSpec, TargetSpec
 from dflash.structured import typed
@@ -230,9 +231,11 @@ class DemoEvaluationSettings:
     """The reserve per evaluate app for its start."""
     min_prompts: int = 4
     """The plan's floor per family where it cuts the counts to fit the budget."""
-    methods: list = field(default_factory=lambda: ["dflash", "dflash_lookup"])
+    methods: list = field(default_factory=lambda: ["dflash", "dflash_tree"])
     """The drafting methods compared with the autoregressive loop (the evaluate app's
     `methods`; the first is primary)."""
+    dflash_tree: TreeSettings = field(default_factory=lambda: TreeSettings(budget=6, lookup_ngram=3))
+    """The evaluate app's `dflash_tree` group where `methods` lists it."""
 
     def __post_init__(self):
         for key in ("humaneval", "math", "chat", "max_new_tokens", "min_prompts"):

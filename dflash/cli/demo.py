@@ -242,11 +242,21 @@ def evaluate(cfg: DictConfig, plan: Plan, run_dir: str, data_dir: str, artifacts
         eval_dir = os.path.join(run_dir, EVAL_DIR, family)
         arguments = [f"drafter.path={os.path.join(run_dir, DRAFTER_DIR)}", *per_family[family]]
         arguments += [f"methods=[{','.join(cfg.evaluation.methods)}]"]
+        if "dflash_tree" in cfg.evaluation.methods:
+            tree = cfg.evaluation.dflash_tree
+            arguments += [f"dflash_tree.{key}={'null' if value is None else value}" for key, value in tree.items()]
         arguments += [f"decoding.max_new_tokens={cfg.evaluation.max_new_tokens}", "hf_generate=false"]
         arguments += [f"cpu_threads={cfg.cpu_threads}", f"paths.artifacts={artifacts}", f"hydra.run.dir={eval_dir}"]
         command = app_command("evaluate", f"target={target_option()}", *arguments, *cfg.eval_overrides)
         results[family] = evaluate_stage(eval_dir, command, f"{family}: ")
     return results
+
+
+METHOD_NOTES = {
+    "dflash_lookup": "prompt lookup where the context's last n tokens occurred before (dflash_lookup.ngram), else dflash",
+    "dflash_tree": "a tree of the drafter's likeliest drafts (evaluation.dflash_tree.budget nodes) verified in one "
+    "forward, behind prompt lookup where evaluation.dflash_tree.lookup_ngram is set",
+}
 
 
 def family_rows(results: Results) -> dict[str, dict]:
@@ -281,7 +291,9 @@ def report(run_dir: str, results_paths: dict[str, str], clock: StageClock, budge
             )
     print("  tau counts the bonus token; tau/prompt is the mean of per-prompt means (the paper's harness);")
     print("  speedup is end to end over the autoregressive loop in the same run; decode-only leaves out prefill;")
-    print("  dflash_lookup: prompt lookup where the context's last n tokens occurred before (dflash_lookup.ngram), else dflash")
+    for name in rows[FAMILIES[0]]:
+        if name in METHOD_NOTES:
+            print(f"  {name}: {METHOD_NOTES[name]}")
     summary = {
         "target": "SmolLM2-135M-Instruct (float32)",
         "stage_wall_time_s": clock.totals(),

@@ -62,7 +62,11 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
     assert list(summary["families"]) == ["humaneval", "math", "chat"] and summary["lossless"] is True
     for family, rows in summary["families"].items():
         results = json.loads((run_dir / "eval" / family / "results.json").read_text())
-        assert list(rows) == ["dflash", "dflash_lookup"] == list(results["methods"]) and results["method"] == "dflash"
+        assert list(rows) == ["dflash", "dflash_tree"] == list(results["methods"]) and results["method"] == "dflash"
+        assert (
+            results["methods"]["dflash_tree"]["settings"] | {"budget": 6, "lookup_ngram": 3}
+            == results["methods"]["dflash_tree"]["settings"]
+        )
         for method, row in rows.items():
             record = results["methods"][method]
             assert row["tau"] == record["tau"] and row["num_prompts"] == 1 and record["lossless"] is True
@@ -88,4 +92,4 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
     log = first.stdout + first.stderr
     assert "autoregressive step" in log and "train: step" in log and "ETA" in log
     assert all(f"  {family:<11}{method:<15}" in first.stdout for family in ("humaneval", "math", "chat")
-               for method in ("dflash", "dflash_lookup"))  # fmt: skip
+               for method in ("dflash", "dflash_tree"))  # fmt: skip
