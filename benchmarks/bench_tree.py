@@ -1,146 +1,109 @@
-"""Chain vs tree verification with one drafter: tau and tokens/s in one run.
+"""Chain against tree verification, each alone and behind prompt lookup, with one trained
+drafter on SmolLM2-135M-Instruct: tau, time per step and the speed-up over plain decoding.
 
-For each prompt, in turn: autoregressive decoding (block 1), the chain (`engine.generate`
-with the drafter's block size) and tree verification at each `--budgets` value, all
-greedy, same proposer; every output must equal the autoregressive one (lossless).
-Methods alternate within each prompt, so load from other processes falls on all alike;
-compare the ratios, not the absolute rates, on a shared machine.
+    python benchmarks/bench_tree.py DRAFTER_DIR PROMPTS.jsonl --family chat --cases tree6,lookup,lookup+tree6
 
-tau is pooled over all verify steps (accepted drafts + 1: the target's own token
-counts); verified/step is the tokens one verify forward runs on (anchor + drafts or
-tree nodes); tokens/s is new tokens over prefill + decode time, summed over prompts.
-
-    python benchmarks/bench_tree.py --target DIR --drafter DIR --prompts 10   # HumanEval prompts
-    python benchmarks/bench_tree.py                                           # tiny random target and drafter
+PROMPTS.jsonl: rows with `turns` (the first is the user turn, in the chat template) and
+optionally `family` (`--family` keeps one; `python -m dflash.sweep.prompts smollm2_eval` writes
+such a file). Cases beside plain decoding (B = 1) and the chain (`dflash`): `treeN` (a tree of
+N nodes, `dflash_tree.budget`), `lookup` (`dflash_lookup`), `lookup+treeN` (`dflash_tree`
+with `lookup_ngram`). Per prompt every case runs once, the case order rotating from prompt to
+prompt, so a machine's drift falls on all alike; every output must equal plain decoding's
+(float32: lossless). The drafter proposes as evaluation does (`DFlashProposer.for_target`);
+the target runs on the fast engine, greedy, 2 threads.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import time
+import json
 
 import torch
 
-from dflash.decoding import TreeVerifier, generate
-from dflash.dflash.adaptive import ThresholdProposer
+from dflash.bench import target_spec
+from dflash.decoding import ChainVerifier, TreeVerifier, generate
+from dflash.decoding.ngram import LookupFirst
 from dflash.dflash.proposer import DFlashProposer
-from dflash.drafter import DFlashDrafter, DrafterConfig, resolve_mask_token_id
-from dflash.drafter.io import load_drafter
-from dflash.eval.benchmarks import BenchmarkSpec, humaneval_path, load_benchmark
-from dflash.eval.prompts import PromptBuilder, stop_token_ids
-from dflash.target import TargetModel
-from dflash.toy.tiny import build_tiny_target
+from dflash.specs import DrafterSpec, build_drafter, load_target
 
 
-def load_models(args) -> tuple[TargetModel, DFlashDrafter]:
-    if args.target is None:
-        target = TargetModel(*build_tiny_target("qwen3", seed=0))
-        torch.manual_seed(0)
-        mask_id = resolve_mask_token_id(target.tokenizer, target.embedding_rows)
-        config = DrafterConfig.from_target(target.config, num_layers=1, block_size=16, mask_token_id=mask_id)
-        return target, DFlashDrafter(config).eval()
-    target = TargetModel.load(args.target, dtype="float32")
-    return target, load_drafter(args.drafter)
-
-
-def count_verified_tokens(target: TargetModel) -> list[int]:
-    """Patch `target.forward` to add the tokens of every verify forward (prefill, which
-    keeps only the last logits, excluded) to the returned one-element counter."""
-    counter, forward = [0], target.forward
-
-    def counting_forward(input_ids, *args, **kwargs):
-        if kwargs.get("logits_to_keep", 0) == 0:
-            counter[0] += input_ids.shape[1]
-        return forward(input_ids, *args, **kwargs)
-
-    target.forward = counting_forward
-    return counter
-
-
-def prompt_ids(target: TargetModel, count: int) -> list[torch.Tensor]:
-    samples = load_benchmark(BenchmarkSpec(name="humaneval", path=humaneval_path(), max_samples=count))
-    builder = PromptBuilder(target.tokenizer)
-    return [builder.encode(sample.turns[:1]) for sample in samples]
+def cases(names: list[str], proposer, block_size: int, ngram: int) -> dict:
+    """name -> (block size, proposer, verifier); plain decoding and the chain first."""
+    made = {"plain": (1, None, ChainVerifier()), "chain": (block_size, proposer, ChainVerifier())}
+    for name in names:
+        lookup, tree = name.startswith("lookup"), name.removeprefix("lookup").removeprefix("+")
+        drafting = LookupFirst(proposer, ngram) if lookup else proposer
+        if lookup and not tree:
+            made[name] = (block_size, drafting, ChainVerifier())
+        elif tree.startswith("tree") and tree[4:].isdigit():
+            made[name] = (block_size, drafting, TreeVerifier(int(tree[4:])))
+        else:
+            raise SystemExit(f"--cases: unknown case {name!r}; cases: treeN, lookup, lookup+treeN")
+    return made
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", help="target model directory (default: tiny random Qwen3)")
-    parser.add_argument("--drafter", help="drafter directory (default: random one-layer drafter)")
-    parser.add_argument("--prompts", type=int, default=10, help="HumanEval prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32])
-    parser.add_argument(
-        "--thresholds",
-        type=float,
-        nargs="*",
-        default=[],
-        help="draft_threshold values, each run on the chain and on the largest tree",
-    )
-    parser.add_argument("--threads", type=int, default=1)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("drafter", help="a DFlash drafter directory")
+    parser.add_argument("prompts", help="a .jsonl of prompts (module docstring)")
+    parser.add_argument("--family", help="keep the rows of this family")
+    parser.add_argument("--count", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--cases", default="tree6,lookup,lookup+tree6")
+    parser.add_argument("--ngram", type=int, default=3, help="the lookup's n (dflash_lookup.ngram)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
 
-    target, drafter = load_models(args)
-    block_size = drafter.config.block_size
-    verified_tokens = count_verified_tokens(target)
-    proposer = DFlashProposer(drafter, target.embed, target.logits)
-    stops = stop_token_ids(target.tokenizer, getattr(target.model, "generation_config", None))
-    common = dict(max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
-    methods = {
-        "autoregressive": lambda ids: generate(target, ids, block_size=1, **common),
-        f"chain B={block_size}": lambda ids: generate(target, ids, block_size=block_size, proposer=proposer, **common),
-    }
-    for budget in args.budgets:
-        methods[f"tree N={budget}"] = lambda ids, budget=budget: generate(
-            target, ids, proposer=proposer, block_size=block_size, verifier=TreeVerifier(budget), **common
-        )
-    for threshold in args.thresholds:
-        cut = ThresholdProposer(proposer, threshold)
-        methods[f"chain t={threshold:g}"] = lambda ids, cut=cut: generate(
-            target, ids, block_size=block_size, proposer=cut, **common
-        )
-        methods[f"tree N={max(args.budgets)} t={threshold:g}"] = lambda ids, threshold=threshold: generate(
+    torch.set_num_threads(2)
+    target = load_target(target_spec("smollm2_135m", args.dtype, "auto"))
+    target.new_cache()  # tunes the kernels
+    drafter = build_drafter(DrafterSpec(path=args.drafter, dtype="auto"), target)
+    proposer = DFlashProposer.for_target(drafter, target)
+    with open(args.prompts) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    texts = [row["turns"][0] for row in rows if args.family in (None, row.get("family"))][: args.count]
+    prompts = [
+        target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt")
+        for text in texts
+    ]
+    prompts = [ids if isinstance(ids, torch.Tensor) else ids["input_ids"] for ids in prompts]
+    stops = [target.tokenizer.eos_token_id]
+    runs = cases(args.cases.split(","), proposer, drafter.config.block_size, args.ngram)
+
+    def run(name, ids, new_tokens=args.new_tokens):
+        block_size, drafting, verifier = runs[name]
+        return generate(
             target,
             ids,
-            proposer=proposer,
+            max_new_tokens=new_tokens,
             block_size=block_size,
-            verifier=TreeVerifier(max(args.budgets), threshold),
-            **common,
+            proposer=drafting,
+            verifier=verifier,
+            stop_token_ids=stops,
         )
 
-    totals = {name: {"tokens": 0, "seconds": 0.0, "lengths": [], "verified": 0} for name in methods}
-    prompts = prompt_ids(target, args.prompts)
-    methods[f"chain B={block_size}"](prompts[0])  # warm-up
-    started = time.perf_counter()
-    for ids in prompts:
-        reference = None
-        for name, run in methods.items():
-            forwards_before = verified_tokens[0]
-            result = run(ids)
-            reference = reference or result.output_ids
-            if result.output_ids != reference:
-                raise SystemExit(f"{name} differs from autoregressive decoding: not lossless")
-            totals[name]["tokens"] += len(result.output_ids)
-            totals[name]["seconds"] += result.total_time_s
-            totals[name]["lengths"] += result.acceptance_lengths
-            totals[name]["verified"] += verified_tokens[0] - forwards_before
-
-    print(
-        f"{len(prompts)} HumanEval prompts, max_new_tokens {args.max_new_tokens}, greedy, all outputs lossless; "
-        f"{time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f}"
-    )
-    ar_rate = totals["autoregressive"]["tokens"] / totals["autoregressive"]["seconds"]
-    chain_rate = totals[f"chain B={block_size}"]["tokens"] / totals[f"chain B={block_size}"]["seconds"]
-    print(f"{'method':<18} {'tau (pooled)':>12} {'steps':>6} {'verified/step':>13} {'tokens/s':>9} {'vs AR':>6} {'vs chain':>8}")
-    for name, total in totals.items():
-        rate = total["tokens"] / total["seconds"]
-        tau = sum(total["lengths"]) / len(total["lengths"])
-        verified = total["verified"] / len(total["lengths"])
-        print(
-            f"{name:<18} {tau:>12.2f} {len(total['lengths']):>6} {verified:>13.1f} {rate:>9.1f} {rate / ar_rate:>6.2f} {rate / chain_rate:>8.2f}"
-        )
+    names = list(runs)
+    for name in names:  # warm-up
+        run(name, prompts[0], 16)
+    totals = {name: [0, 0.0, 0] for name in names}  # tokens, seconds, steps
+    turn = 0
+    for _ in range(args.rounds):
+        for index, ids in enumerate(prompts):
+            outputs = {}
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                result = run(name, ids)
+                outputs[name] = result.output_ids
+                totals[name][0] += len(result.output_ids)
+                totals[name][1] += result.total_time_s
+                totals[name][2] += result.num_steps
+            turn += 1
+            if args.dtype == "float32" and any(output != outputs["plain"] for output in outputs.values()):
+                raise SystemExit(f"prompt {index}: a case's output is not plain decoding's")
+    plain = totals["plain"][0] / totals["plain"][1]
+    print(f"{args.family or 'all'} ({len(prompts)} prompts x {args.rounds}), {args.dtype}:")
+    for name, (tokens, seconds, steps) in totals.items():
+        print(f"  {name:<14} tau {tokens / steps:.3f}  {1000 * seconds / steps:6.2f} ms/step  {tokens / seconds / plain:.3f}x")
 
 
 if __name__ == "__main__":
