@@ -23,6 +23,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from dflash.engine import StaticCache
+
 #: SDPA kernels allowed while decoding: all but cuDNN's (module docstring). CPU kernels are unaffected.
 DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -61,14 +63,19 @@ def keep_cache_positions(cache, start: int, source_positions: list[int]) -> None
 
     Args:
         cache: an HF cache with `layers`, each holding `keys` / `values` of shape
-            (batch, heads, positions, head_dim) (transformers >= 4.56 `DynamicCache`).
+            (batch, heads, positions, head_dim) (transformers >= 4.56 `DynamicCache`), or the
+            engine's `StaticCache` (all layers in one buffer: one gather for every layer).
         start: first position to overwrite; every source position is >= `start`.
         source_positions: n cache positions, in the order they must end up.
     """
     if source_positions != list(range(start, start + len(source_positions))):
         index = torch.tensor(source_positions, dtype=torch.long, device=cache.layers[0].keys.device)
         end = start + len(source_positions)
-        for layer in cache.layers:
-            layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
-            layer.values[:, :, start:end] = layer.values.index_select(2, index)
+        if isinstance(cache, StaticCache):  # every layer in one buffer, positions on dim 3: one gather each
+            for buffer in (cache.keys, cache.values):
+                buffer[:, :, :, start:end] = buffer.index_select(3, index)
+        else:
+            for layer in cache.layers:
+                layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
+                layer.values[:, :, start:end] = layer.values.index_select(2, index)
     crop_cache(cache, start + len(source_positions))
