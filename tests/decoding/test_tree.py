@@ -80,12 +80,14 @@ def test_runner_up_branches_are_accepted_and_output_equals_hf_greedy(tiny_target
         assert branched > 0
 
 
-def test_eager_attention_reads_the_tree_mask(monkeypatch):
-    """The additive mask works for eager attention too (the fixtures use sdpa)."""
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_transformers_attention_reads_the_tree_mask(attention, monkeypatch):
+    """On transformers' forward (engine=eager), eager and SDPA attention both read the tree's
+    mask (made additive from the tree's boolean one)."""
     model, tokenizer = build_tiny_target("qwen3", seed=0)
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(attention)
     steps = record_paths(monkeypatch)
-    target = TargetModel(model, tokenizer)
+    target = TargetModel(model, tokenizer, engine="eager")
     check_equals_hf(target, LONG_PROMPT, 30, RunnerUpOracle(target, seed=1), 16)
     assert any(leaves_first_choices(tree, path) for tree, path in steps)
 
