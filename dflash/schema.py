@@ -234,7 +234,7 @@ class DemoEvaluationSettings:
     methods: list = field(default_factory=lambda: ["dflash", "dflash_tree"])
     """The drafting methods compared with the autoregressive loop (the evaluate app's
     `methods`; the first is primary)."""
-    dflash_tree: TreeSettings = field(default_factory=lambda: TreeSettings(budget=6, lookup_ngram=3))
+    dflash_tree: TreeSettings = field(default_factory=lambda: TreeSettings(budget=6, lookup_ngram=3, lookup_tokens=7))
     """The evaluate app's `dflash_tree` group where `methods` lists it."""
 
     def __post_init__(self):

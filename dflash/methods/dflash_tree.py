@@ -24,10 +24,18 @@ class TreeSettings:
     lookup_ngram: int | None = None
     """Prompt lookup first, as `dflash_lookup` (the context's last n tokens; null: none): a lookup
     step drafts the chain that followed them, the drafter's steps a tree."""
+    lookup_tokens: int | None = None
+    """The most tokens a lookup step drafts, as `dflash_lookup.tokens` (null: the drafter's B - 1);
+    its verify is then that wide, the drafter's trees stay B - 1 deep."""
 
     def __post_init__(self):
         require(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
         check_lookup_ngram(self.lookup_ngram)
+        require(
+            self.lookup_tokens is None or (self.lookup_tokens >= 1 and self.lookup_ngram is not None),
+            "lookup_tokens",
+            f"must be >= 1 with lookup_ngram set (null: the drafter's B - 1), got {self.lookup_tokens}",
+        )
 
 
 def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
@@ -38,8 +46,9 @@ def build(target, settings: TreeSettings, context: EvalContext) -> MethodSetup:
     block_size = context.block_size or trained
     require(block_size >= 2, "decoding.block_size", f"tree verification drafts, so it needs >= 2, got {block_size}")
     verifier = TreeVerifier(settings.budget, context.draft_threshold)
-    proposer = lookup_first(DFlashProposer.for_target(context.drafter, target), settings.lookup_ngram)
-    return MethodSetup(proposer, verifier, block_size, context.drafter_label, trained)
+    proposer = lookup_first(DFlashProposer.for_target(context.drafter, target), settings.lookup_ngram, block_size)
+    width = max(block_size, settings.lookup_tokens + 1) if settings.lookup_tokens else block_size
+    return MethodSetup(proposer, verifier, width, context.drafter_label, trained)
 
 
 def recorded(settings: TreeSettings, context: EvalContext) -> dict:
@@ -48,6 +57,7 @@ def recorded(settings: TreeSettings, context: EvalContext) -> dict:
 
 def width_label(block_size: int, settings: dict) -> str:
     lookup = f", lookup {settings['lookup_ngram']}" if settings.get("lookup_ngram") else ""
+    lookup += f" x {settings['lookup_tokens']}" if settings.get("lookup_tokens") else ""
     return f"(B={block_size}, N={settings.get('budget')}{lookup})"
 
 

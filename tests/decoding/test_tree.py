@@ -115,20 +115,25 @@ def test_engine_attention_kernel_reads_the_tree_mask(kernel_isa, monkeypatch):
     assert None not in widths and 17 in widths
 
 
-def test_lookup_first_verifies_found_chains_and_drafts_trees_elsewhere(tiny_target, monkeypatch):
+@pytest.mark.parametrize("width", [3, 6])
+def test_lookup_first_verifies_found_chains_and_drafts_trees_elsewhere(tiny_target, width, monkeypatch):
     """`dflash_tree.lookup_ngram`: where the context repeats, a step verifies the looked-up
     chain (a tree of one branch), elsewhere the drafter's tree; the drafter still receives
-    every position's features once, in order, and the output is HF's greedy one."""
+    every position's features once, in order, and the output is HF's greedy one. With a verify
+    wider than the drafter's block (`lookup_tokens`), chains run past the drafter's B - 1 = 2
+    tokens and its trees stay 2 deep."""
     steps = record_paths(monkeypatch)
-    proposer = LookupFirst(RunnerUpOracle(tiny_target, seed=1, check_features=True), ngram=1)
+    proposer = LookupFirst(RunnerUpOracle(tiny_target, seed=1, check_features=True), ngram=1, inner_block=3)
     found, lookup = [], proposer.lookup
     monkeypatch.setattr(proposer, "lookup", lambda *args: found.append(lookup(*args)) or found[-1])
-    ids = tiny_target.tokenizer(PROMPTS[1], return_tensors="pt").input_ids
-    result = generate(tiny_target, ids, max_new_tokens=60, proposer=proposer, block_size=3, verifier=TreeVerifier(4))
+    ids = tiny_target.tokenizer(PROMPTS[2] + " " + PROMPTS[1], return_tensors="pt").input_ids  # repeats in both targets
+    result = generate(tiny_target, ids, max_new_tokens=60, proposer=proposer, block_size=width, verifier=TreeVerifier(4))
     assert result.output_ids == hf_greedy(tiny_target, ids, 60)
     chains = [tokens for tokens in found if tokens is not None]
     assert chains and len(chains) < len(found)
+    assert max(len(chain) for chain in chains) == width - 1
     assert any(leaves_first_choices(tree, path) for tree, path in steps)
+    assert max(max(tree.depths) for tree, _ in steps if tree.parents.count(ROOT) > 1) <= 2
 
 
 def test_stop_token_inside_an_accepted_path_ends_output_there(tiny_target, monkeypatch):

@@ -64,7 +64,7 @@ def test_shortened_demo_runs_every_stage_and_reports_each_family(tmp_path):
         results = json.loads((run_dir / "eval" / family / "results.json").read_text())
         assert list(rows) == ["dflash", "dflash_tree"] == list(results["methods"]) and results["method"] == "dflash"
         assert (
-            results["methods"]["dflash_tree"]["settings"] | {"budget": 6, "lookup_ngram": 3}
+            results["methods"]["dflash_tree"]["settings"] | {"budget": 6, "lookup_ngram": 3, "lookup_tokens": 7}
             == results["methods"]["dflash_tree"]["settings"]
         )
         for method, row in rows.items():

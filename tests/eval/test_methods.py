@@ -306,6 +306,7 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
         "block_size": 4,
         "budget": 5,
         "lookup_ngram": None,
+        "lookup_tokens": None,
         "draft_threshold": 0.0,
     }
     assert results.methods["dflash"]["settings"] == {"block_size": 4, "draft_threshold": 0.0}
@@ -313,6 +314,26 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     with pytest.raises(ConfigError, match="must be >= 1") as info:
         TreeSettings(budget=0)
     assert info.value.key == "budget"  # the field; the CLI adds the group
+
+
+def test_dflash_tree_behind_lookup_verifies_wider_lookups_and_the_drafters_trees(qwen3_target, with_fake_method):
+    """dflash_tree.lookup_ngram / lookup_tokens: prompt lookup first, its steps up to lookup_tokens
+    wide (the verify width recorded), the drafter's trees at its block elsewhere; lossless, and a
+    random drafter gains (tests/decoding/test_tree.py checks the chains' and trees' shapes)."""
+    from dflash.methods.dflash_tree import TreeSettings
+
+    drafter = build_drafter(DrafterSpec(num_layers=1, num_target_features=2, block_size=4), qwen3_target)
+    settings = {"dflash_tree": TreeSettings(budget=4, lookup_ngram=2, lookup_tokens=6)}
+    results = run(qwen3_target, ["dflash_tree"], drafter, method_settings=settings)
+    looked_up = results.methods["dflash_tree"]
+    alone = run(qwen3_target, ["dflash_tree"], drafter).methods["dflash_tree"]
+    assert alone["lossless"] is looked_up["lossless"] is True
+    assert (alone["block_size"], looked_up["block_size"], looked_up["drafter_block_size"]) == (4, 7, 4)
+    assert looked_up["tau"] > alone["tau"], "lookup first did not help a random drafter on repetitive prompts"
+    check_accounting(results, "dflash_tree")
+    with pytest.raises(ConfigError, match=r"lookup_tokens: must be >= 1 with lookup_ngram set") as info:
+        TreeSettings(lookup_tokens=6)
+    assert info.value.key == "lookup_tokens"
 
 
 def test_decoding_draft_threshold_cuts_the_dflash_drafts_where_confidence_falls(qwen3_target, monkeypatch):
