@@ -1,13 +1,14 @@
 """Chain against tree verification, each alone and behind prompt lookup, with one trained
 drafter on SmolLM2-135M-Instruct: tau, time per step and the speed-up over plain decoding.
 
-    python benchmarks/bench_tree.py DRAFTER_DIR PROMPTS.jsonl --family chat --cases tree6,lookup,lookup+tree6
+    python benchmarks/bench_tree.py DRAFTER_DIR PROMPTS.jsonl --family chat --cases tree6,lookup,lookup+tree6,lookup7+tree6
 
 PROMPTS.jsonl: rows with `turns` (the first is the user turn, in the chat template) and
 optionally `family` (`--family` keeps one; `python -m dflash.sweep.prompts smollm2_eval` writes
 such a file). Cases beside plain decoding (B = 1) and the chain (`dflash`): `treeN` (a tree of
 N nodes, `dflash_tree.budget`), `lookup` (`dflash_lookup`), `lookup+treeN` (`dflash_tree`
-with `lookup_ngram`). Per prompt every case runs once, the case order rotating from prompt to
+with `lookup_ngram`); `lookupK` lets a lookup step draft up to K tokens (`dflash_lookup.tokens`,
+`dflash_tree.lookup_tokens`), e.g. `lookup7+tree6`. Per prompt every case runs once, the case order rotating from prompt to
 prompt, so a machine's drift falls on all alike; every output must equal plain decoding's
 (float32: lossless). The drafter proposes as evaluation does (`DFlashProposer.for_target`);
 the target runs on the fast engine, greedy, 2 threads.
@@ -28,17 +29,16 @@ from dflash.specs import DrafterSpec, build_drafter, load_target
 
 
 def cases(names: list[str], proposer, block_size: int, ngram: int) -> dict:
-    """name -> (block size, proposer, verifier); plain decoding and the chain first."""
+    """name -> (verify width, proposer, verifier); plain decoding and the chain first."""
     made = {"plain": (1, None, ChainVerifier()), "chain": (block_size, proposer, ChainVerifier())}
     for name in names:
-        lookup, tree = name.startswith("lookup"), name.removeprefix("lookup").removeprefix("+")
-        drafting = LookupFirst(proposer, ngram) if lookup else proposer
-        if lookup and not tree:
-            made[name] = (block_size, drafting, ChainVerifier())
-        elif tree.startswith("tree") and tree[4:].isdigit():
-            made[name] = (block_size, drafting, TreeVerifier(int(tree[4:])))
-        else:
-            raise SystemExit(f"--cases: unknown case {name!r}; cases: treeN, lookup, lookup+treeN")
+        lookup, _, tree = name.partition("+") if name.startswith("lookup") else ("", "", name)
+        tokens = lookup.removeprefix("lookup")
+        if (lookup and tokens and not tokens.isdigit()) or (tree and not (tree.startswith("tree") and tree[4:].isdigit())):
+            raise SystemExit(f"--cases: unknown case {name!r}; cases: treeN, lookup[K], lookup[K]+treeN")
+        width = max(block_size, int(tokens) + 1) if tokens else block_size
+        drafting = LookupFirst(proposer, ngram, block_size) if lookup else proposer
+        made[name] = (width, drafting, TreeVerifier(int(tree[4:])) if tree else ChainVerifier())
     return made
 
 
