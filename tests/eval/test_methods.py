@@ -316,7 +316,7 @@ def test_dflash_tree_verifies_the_dflash_drafters_blocks_as_a_tree_of_its_budget
     assert info.value.key == "budget"  # the field; the CLI adds the group
 
 
-def test_dflash_tree_behind_lookup_verifies_wider_lookups_and_the_drafters_trees(qwen3_target, with_fake_method):
+def test_dflash_tree_behind_lookup_verifies_wider_lookups_and_the_drafters_trees(qwen3_target):
     """dflash_tree.lookup_ngram / lookup_tokens: prompt lookup first, its steps up to lookup_tokens
     wide (the verify width recorded), the drafter's trees at its block elsewhere; lossless, and a
     random drafter gains (tests/decoding/test_tree.py checks the chains' and trees' shapes)."""
