@@ -8,9 +8,9 @@ optionally `family` (`--family` keeps one; `python -m dflash.sweep.prompts smoll
 such a file). Cases beside plain decoding (B = 1) and the chain (`dflash`): `treeN` (a tree of
 N nodes, `dflash_tree.budget`), `lookup` (`dflash_lookup`), `lookup+treeN` (`dflash_tree`
 with `lookup_ngram`); `lookupK` lets a lookup step draft up to K tokens (`dflash_lookup.tokens`,
-`dflash_tree.lookup_tokens`), e.g. `lookup7+tree6`. Per prompt every case runs once, the case order rotating from prompt to
-prompt, so a machine's drift falls on all alike; every output must equal plain decoding's
-(float32: lossless). The drafter proposes as evaluation does (`DFlashProposer.for_target`);
+`dflash_tree.lookup_tokens`), e.g. `lookup7+tree6`. Per prompt every case runs once, the case
+order rotating from prompt to prompt, so a machine's drift falls on all alike; every output must
+equal plain decoding's (float32: lossless). The drafter proposes as evaluation does (`DFlashProposer.for_target`);
 the target runs on the fast engine, greedy, 2 threads.
 """
 
