@@ -255,7 +255,7 @@ def evaluate(cfg: DictConfig, plan: Plan, run_dir: str, data_dir: str, artifacts
 METHOD_NOTES = {
     "dflash_lookup": "prompt lookup where the context's last n tokens occurred before (dflash_lookup.ngram), else dflash",
     "dflash_tree": "a tree of the drafter's likeliest drafts (evaluation.dflash_tree.budget nodes) verified in one "
-    "forward, behind prompt lookup where evaluation.dflash_tree.lookup_ngram is set",
+    "forward, behind prompt lookup (of up to lookup_tokens) where evaluation.dflash_tree.lookup_ngram is set",
 }
 
 

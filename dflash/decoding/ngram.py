@@ -95,10 +95,15 @@ class LookupFirst:
         self.inner.reset()
         self.pending = []
 
+    def _inner_shape(self, block_size: int, num_drafts: int) -> tuple[int, int]:
+        """(block, drafts) of `inner` on a loop step of `block_size` and `num_drafts`."""
+        block = self.inner_block or block_size
+        return block, min(num_drafts, block - 1)
+
     def lookup(self, committed_ids, new_features, block_size: int, num_drafts: int) -> torch.Tensor | None:
         """The looked-up tokens (k,) of a lookup step, whose features then wait here; None where
         `inner` drafts this step (arguments as `Proposer.draft`)."""
-        inner_drafts = min(num_drafts, (self.inner_block or block_size) - 1)
+        _, inner_drafts = self._inner_shape(block_size, num_drafts)
         tokens = lookup_continuation(committed_ids[0].tolist(), self.ngram, self.ngram, num_drafts)
         if len(tokens) < inner_drafts:
             return None
@@ -106,17 +111,16 @@ class LookupFirst:
             self.pending.append(new_features)
         return torch.tensor(tokens, dtype=torch.long, device=committed_ids.device)
 
-    def context(self, new_features: torch.Tensor | None) -> torch.Tensor | None:
-        """The features `inner` has not seen: those of the lookup steps since its last call, then `new_features`."""
+    def inner_request(self, new_features, block_size: int, num_drafts: int) -> tuple[torch.Tensor | None, int, int]:
+        """(new features, block, drafts) for `inner` on a step it drafts: the features of the lookup
+        steps since its last call, then `new_features`; its block and how many it drafts."""
         if self.pending and new_features is not None:
             new_features = torch.cat([*self.pending, new_features], dim=1)
         self.pending = []
-        return new_features
+        return (new_features, *self._inner_shape(block_size, num_drafts))
 
     def draft(self, committed_ids, new_features, block_size, num_drafts, sampling, generator) -> Drafts:
         tokens = self.lookup(committed_ids, new_features, block_size, num_drafts)
         if tokens is not None:
             return Drafts(tokens=tokens)
-        inner_block = self.inner_block or block_size
-        inner_drafts = min(num_drafts, inner_block - 1)
-        return self.inner.draft(committed_ids, self.context(new_features), inner_block, inner_drafts, sampling, generator)
+        return self.inner.draft(committed_ids, *self.inner_request(new_features, block_size, num_drafts), sampling, generator)

@@ -112,8 +112,8 @@ class TreeVerifier:
             looked_up = proposer.lookup(committed_ids, new_features, block_size, num_drafts)
             if looked_up is not None:
                 return chain_tree(looked_up)
-            new_features, block_size = proposer.context(new_features), proposer.inner_block or block_size
-            proposer, num_drafts = proposer.inner, min(num_drafts, block_size - 1)
+            new_features, block_size, num_drafts = proposer.inner_request(new_features, block_size, num_drafts)
+            proposer = proposer.inner
         draft_logits = proposer.propose(committed_ids, new_features, block_size, num_drafts)
         return build_tree(draft_logits, self.budget, min_score=self.draft_threshold)
 
